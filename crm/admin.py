@@ -1,0 +1,137 @@
+from __future__ import annotations
+
+from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.utils.translation import gettext_lazy as _
+
+from crm.models import Customer, JobRun, Organization, Sale, Store
+
+admin.site.site_header = _("CRM — operations")
+admin.site.site_title = _("CRM")
+
+
+class StoreInline(admin.TabularInline):
+    model = Store
+    extra = 0
+    fields = ("erp_code", "name")
+
+
+@admin.register(Organization)
+class OrganizationAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "slug",
+        "timezone",
+        "message_limit_count",
+        "message_limit_days",
+        "block_multiple_campaigns",
+        "created_at",
+    )
+    search_fields = ("name", "slug")
+    list_filter = ("timezone", "block_multiple_campaigns")
+    prepopulated_fields = {"slug": ("name",)}
+    inlines = [StoreInline]
+    fieldsets = (
+        (None, {"fields": ("name", "slug", "timezone")}),
+        (
+            _("Campaign settings"),
+            {"fields": ("message_limit_count", "message_limit_days", "block_multiple_campaigns")},
+        ),
+    )
+
+
+@admin.register(Store)
+class StoreAdmin(admin.ModelAdmin):
+    list_display = ("erp_code", "name", "organization", "created_at")
+    list_select_related = ("organization",)
+    search_fields = ("erp_code", "name")
+    list_filter = ("organization",)
+
+
+class OptOutFilter(admin.SimpleListFilter):
+    title = _("marketing opt-out")
+    parameter_name = "opted_out"
+
+    def lookups(self, request, model_admin):
+        return [
+            ("whatsapp", _("opted out of WhatsApp")),
+            ("email", _("opted out of email")),
+            ("none", _("receives both")),
+        ]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "whatsapp":
+            return queryset.filter(whatsapp_opted_out_at__isnull=False)
+        if self.value() == "email":
+            return queryset.filter(email_opted_out_at__isnull=False)
+        if self.value() == "none":
+            return queryset.filter(whatsapp_opted_out_at__isnull=True, email_opted_out_at__isnull=True)
+        return queryset
+
+
+@admin.register(Customer)
+class CustomerAdmin(admin.ModelAdmin):
+    list_display = (
+        "name",
+        "email",
+        "phone",
+        "erp_id",
+        "organization",
+        "marketing_consent",
+        "whatsapp_opted_out_at",
+        "email_opted_out_at",
+    )
+    list_select_related = ("organization",)
+    search_fields = ("name", "=email", "=phone", "=erp_id")
+    list_filter = ("organization", "marketing_consent", OptOutFilter)
+    show_full_result_count = False  # no second COUNT(*) over a million rows
+    readonly_fields = ("created_at", "updated_at")
+    fieldsets = (
+        (None, {"fields": ("organization", "erp_id", "name", "email", "phone")}),
+        (
+            _("Consent and opt-out"),
+            {
+                "fields": (
+                    "marketing_consent",
+                    "consent_at",
+                    ("whatsapp_opted_out_at", "whatsapp_opt_out_source"),
+                    ("email_opted_out_at", "email_opt_out_source"),
+                )
+            },
+        ),
+        (_("Record"), {"fields": ("created_at", "updated_at")}),
+    )
+
+
+@admin.register(Sale)
+class SaleAdmin(admin.ModelAdmin):
+    list_display = ("erp_id", "sold_at", "total", "store", "customer", "organization")
+    list_select_related = ("store", "customer", "organization")
+    search_fields = ("=erp_id", "customer__name", "=customer__email")
+    list_filter = ("organization", "store")
+    date_hierarchy = "sold_at"
+    raw_id_fields = ("customer", "store")
+    show_full_result_count = False
+
+
+@admin.register(JobRun)
+class JobRunAdmin(admin.ModelAdmin):
+    list_display = (
+        "kind",
+        "key",
+        "status",
+        "attempts",
+        "started_at",
+        "finished_at",
+        "duration",
+        "organization",
+    )
+    list_select_related = ("organization",)
+    list_filter = ("status", "kind")
+    search_fields = ("kind", "key", "job_id")
+    readonly_fields = [f.name for f in JobRun._meta.fields]
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False

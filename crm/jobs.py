@@ -1,0 +1,317 @@
+"""The one way to enqueue work: every producer (services, scheduler, webhooks, admin) calls these.
+
+Payloads are JSON of ids and plain values only, never credentials; jobs read secrets fresh from
+the database. Enqueueing inside a transaction happens after it commits.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import django_rq
+from django.db import transaction
+from redis import Redis
+from rq import Queue, Retry
+from rq.exceptions import DuplicateJobError, NoSuchJobError
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from crm import queues
+
+logger = logging.getLogger(__name__)
+
+BULK_CHUNK = 1000
+
+# Keys that name a credential. Jobs carry ids; the job reads the secret from the database.
+_CREDENTIAL_WORDS = (
+    "password",
+    "passwd",
+    "secret",
+    "access_token",
+    "api_key",
+    "apikey",
+    "authorization",
+    "credential",
+    "private_key",
+    "auth_token",
+    "bearer",
+)
+
+
+class PayloadError(ValueError):
+    """A job payload that is not plain JSON values, or that carries a credential."""
+
+
+class Defer(Exception):
+    """Raise inside a job to run it again later without spending an attempt ("delay, don't fail").
+
+    For rate limits, an open circuit or a paused handler: the job is put back in the scheduled
+    registry `seconds` from now with its retries untouched.
+    """
+
+    def __init__(self, seconds: float, reason: str = "") -> None:
+        super().__init__(reason or f"deferred {seconds}s")
+        self.seconds = max(float(seconds), 0.0)
+        self.reason = reason
+
+
+def check_payload(value: Any, path: str = "kwargs") -> None:
+    """Raise PayloadError unless `value` is plain JSON with no credential-named keys."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return
+    if isinstance(value, list | tuple):
+        for i, item in enumerate(value):
+            check_payload(item, f"{path}[{i}]")
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise PayloadError(f"{path} has a non-string key {key!r}")
+            lowered = key.lower()
+            if any(word in lowered for word in _CREDENTIAL_WORDS):
+                raise PayloadError(
+                    f"{path}.{key} looks like a credential; job payloads carry ids and the job reads "
+                    "secrets from the database"
+                )
+            check_payload(item, f"{path}.{key}")
+        return
+    raise PayloadError(
+        f"{path} is a {type(value).__name__}; job payloads carry ids and plain values "
+        "(pass an id, or an ISO string for a datetime)"
+    )
+
+
+_JOB_ID_UNSAFE = re.compile(r"[^A-Za-z0-9_-]")
+
+
+def make_job_id(*parts: object) -> str:
+    """A deterministic job id from parts; RQ allows only letters, digits, '_' and '-'."""
+    return "-".join(_JOB_ID_UNSAFE.sub("_", str(p)) for p in parts)
+
+
+def func_path(func: str | Callable[..., Any]) -> str:
+    if isinstance(func, str):
+        return func
+    return f"{func.__module__}.{func.__qualname__}"
+
+
+def get_connection() -> Redis:
+    return django_rq.get_connection(queues.QUEUE_NAMES[0])
+
+
+def get_queue(name: str) -> Queue:
+    """The raw RQ queue (no commit deferral: `enqueue` handles that itself)."""
+    queues.get_spec(name)
+    return django_rq.get_queue(name, commit_mode="auto", serializer=JSONSerializer)
+
+
+@dataclass
+class JobSpec:
+    """Everything needed to enqueue one job; also what recoverers yield."""
+
+    func: str
+    queue: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    job_id: str | None = None
+    description: str | None = None
+
+
+def _retry_for(spec: queues.QueueSpec, attempts: int | None, backoff: int | None) -> Retry | None:
+    attempts = spec.attempts if attempts is None else attempts
+    backoff = spec.backoff if backoff is None else backoff
+    if attempts <= 1:
+        return None
+    return Retry(max=attempts - 1, interval=[backoff * 2**i for i in range(attempts - 1)] if backoff else 0)
+
+
+def _job_options(
+    spec: queues.QueueSpec,
+    *,
+    attempts: int | None,
+    backoff: int | None,
+    timeout: int | None,
+    result_ttl: int | None,
+    meta: dict | None,
+) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "retry": _retry_for(spec, attempts, backoff),
+        "timeout": timeout or spec.timeout,
+        "result_ttl": spec.result_ttl if result_ttl is None else result_ttl,
+        "failure_ttl": 7 * 24 * 3600,
+    }
+    if meta:
+        options["meta"] = meta
+    return options
+
+
+def enqueue(
+    func: str | Callable[..., Any],
+    *,
+    queue: str,
+    kwargs: dict[str, Any] | None = None,
+    job_id: str | None = None,
+    delay: float | timedelta | None = None,
+    at: datetime | None = None,
+    unique: bool = False,
+    replace: bool = False,
+    attempts: int | None = None,
+    backoff: int | None = None,
+    timeout: int | None = None,
+    result_ttl: int | None = None,
+    description: str | None = None,
+    meta: dict[str, Any] | None = None,
+) -> str:
+    """Enqueue one job (after the current transaction commits) and return its id.
+
+    unique=True: if a job with `job_id` still exists (queued, running, delayed or kept after it
+    finished), nothing is enqueued — BullMQ's fixed-jobId behaviour. replace=True: an existing job
+    with that id is cancelled and deleted first (editing a schedule replaces it).
+    `attempts` counts every run, the first included; backoff doubles from `backoff` seconds.
+    """
+    spec = queues.get_spec(queue)
+    kwargs = dict(kwargs or {})
+    check_payload(kwargs)
+    if meta:
+        check_payload(meta, "meta")
+    if (unique or replace) and not job_id:
+        raise ValueError("unique and replace need an explicit job_id")
+    if unique and replace:
+        raise ValueError("unique and replace exclude each other")
+    if delay is not None and at is not None:
+        raise ValueError("give delay or at, not both")
+    if at is not None and at.tzinfo is None:
+        raise ValueError("at must be an aware datetime")
+    job_id = job_id or uuid.uuid4().hex
+    path = func_path(func)
+    options = _job_options(
+        spec, attempts=attempts, backoff=backoff, timeout=timeout, result_ttl=result_ttl, meta=meta
+    )
+
+    def _do() -> None:
+        rq_queue = get_queue(queue)
+        if replace:
+            delete_job(job_id)
+        common = dict(
+            kwargs=kwargs,
+            job_id=job_id,
+            description=description or path,
+            unique=unique,
+            job_timeout=options["timeout"],
+            **{k: v for k, v in options.items() if k != "timeout"},
+        )
+        try:
+            if at is not None:
+                rq_queue.enqueue_at(at, path, **common)
+            elif delay:
+                seconds = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
+                rq_queue.enqueue_in(seconds, path, **common)
+            else:
+                rq_queue.enqueue(path, **common)
+        except DuplicateJobError:
+            logger.info("job %s already exists on %s; not enqueued again", job_id, queue)
+
+    transaction.on_commit(_do)  # runs at once outside an atomic block
+    return job_id
+
+
+def enqueue_many(
+    func: str | Callable[..., Any],
+    *,
+    queue: str,
+    kwargs_list: Iterable[dict[str, Any]],
+    job_ids: Sequence[str] | None = None,
+    attempts: int | None = None,
+    backoff: int | None = None,
+    timeout: int | None = None,
+    result_ttl: int | None = None,
+) -> list[str]:
+    """Enqueue many jobs of one function in pipelines of BULK_CHUNK (one round trip each)."""
+    spec = queues.get_spec(queue)
+    path = func_path(func)
+    items = [dict(k) for k in kwargs_list]
+    for i, k in enumerate(items):
+        check_payload(k, f"kwargs_list[{i}]")
+    ids = list(job_ids) if job_ids is not None else [uuid.uuid4().hex for _ in items]
+    if len(ids) != len(items):
+        raise ValueError("job_ids and kwargs_list differ in length")
+    options = _job_options(
+        spec, attempts=attempts, backoff=backoff, timeout=timeout, result_ttl=result_ttl, meta=None
+    )
+
+    def _do() -> None:
+        rq_queue = get_queue(queue)
+        for start in range(0, len(items), BULK_CHUNK):
+            data = [
+                Queue.prepare_data(path, kwargs=k, job_id=jid, description=path, **options)
+                for k, jid in zip(
+                    items[start : start + BULK_CHUNK], ids[start : start + BULK_CHUNK], strict=True
+                )
+            ]
+            with rq_queue.connection.pipeline() as pipe:
+                rq_queue.enqueue_many(data, pipeline=pipe)
+                pipe.execute()
+
+    transaction.on_commit(_do)
+    return ids
+
+
+def enqueue_specs(specs: Iterable[JobSpec]) -> int:
+    """Enqueue JobSpecs (grouped by queue and function) in bulk; returns how many."""
+    groups: dict[tuple[str, str], list[JobSpec]] = {}
+    for s in specs:
+        groups.setdefault((s.queue, s.func), []).append(s)
+    total = 0
+    for (queue, func), group in groups.items():
+        enqueue_many(
+            func,
+            queue=queue,
+            kwargs_list=[s.kwargs for s in group],
+            job_ids=[s.job_id or uuid.uuid4().hex for s in group],
+        )
+        total += len(group)
+    return total
+
+
+def delete_job(job_id: str) -> bool:
+    """Cancel and delete a job wherever it is (queue, delayed, failed). True if it existed."""
+    connection = get_connection()
+    try:
+        job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
+    except NoSuchJobError:
+        return False
+    job.delete(remove_from_queue=True)
+    return True
+
+
+def fetch_job(job_id: str) -> Job | None:
+    try:
+        return Job.fetch(job_id, connection=get_connection(), serializer=JSONSerializer)
+    except NoSuchJobError:
+        return None
+
+
+def jobs_alive(job_ids: Sequence[str]) -> list[bool]:
+    """For each id: does Redis hold that job in a state that will still run it?
+
+    One pipelined round trip per BULK_CHUNK ids. A job that is queued, delayed (scheduled,
+    deferred) or running counts; finished, failed, stopped, canceled or missing does not.
+    """
+    connection = get_connection()
+    alive: list[bool] = []
+    for start in range(0, len(job_ids), BULK_CHUNK):
+        chunk = job_ids[start : start + BULK_CHUNK]
+        with connection.pipeline(transaction=False) as pipe:
+            for jid in chunk:
+                pipe.hget(f"{Job.redis_job_namespace_prefix}{jid}", "status")
+            statuses = pipe.execute()
+        alive.extend(
+            (s.decode() if isinstance(s, bytes) else s) in ("queued", "scheduled", "deferred", "started")
+            for s in statuses
+        )
+    return alive

@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError
+
+from crm import embedded
+from crm.supervisor import Supervisor
+
+
+class Command(BaseCommand):
+    help = (
+        "Run everything: the embedded Redis (when REDIS_URL is unset), migrations, an admin login, "
+        "the demo data, then web + workers + scheduler under one supervisor. Ctrl-C stops all."
+    )
+
+    def add_arguments(self, parser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
+        parser.add_argument("--demo-customers", type=int, default=50)
+        parser.add_argument("--no-demo", action="store_true")
+
+    def handle(self, *args, **options) -> None:
+        Path(settings.VAR_DIR).mkdir(parents=True, exist_ok=True)
+        manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
+        supervisor = Supervisor()
+        if settings.EMBEDDED_REDIS:
+            try:
+                argv = embedded.server_argv()
+            except embedded.EmbeddedRedisError as exc:
+                raise CommandError(str(exc)) from None
+            redis_proc = supervisor.add("redis", argv, restart=True, stop_last=True)
+            supervisor.start(redis_proc)
+            deadline = time.monotonic() + 15
+            while not embedded.ping(settings.EMBEDDED_REDIS_SOCKET):
+                if (redis_proc.popen and redis_proc.popen.poll() is not None) or time.monotonic() > deadline:
+                    supervisor.stop()
+                    raise CommandError("the embedded Redis did not start; see its output above")
+                time.sleep(0.05)
+            supervisor.say(f"embedded Redis on {settings.EMBEDDED_REDIS_SOCKET}")
+        try:
+            self._prepare(options, supervisor)
+        except BaseException:
+            supervisor.stop()
+            raise
+        supervisor.add("web", [*manage_gunicorn(), "--bind", f"{options['host']}:{options['port']}"])
+        supervisor.add("workers", [*manage, "workers", "--processes", str(options["workers"])])
+        supervisor.add("scheduler", [*manage, "scheduler"])
+        supervisor.say(
+            f"admin: http://{options['host']}:{options['port']}/admin/   "
+            f"health: http://{options['host']}:{options['port']}/healthz   (Ctrl-C stops everything)"
+        )
+        code = supervisor.run()
+        if code:
+            raise CommandError(f"stopped: a process exited with status {code}")
+
+    def _prepare(self, options: dict, supervisor: Supervisor) -> None:
+        supervisor.say("migrating the database")
+        call_command("migrate", interactive=False, verbosity=0)
+        call_command("collectstatic", interactive=False, verbosity=0)
+        username, password = _ensure_admin()
+        if password:
+            supervisor.say(f"admin login: {username} / {password}")
+        else:
+            supervisor.say(f"admin login: {username} (password unchanged; set ADMIN_PASSWORD to reset it)")
+        if not options["no_demo"]:
+            call_command("demo", customers=options["demo_customers"], stdout=_Say(supervisor))
+
+
+def manage_gunicorn() -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "gunicorn",
+        "crm.wsgi:application",
+        "--workers",
+        "2",
+        "--threads",
+        "4",
+        "--access-logfile",
+        "-",
+        "--chdir",
+        str(settings.BASE_DIR),
+    ]
+
+
+class _Say:
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.supervisor = supervisor
+
+    def write(self, text: str) -> None:
+        if text.strip():
+            self.supervisor.say(text.strip())
+
+    def flush(self) -> None:
+        pass
+
+
+def _ensure_admin() -> tuple[str, str | None]:
+    """The admin login: ADMIN_USERNAME/ADMIN_PASSWORD from the environment, else admin + a generated
+    password kept in var/admin-password (0600). Returns the password when it was (re)set."""
+    user_model = get_user_model()
+    username = os.environ.get("ADMIN_USERNAME", "admin")
+    password = os.environ.get("ADMIN_PASSWORD")
+    saved = Path(settings.VAR_DIR) / "admin-password"
+    user = user_model.objects.filter(username=username).first()
+    if user is not None and not password:
+        return username, saved.read_text().strip() if saved.exists() else None
+    if not password:
+        password = secrets.token_urlsafe(12)
+        saved.write_text(password + "\n")
+        saved.chmod(0o600)
+    if user is None:
+        user_model.objects.create_superuser(username=username, email="", password=password)
+    else:
+        user.set_password(password)
+        user.is_staff = user.is_superuser = True
+        user.save(update_fields=["password", "is_staff", "is_superuser"])
+    return username, password

@@ -1,0 +1,217 @@
+"""The core domain every app shares: the tenant, its stores, customers and sales; JobRun checkpoints."""
+
+from __future__ import annotations
+
+from django.core.validators import MinValueValidator, RegexValidator
+from django.db import models
+from django.utils import timezone as dj_timezone
+from django.utils.translation import gettext_lazy as _
+
+E164 = RegexValidator(r"^\+[1-9]\d{7,14}$", _("Phone numbers are stored in E.164 form, e.g. +5511987654321."))
+
+
+def _timezone_choices() -> list[tuple[str, str]]:
+    return [
+        (tz, tz)
+        for tz in (
+            "America/Sao_Paulo",
+            "America/Manaus",
+            "America/Recife",
+            "America/Belem",
+            "America/Fortaleza",
+            "America/Cuiaba",
+            "America/Porto_Velho",
+            "America/Rio_Branco",
+            "America/Noronha",
+            "UTC",
+        )
+    ]
+
+
+class Organization(models.Model):
+    """A tenant: a retailer. Carries the seed's campaignSettings."""
+
+    name = models.CharField(_("name"), max_length=200)
+    slug = models.SlugField(_("slug"), unique=True)
+    timezone = models.CharField(
+        _("time zone"), max_length=64, choices=_timezone_choices(), default="America/Sao_Paulo"
+    )
+    message_limit_days = models.PositiveSmallIntegerField(
+        _("message limit window (days)"),
+        default=7,
+        validators=[MinValueValidator(1)],
+        help_text=_("A customer receives at most 'message limit count' campaign messages in this many days."),
+    )
+    message_limit_count = models.PositiveSmallIntegerField(
+        _("message limit count"), default=2, validators=[MinValueValidator(1)]
+    )
+    block_multiple_campaigns = models.BooleanField(
+        _("block multiple campaigns"),
+        default=True,
+        help_text=_("Skip a customer who already has a message of another campaign in flight."),
+    )
+    created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+
+    class Meta:
+        verbose_name = _("organization")
+        verbose_name_plural = _("organizations")
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Store(models.Model):
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="stores", verbose_name=_("organization")
+    )
+    erp_code = models.CharField(_("ERP code"), max_length=40)
+    name = models.CharField(_("name"), max_length=200)
+    created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+
+    class Meta:
+        verbose_name = _("store")
+        verbose_name_plural = _("stores")
+        ordering = ["organization_id", "erp_code"]
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "erp_code"], name="store_unique_erp_code"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.erp_code} · {self.name}"
+
+
+class OptOutSource(models.TextChoices):
+    UNSUBSCRIBE_LINK = "unsubscribe_link", _("unsubscribe link")
+    REPLY = "reply", _("customer reply")
+    PROVIDER = "provider", _("provider (Meta 131050 / hard bounce)")
+    ADMIN = "admin", _("admin")
+    ERP = "erp", _("ERP")
+
+
+class Customer(models.Model):
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="customers", verbose_name=_("organization")
+    )
+    # NULL (not "") for customers without an ERP record: NULLs never collide in the unique
+    # constraint, so the constraint needs no condition and bulk upserts can use ON CONFLICT on it.
+    erp_id = models.CharField(_("ERP id"), max_length=64, null=True, blank=True, default=None)  # noqa: DJ001
+    name = models.CharField(_("name"), max_length=200, blank=True, default="")
+    email = models.EmailField(_("email"), blank=True, default="")
+    phone = models.CharField(_("phone (E.164)"), max_length=16, blank=True, default="", validators=[E164])
+    marketing_consent = models.BooleanField(_("marketing consent"), default=True)
+    consent_at = models.DateTimeField(_("consent given at"), null=True, blank=True)
+    whatsapp_opted_out_at = models.DateTimeField(_("WhatsApp opt-out at"), null=True, blank=True)
+    whatsapp_opt_out_source = models.CharField(
+        _("WhatsApp opt-out source"), max_length=20, blank=True, default="", choices=OptOutSource.choices
+    )
+    email_opted_out_at = models.DateTimeField(_("email opt-out at"), null=True, blank=True)
+    email_opt_out_source = models.CharField(
+        _("email opt-out source"), max_length=20, blank=True, default="", choices=OptOutSource.choices
+    )
+    created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("customer")
+        verbose_name_plural = _("customers")
+        ordering = ["organization_id", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "erp_id"], name="customer_unique_erp_id"),
+        ]
+        indexes = [
+            models.Index(fields=["organization", "phone"], name="customer_org_phone"),
+            models.Index(fields=["organization", "email"], name="customer_org_email"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name or self.email or self.phone or f"#{self.pk}"
+
+    @property
+    def can_receive_whatsapp(self) -> bool:
+        return bool(self.phone) and self.marketing_consent and self.whatsapp_opted_out_at is None
+
+    @property
+    def can_receive_email(self) -> bool:
+        return bool(self.email) and self.marketing_consent and self.email_opted_out_at is None
+
+
+class Sale(models.Model):
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="sales", verbose_name=_("organization")
+    )
+    store = models.ForeignKey(Store, on_delete=models.PROTECT, related_name="sales", verbose_name=_("store"))
+    customer = models.ForeignKey(
+        Customer,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="sales",
+        verbose_name=_("customer"),
+    )
+    erp_id = models.CharField(_("ERP id"), max_length=64)
+    total = models.DecimalField(_("total"), max_digits=12, decimal_places=2)
+    sold_at = models.DateTimeField(_("sold at"))
+    created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+
+    class Meta:
+        verbose_name = _("sale")
+        verbose_name_plural = _("sales")
+        ordering = ["-sold_at"]
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "erp_id"], name="sale_unique_erp_id"),
+        ]
+        indexes = [
+            models.Index(fields=["customer", "sold_at"], name="sale_customer_sold_at"),
+            models.Index(fields=["store", "sold_at"], name="sale_store_sold_at"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.erp_id} · {self.total}"
+
+
+class JobRun(models.Model):
+    """A checkpoint: a piece of work recorded before its side effects, so it can be found and resumed.
+
+    `queue`, `func` and `kwargs` say how to run it again; `recover` re-enqueues a run the database
+    says is unfinished when Redis no longer holds its job.
+    """
+
+    class Status(models.TextChoices):
+        RUNNING = "running", _("running")
+        COMPLETED = "completed", _("completed")
+        FAILED = "failed", _("failed")
+
+    kind = models.CharField(_("kind"), max_length=64)
+    key = models.CharField(_("key"), max_length=200)
+    organization = models.ForeignKey(
+        Organization,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="job_runs",
+        verbose_name=_("organization"),
+    )
+    status = models.CharField(_("status"), max_length=16, choices=Status.choices, default=Status.RUNNING)
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    queue = models.CharField(_("queue"), max_length=64, blank=True, default="")
+    func = models.CharField(_("function"), max_length=200, blank=True, default="")
+    kwargs = models.JSONField(_("arguments"), default=dict, blank=True)
+    job_id = models.CharField(_("job id"), max_length=200, blank=True, default="")
+    started_at = models.DateTimeField(_("started at"), default=dj_timezone.now)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    error = models.TextField(_("error"), blank=True, default="")
+
+    class Meta:
+        verbose_name = _("job run")
+        verbose_name_plural = _("job runs")
+        ordering = ["-started_at"]
+        constraints = [models.UniqueConstraint(fields=["kind", "key"], name="jobrun_unique_kind_key")]
+        indexes = [models.Index(fields=["status", "started_at"], name="jobrun_status_started")]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.key} ({self.status})"
+
+    @property
+    def duration(self):
+        return (self.finished_at - self.started_at) if self.finished_at else None

@@ -1,0 +1,198 @@
+"""Django settings, read from the environment (and from `.env` beside manage.py when present).
+
+Without DATABASE_URL and REDIS_URL the project runs embedded: a SQLite file under var/ and a
+Redis that `manage.py up` starts on a socket inside the checkout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+from crm import config, queues
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+environ.Env.read_env(BASE_DIR / ".env")  # never overrides variables already in the environment
+
+VAR_DIR = Path(env.str("CRM_VAR_DIR", default=str(BASE_DIR / "var")))
+
+
+def _required(name: str) -> str:
+    value = env.str(name, default="").strip()
+    if not value:
+        raise config.setting_error(name, "is required and not set (environment or .env)")
+    return value
+
+
+SECRET_KEY = _required("SECRET_KEY")
+if len(SECRET_KEY) < 32:
+    raise config.setting_error("SECRET_KEY", "is shorter than 32 characters")
+
+ENCRYPTION_KEYS = config.parse_encryption_keys("ENCRYPTION_KEY", _required("ENCRYPTION_KEY"))
+# Keys retired by a rotation: still decrypt, never encrypt (`manage.py rotate_secrets` re-encrypts).
+ENCRYPTION_KEYS += (
+    config.parse_encryption_keys("ENCRYPTION_OLD_KEYS", env.str("ENCRYPTION_OLD_KEYS"))
+    if env.str("ENCRYPTION_OLD_KEYS", default="").strip()
+    else []
+)
+
+DEBUG = config.parse_bool("DEBUG", env.str("DEBUG", default="false"))
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+EMBEDDED_DATABASE = "DATABASE_URL" not in env
+EMBEDDED_REDIS = "REDIS_URL" not in env
+EMBEDDED_REDIS_SOCKET = config.embedded_redis_socket(BASE_DIR, VAR_DIR)
+
+if EMBEDDED_DATABASE:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "crm.sqlite3",
+            "OPTIONS": {
+                "init_command": (
+                    "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=10000;"
+                ),
+                "transaction_mode": "IMMEDIATE",
+            },
+        }
+    }
+else:
+    try:
+        DATABASES = {"default": env.db("DATABASE_URL")}
+    except (ImproperlyConfigured, ValueError, KeyError) as exc:
+        raise config.setting_error("DATABASE_URL", f"cannot be parsed ({exc})") from None
+    if DATABASES["default"]["ENGINE"] not in ("django.db.backends.postgresql", "django.db.backends.sqlite3"):
+        raise config.setting_error(
+            "DATABASE_URL", "must be postgres://… (or sqlite:///path for a local file)"
+        )
+    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+        DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
+        DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+
+REDIS_URL = f"unix://{EMBEDDED_REDIS_SOCKET}" if EMBEDDED_REDIS else env.str("REDIS_URL")
+_REDIS = config.parse_redis_url("REDIS_URL", REDIS_URL)
+
+TIME_ZONE = config.validate_timezone("TIME_ZONE", env.str("TIME_ZONE", default="America/Sao_Paulo"))
+USE_TZ = True
+LANGUAGE_CODE = env.str("LANGUAGE_CODE", default="pt-br")
+LANGUAGES = [("pt-br", "Português (Brasil)"), ("en", "English")]
+if LANGUAGE_CODE not in dict(LANGUAGES):
+    raise config.setting_error(
+        "LANGUAGE_CODE", f"{LANGUAGE_CODE!r} is not one of {', '.join(dict(LANGUAGES))}"
+    )
+USE_I18N = True
+LOCALE_PATHS = [BASE_DIR / "locale"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "django_rq",
+    "crm",
+    "campaigns",
+    "integrations",
+    "erp",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.locale.LocaleMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "crm.urls"
+WSGI_APPLICATION = "crm.wsgi.application"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+STATIC_URL = "static/"
+STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(VAR_DIR / "static")))
+
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https")
+    if config.parse_bool("BEHIND_TLS_PROXY", env.str("BEHIND_TLS_PROXY", default="false"))
+    else None
+)
+
+# --- Queues -------------------------------------------------------------------------------------
+RQ_SERIALIZER = "rq.serializers.JSONSerializer"
+RQ_QUEUES = {
+    spec.name: {
+        **_REDIS,
+        "DEFAULT_TIMEOUT": spec.timeout,
+        "DEFAULT_RESULT_TTL": spec.result_ttl,
+        "SERIALIZER": RQ_SERIALIZER,
+    }
+    for spec in queues.QUEUES
+}
+# Enqueue only after the surrounding transaction commits, so a job never sees a row that is
+# not there yet (and a rolled-back request enqueues nothing).
+RQ = {"COMMIT_MODE": "on_db_commit", "WORKER_CLASS": "crm.worker.Worker"}
+RQ_SHOW_ADMIN_LINK = True
+
+# How fast a killed worker's job is noticed: the worker refreshes its job's heartbeat every
+# CRM_HEARTBEAT_INTERVAL seconds; an entry not refreshed for CRM_HEARTBEAT_TTL seconds is
+# abandoned, and every CRM_MAINTENANCE_INTERVAL seconds some live worker sweeps for those.
+CRM_HEARTBEAT_INTERVAL = env.int("CRM_HEARTBEAT_INTERVAL", default=2)
+CRM_HEARTBEAT_TTL = env.int("CRM_HEARTBEAT_TTL", default=10)
+CRM_MAINTENANCE_INTERVAL = env.int("CRM_MAINTENANCE_INTERVAL", default=5)
+CRM_WORKER_TTL = env.int("CRM_WORKER_TTL", default=20)
+# A JobRun still `running` with no live job after this long is re-dispatched by `recover`.
+CRM_STALE_RUN_AFTER = env.int("CRM_STALE_RUN_AFTER", default=600)
+
+# --- Logging ------------------------------------------------------------------------------------
+LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()
+LOG_FORMAT = env.str("LOG_FORMAT", default="text")
+if LOG_FORMAT not in ("text", "json"):
+    raise config.setting_error("LOG_FORMAT", "must be text or json")
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "json": {"()": "crm.logfmt.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
+    "loggers": {
+        "rq.worker": {"level": "WARNING"},
+        "rq.scheduler": {"level": "WARNING"},
+        "rq_scheduler.scheduler": {"level": "WARNING"},
+    },
+}

@@ -1,0 +1,34 @@
+"""Per-queue counts in the seed's shape: {queue: {waiting, active, failed, completed, delayed}}."""
+
+from __future__ import annotations
+
+from crm import jobs, queues
+
+STATES = ("waiting", "active", "failed", "completed", "delayed")
+
+
+def queue_stats() -> dict[str, dict[str, int]]:
+    """One pipelined round trip for every queue; reads raw sizes and never cleans registries."""
+    connection = jobs.get_connection()
+    with connection.pipeline(transaction=False) as pipe:
+        for name in queues.QUEUE_NAMES:
+            pipe.llen(f"rq:queue:{name}")
+            pipe.zcard(f"rq:wip:{name}")
+            pipe.zcard(f"rq:failed:{name}")
+            pipe.zcard(f"rq:finished:{name}")
+            pipe.zcard(f"rq:scheduled:{name}")
+            pipe.zcard(f"rq:deferred:{name}")
+        raw = pipe.execute()
+    result = {}
+    for i, name in enumerate(queues.QUEUE_NAMES):
+        waiting, active, failed, completed, scheduled, deferred = raw[i * 6 : (i + 1) * 6]
+        # "delayed" as BullMQ means it: waiting for a time (scheduled/retry backoff) or for a
+        # dependency (deferred).
+        result[name] = {
+            "waiting": waiting,
+            "active": active,
+            "failed": failed,
+            "completed": completed,
+            "delayed": scheduled + deferred,
+        }
+    return result

@@ -1,0 +1,84 @@
+"""Starting workers: one in-process worker, a burst loop that waits for near retries, a pool."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+
+from django.conf import settings
+from rq.serializers import JSONSerializer
+
+from crm import jobs, promote, queues
+from crm.supervisor import Supervisor
+from crm.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+
+def parse_queue_names(value: str | None) -> list[str]:
+    if not value:
+        return list(queues.QUEUE_NAMES)
+    names = [n.strip() for n in value.split(",") if n.strip()]
+    for name in names:
+        queues.get_spec(name)  # raises with the list of known queues
+    return names
+
+
+def make_worker(queue_names: Sequence[str]) -> Worker:
+    return Worker(
+        [jobs.get_queue(n) for n in queue_names], connection=jobs.get_connection(), serializer=JSONSerializer
+    )
+
+
+def _active(queue_names: Sequence[str]) -> int:
+    connection = jobs.get_connection()
+    with connection.pipeline(transaction=False) as pipe:
+        for name in queue_names:
+            pipe.zcount(f"rq:wip:{name}", time.time(), "+inf")
+            pipe.llen(f"rq:queue:{name}")
+        return sum(pipe.execute())
+
+
+def run_burst(queue_names: Sequence[str], *, settle: float = 3.0) -> None:
+    """Work until every queue is empty, nothing runs elsewhere and nothing is due within `settle` s."""
+    while True:
+        promote.promote_due(queue_names)
+        make_worker(queue_names).work(burst=True, logging_level="WARNING")
+        promote.promote_due(queue_names)
+        wait = promote.seconds_until_next_due(queue_names)
+        if _active(queue_names):
+            time.sleep(0.1)
+            continue
+        if wait is None or wait > settle:
+            return
+        time.sleep(min(wait, 0.5) + 0.01)
+
+
+def run(queue_names: Sequence[str], *, burst: bool, processes: int, settle: float) -> int:
+    if processes <= 1:
+        if burst:
+            run_burst(queue_names, settle=settle)
+        else:
+            worker = make_worker(queue_names)
+            logger.info("worker %s (pid %s) listening on %s", worker.name, worker.pid, ", ".join(queue_names))
+            worker.work(logging_level="WARNING")
+        return 0
+    supervisor = Supervisor(exit_when_all_done=burst)
+    argv = [
+        sys.executable,
+        str(settings.BASE_DIR / "manage.py"),
+        "workers",
+        "--processes",
+        "1",
+        "--queues",
+        ",".join(queue_names),
+        "--settle",
+        str(settle),
+    ]
+    if burst:
+        argv.append("--burst")
+    for i in range(processes):
+        supervisor.add(f"worker.{i + 1}", argv, restart=not burst)
+    return supervisor.run()

@@ -1,0 +1,141 @@
+"""The test world: real PostgreSQL (pytest-django's test database), a real Redis database that is
+flushed around every test, in-process burst workers and real worker processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+
+from crm import jobs, queues, workers
+from crm.models import Customer, Organization, Store
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def redis_db() -> Iterator:
+    """Every test starts and ends with an empty Redis database of its own."""
+    connection = jobs.get_connection()
+    db = connection.connection_pool.connection_kwargs.get("db", 0)
+    assert db != 0 or os.environ.get("CRM_TESTS_ALLOW_REDIS_DB0"), (
+        "tests flush their Redis database: point REDIS_URL at a spare one (e.g. redis://127.0.0.1:6379/9)"
+    )
+    connection.flushdb()
+    yield connection
+    connection.flushdb()
+
+
+@pytest.fixture
+def run_jobs() -> Callable[..., None]:
+    """Run every queued (and soon-due delayed) job in this process, like `workers --burst`."""
+
+    def _run(queue_names: list[str] | None = None, settle: float = 3.0) -> None:
+        workers.run_burst(queue_names or list(queues.QUEUE_NAMES), settle=settle)
+
+    return _run
+
+
+def recorded(key: str) -> list[str]:
+    values = jobs.get_connection().lrange(f"crm:test:{key}", 0, -1)
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in values]
+
+
+@pytest.fixture
+def world(db) -> dict:
+    """A small named world: an organization, a store and three customers."""
+    org = Organization.objects.create(name="Loja Teste", slug="teste")
+    store = Store.objects.create(organization=org, erp_code="001", name="Centro")
+    customers = [
+        Customer.objects.create(
+            organization=org,
+            erp_id="C1",
+            name="Ana Silva",
+            email="ana@example.com.br",
+            phone="+5511999990001",
+        ),
+        Customer.objects.create(
+            organization=org,
+            erp_id="C2",
+            name="Bruno Souza",
+            email="bruno@example.com.br",
+            phone="+5521999990002",
+        ),
+        Customer.objects.create(organization=org, erp_id="C3", name="Carla Lima", email="", phone=""),
+    ]
+    return {"org": org, "store": store, "customers": customers}
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    """Environment for a child process that must see this test's database and Redis."""
+    env = dict(os.environ)
+    db = settings.DATABASES["default"]
+    env["DATABASE_URL"] = (
+        f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
+    )
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+class WorkerProcess:
+    """`manage.py workers` as a real process (its own process group, killed at teardown)."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        self.popen = subprocess.Popen(
+            [sys.executable, str(ROOT / "manage.py"), "workers", *args],
+            cwd=ROOT,
+            env=env or child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, sig)
+
+    def wait(self, timeout: float) -> int:
+        return self.popen.wait(timeout=timeout)
+
+    def output(self) -> str:
+        self.kill(signal.SIGTERM)
+        try:
+            out, _ = self.popen.communicate(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            out, _ = self.popen.communicate()
+        return out.decode(errors="replace")
+
+
+@pytest.fixture
+def worker_process() -> Iterator[Callable[..., WorkerProcess]]:
+    started: list[WorkerProcess] = []
+
+    def _start(*args: str, env: dict[str, str] | None = None) -> WorkerProcess:
+        proc = WorkerProcess(*args, env=env)
+        started.append(proc)
+        return proc
+
+    yield _start
+    for proc in started:
+        proc.kill()
+        proc.popen.wait(timeout=10)
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.1, what: str = "") -> float:
+    """Poll until predicate() is truthy; returns the seconds it took. Fails the test on timeout."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+    return time.monotonic() - start

@@ -1,0 +1,43 @@
+"""Job functions used by the tests; importable by real worker processes started from the repo root."""
+
+from __future__ import annotations
+
+import os
+import time
+
+from crm.jobs import Defer, get_connection
+
+
+def record(key: str, value: str) -> str:
+    """Appends `value` to the Redis list crm:test:<key>, so a test can see the job ran (and how often)."""
+    get_connection().rpush(f"crm:test:{key}", value)
+    return value
+
+
+def fail(key: str, message: str = "boom") -> None:
+    get_connection().rpush(f"crm:test:{key}", "attempt")
+    raise RuntimeError(message)
+
+
+def defer_once(key: str, seconds: float = 1) -> str:
+    """Defers the first time it runs, succeeds the second."""
+    connection = get_connection()
+    runs = connection.rpush(f"crm:test:{key}", "run")
+    if runs == 1:
+        raise Defer(seconds, "rate limited")
+    return "done"
+
+
+def sleep_and_record(key: str, seconds: float) -> None:
+    """Records its pid, then sleeps: tests kill the worker in the middle."""
+    get_connection().rpush(f"crm:test:{key}", str(os.getpid()))
+    time.sleep(seconds)
+    get_connection().rpush(f"crm:test:{key}", "finished")
+
+
+def checkpointed(kind: str, key: str) -> str:
+    from crm.checkpoints import checkpoint
+
+    with checkpoint(kind=kind, key=key):
+        get_connection().rpush(f"crm:test:{kind}", key)
+    return key
