@@ -10,6 +10,7 @@ gets the queue's retry policy, JSON payloads and at most one job per occurrence.
 from __future__ import annotations
 
 import logging
+import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import import_module
@@ -25,6 +26,10 @@ from rq_scheduler import Scheduler
 from crm import jobs, queues
 
 logger = logging.getLogger(__name__)
+
+# rq-scheduler evaluates cron strings in local time (= TIME_ZONE, which Django sets as the
+# process's TZ); that is the behaviour we rely on, so crontab's "will use utcnow" notice is noise.
+warnings.filterwarnings("ignore", category=FutureWarning, module="rq_scheduler.utils")
 
 JOB_ID_PREFIX = "cron-"
 
@@ -84,14 +89,14 @@ def get_scheduler(interval: int = 5) -> Scheduler:
     )
 
 
-def cron_register(scheduler: Scheduler | None = None) -> dict[str, str]:
+def cron_register(scheduler: Scheduler | None = None, table: dict[str, CronEntry] | None = None) -> dict[str, str]:
     """Make rq-scheduler hold exactly the cron table; returns {name: added|updated|kept|removed}.
 
     Idempotent: an entry already registered with the same expression is kept (its next run
     time untouched); a changed one is replaced; one no longer in the table is removed.
     """
     scheduler = scheduler or get_scheduler()
-    table = cron_table()
+    table = cron_table() if table is None else table
     result: dict[str, str] = {}
     registered = {job.id: job for job in scheduler.get_jobs() if job.id.startswith(JOB_ID_PREFIX)}
     for entry in table.values():

@@ -47,7 +47,7 @@ class Supervisor:
         self.exit_when_all_done = exit_when_all_done
         self._stopping = threading.Event()
         self._lock = threading.Lock()
-        self.width = 8
+        self.width = 10
 
     def add(
         self,

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-import warnings
-
 from django.core.management.base import BaseCommand
 
 from crm import cron, recovery
@@ -18,9 +16,6 @@ class Command(BaseCommand):
         parser.add_argument("--burst", action="store_true", help="register, fire what is due once, exit")
 
     def handle(self, *args, **options) -> None:
-        # rq-scheduler evaluates cron strings in local time (= TIME_ZONE, which Django sets as the
-        # process's TZ); that is the behaviour we want, so its "will use utcnow" notice is noise.
-        warnings.filterwarnings("ignore", category=FutureWarning, module="rq_scheduler")
         scheduler = cron.get_scheduler(interval=options["interval"])
         for name, change in cron.cron_register(scheduler).items():
             self.stdout.write(f"cron {name}: {change}")

@@ -1,0 +1,208 @@
+"""What operators and their scripts use: /admin/metrics, queue_stats, /healthz, the RQ dashboard,
+the cron table, the demo data and the admin pages."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from io import StringIO
+from zoneinfo import ZoneInfo
+
+import phonenumbers
+import pytest
+import redis
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegistry
+
+from crm import cron, jobs, queues, stats
+from crm.models import Customer, JobRun, Organization, Sale, Store
+from tests.conftest import recorded
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def staff_client(client):
+    user = get_user_model().objects.create_user("ops", password="pw-ops-123", is_staff=True, is_superuser=True)
+    client.force_login(user)
+    return client
+
+
+@pytest.fixture
+def plain_client(client):
+    user = get_user_model().objects.create_user("seller", password="pw-seller-123", is_staff=False)
+    client.force_login(user)
+    return client
+
+
+def _populate(run_jobs):
+    for i in range(3):
+        jobs.enqueue("tests.jobs.record", queue="email-send", kwargs={"key": "s", "value": str(i)})
+    jobs.enqueue("tests.jobs.fail", queue="runs", kwargs={"key": "s-fail"}, attempts=1)
+    run_jobs()
+    jobs.enqueue("tests.jobs.record", queue="email-send", kwargs={"key": "s", "value": "w"})
+    jobs.enqueue("tests.jobs.record", queue="post-sale-survey", kwargs={"key": "s", "value": "d"}, delay=3600)
+
+
+def test_metrics_have_the_seeds_shape_and_agree_with_rq(staff_client, run_jobs):
+    _populate(run_jobs)
+    response = staff_client.get("/admin/metrics")
+    assert response.status_code == 200
+    data = response.json()
+    assert list(data) == list(queues.QUEUE_NAMES)
+    assert all(set(counts) == {"waiting", "active", "failed", "completed", "delayed"} for counts in data.values())
+    email, runs, survey = jobs.get_queue("email-send"), jobs.get_queue("runs"), jobs.get_queue("post-sale-survey")
+    assert data["email-send"] == {"waiting": 1, "active": 0, "failed": 0, "delayed": 0,
+                                  "completed": FinishedJobRegistry(queue=email).count}
+    assert data["email-send"]["completed"] == 3
+    assert data["runs"]["failed"] == FailedJobRegistry(queue=runs).count == 1
+    assert data["post-sale-survey"]["delayed"] == ScheduledJobRegistry(queue=survey).count == 1
+
+
+def test_queue_stats_prints_the_same_counts(run_jobs):
+    _populate(run_jobs)
+    out = StringIO()
+    call_command("queue_stats", "--json", stdout=out)
+    assert json.loads(out.getvalue()) == stats.queue_stats()
+    out = StringIO()
+    call_command("queue_stats", stdout=out)
+    lines = out.getvalue().splitlines()
+    assert lines[0].split() == ["queue", "waiting", "active", "failed", "completed", "delayed"]
+    email_line = next(line for line in lines if line.startswith("email-send"))
+    assert email_line.split() == ["email-send", "1", "0", "0", "3", "0"]
+
+
+@pytest.mark.parametrize("path", ["/admin/metrics", "/admin/rq/", "/admin/rq/queues/0/"])
+def test_queue_pages_are_refused_to_anyone_but_staff(client, plain_client, path):
+    anonymous = client.__class__().get(path)
+    assert anonymous.status_code == 302 and "/admin/login/" in anonymous["Location"]
+    seller = plain_client.get(path)
+    assert seller.status_code == 302 and "/admin/login/" in seller["Location"]
+
+
+def test_the_rq_dashboard_is_there_for_staff(staff_client):
+    response = staff_client.get("/admin/rq/")
+    assert response.status_code == 200
+    assert b"erp-customer-sync-queue" in response.content
+
+
+def test_health_reports_database_and_redis(client):
+    response = client.get("/healthz")
+    assert response.status_code == 200
+    body = response.json()
+    assert body["status"] == "ok"
+    assert body["checks"]["database"]["ok"] and body["checks"]["redis"]["ok"]
+
+
+def test_health_says_which_dependency_is_down(client, monkeypatch):
+    # A real client to a port where nothing listens.
+    monkeypatch.setattr(jobs, "get_connection", lambda: redis.Redis(port=1, socket_connect_timeout=0.5))
+    response = client.get("/healthz")
+    assert response.status_code == 503
+    body = response.json()
+    assert body["checks"]["database"]["ok"] is True
+    assert body["checks"]["redis"]["ok"] is False
+    assert "ConnectionError" in body["checks"]["redis"]["error"]
+
+
+def test_the_cron_table_registers_idempotently(redis_db):
+    scheduler = cron.get_scheduler()
+    first = cron.cron_register(scheduler)
+    assert first == {"recover": "added"}
+    assert cron.cron_register(scheduler) == {"recover": "kept"}
+    assert redis_db.zcard("rq:scheduler:scheduled_jobs") == 1
+    # An entry that left the table is removed; a stranger's scheduled job is not touched.
+    scheduler.cron("0 0 * * *", func="crm.tasks.noop", id="cron-retired", queue_name="maintenance")
+    scheduler.cron("0 0 * * *", func="crm.tasks.noop", id="someone-else", queue_name="maintenance")
+    assert cron.cron_register(scheduler) == {"recover": "kept", "retired": "removed"}
+    assert {j.id for j in scheduler.get_jobs()} == {"cron-recover", "someone-else"}
+    # After a Redis flush the scheduler puts the table back.
+    redis_db.flushdb()
+    assert cron.cron_register(scheduler) == {"recover": "added"}
+
+
+def test_cron_times_are_in_the_configured_time_zone():
+    entry = cron.CronEntry(name="sales-nightly", cron="0 6 * * *", func="crm.tasks.noop", queue="erp-sync-queue")
+    sp = ZoneInfo("America/Sao_Paulo")
+    after = datetime(2026, 11, 29, 7, 0, tzinfo=sp)
+    (nxt,) = entry.next_runs(after=after)
+    assert nxt == datetime(2026, 11, 30, 6, 0, tzinfo=sp)
+    assert nxt.utcoffset().total_seconds() == -3 * 3600
+    with pytest.raises(ValueError, match="not a valid cron"):
+        cron.CronEntry(name="bad", cron="61 * * * *", func="crm.tasks.noop", queue="maintenance")
+
+
+def test_registered_cron_entries_fire_at_local_time(redis_db):
+    nightly = cron.CronEntry(name="sales-nightly", cron="0 6 * * *", func="crm.tasks.noop", queue="erp-sync-queue")
+    cron.cron_register(table={"sales-nightly": nightly})
+    score = redis_db.zscore("rq:scheduler:scheduled_jobs", "cron-sales-nightly")
+    fires_at = datetime.fromtimestamp(score, ZoneInfo("America/Sao_Paulo"))
+    assert (fires_at.hour, fires_at.minute) == (6, 0)
+    assert fires_at == nightly.next_runs()[0]
+    (row,) = [r for r in cron.cron_schedule() if r["name"] == "recover"] or [None]
+    assert row is not None and row["next_run"] is None  # the real table is not registered here
+
+
+def test_the_scheduler_fires_a_due_entry_once_through_the_enqueue_function(redis_db, run_jobs):
+    scheduler = cron.get_scheduler()
+    cron.cron_register(scheduler)
+    # Make the entry due now, then run the scheduler twice (two instances / a restart).
+    redis_db.zadd("rq:scheduler:scheduled_jobs", {"cron-recover": 0})
+    scheduler.run(burst=True)
+    cron.get_scheduler().run(burst=True)
+    assert redis_db.llen("rq:queue:maintenance") == 1  # cron_fire, once
+    run_jobs(["maintenance"])
+    fired = [k.decode().removeprefix("rq:job:") for k in redis_db.keys("rq:job:recover-cron-*")]
+    assert len(fired) == 1
+    assert jobs.fetch_job(fired[0]).get_status() == "finished"
+    # ... and it is scheduled again for its next occurrence.
+    assert redis_db.zscore("rq:scheduler:scheduled_jobs", "cron-recover") > 0
+
+
+def test_run_now_enqueues_an_entry_at_once(run_jobs):
+    out = StringIO()
+    call_command("cron", "run", "recover", stdout=out)
+    assert out.getvalue().startswith("enqueued recover-manual-")
+    run_jobs(["maintenance"])
+    assert JobRun.objects.count() == 0  # recovery ran, found nothing
+
+
+def test_demo_is_idempotent_and_its_phones_are_valid_brazilian_mobiles():
+    call_command("demo", customers=40, stdout=StringIO())
+    call_command("demo", customers=40, stdout=StringIO())
+    org = Organization.objects.get(slug="demo")
+    assert org.stores.count() == 3
+    assert org.customers.count() == 40
+    for phone in org.customers.values_list("phone", flat=True):
+        parsed = phonenumbers.parse(phone)
+        assert phonenumbers.is_valid_number(parsed)
+        assert phonenumbers.number_type(parsed) == phonenumbers.PhoneNumberType.MOBILE
+        assert phonenumbers.region_code_for_number(parsed) == "BR"
+    assert org.customers.filter(email__endswith="@example.com.br").count() == 40
+
+
+@pytest.mark.parametrize(
+    "model",
+    [Organization, Store, Customer, Sale, JobRun],
+)
+def test_admin_lists_answer_with_a_bounded_number_of_queries(model, staff_client, django_assert_max_num_queries,
+                                                             world):
+    from decimal import Decimal
+
+    from django.utils import timezone
+
+    org, store = world["org"], world["store"]
+    for i in range(30):
+        c = Customer.objects.create(organization=org, erp_id=f"X{i}", name=f"Cliente {i}")
+        Sale.objects.create(organization=org, store=store, customer=c, erp_id=f"S{i}", total=Decimal("10.50"),
+                            sold_at=timezone.now())
+        JobRun.objects.create(kind="sync", key=f"k{i}", organization=org)
+    url = f"/admin/crm/{model._meta.model_name}/"
+    with django_assert_max_num_queries(12):
+        response = staff_client.get(url)
+    assert response.status_code == 200
+    with django_assert_max_num_queries(12):
+        response = staff_client.get(url, {"q": "Cliente 1"})
+    assert response.status_code == 200
+    assert recorded("unused") == []

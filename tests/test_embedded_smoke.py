@@ -1,0 +1,140 @@
+"""The embedded default, as a new user runs it: `manage.py up` with no DATABASE_URL or REDIS_URL
+brings up its own Redis, SQLite, web, workers and scheduler; a job goes through end to end;
+Ctrl-C stops everything and leaves nothing running."""
+
+from __future__ import annotations
+
+import http.cookiejar
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _descendants(pid: int) -> set[int]:
+    found: set[int] = set()
+    todo = [pid]
+    while todo:
+        current = todo.pop()
+        for task in Path(f"/proc/{current}/task").glob("*"):
+            try:
+                children = (task / "children").read_text().split()
+            except OSError:
+                continue
+            for child in map(int, children):
+                if child not in found:
+                    found.add(child)
+                    todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "State:\tZ" not in status
+
+
+def _get(opener, url: str, timeout: float = 5) -> tuple[int, bytes]:
+    try:
+        with opener.open(url, timeout=timeout) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+    except OSError:
+        return 0, b""
+
+
+def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
+    var = tmp_path / "var"
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
+    env.update(CRM_VAR_DIR=str(var), ADMIN_USERNAME="admin", ADMIN_PASSWORD="smoke-test-Pw-123",
+               PYTHONUNBUFFERED="1")
+    port = _free_port()
+    base = f"http://127.0.0.1:{port}"
+    log = (tmp_path / "up.log").open("wb")
+    up = subprocess.Popen([sys.executable, "manage.py", "up", "--port", str(port), "--workers", "1",
+                           "--demo-customers", "5"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                          start_new_session=True)
+
+    def manage(*args: str) -> str:
+        done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    try:
+        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        wait_for(lambda: _get(opener, f"{base}/healthz")[0] == 200, timeout=120, interval=0.5,
+                 what="the embedded stack to answer /healthz")
+        health = json.loads(_get(opener, f"{base}/healthz")[1])
+        assert health["checks"]["redis"]["ok"] and health["checks"]["database"]["ok"]
+        assert (var / "crm.sqlite3").exists()
+        assert Path(var / "redis.sock").is_socket()
+
+        # Log in to the admin as the user `up` created, and read the queue metrics.
+        status, page = _get(opener, f"{base}/admin/login/")
+        assert status == 200
+        token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1).decode()
+        form = urllib.parse.urlencode({"username": "admin", "password": "smoke-test-Pw-123",
+                                       "csrfmiddlewaretoken": token, "next": "/admin/"}).encode()
+        request = urllib.request.Request(f"{base}/admin/login/", data=form, headers={"Referer": f"{base}/admin/"})
+        with opener.open(request, timeout=10) as response:
+            assert response.url.endswith("/admin/")
+        status, body = _get(opener, f"{base}/admin/metrics")
+        assert status == 200
+        assert set(json.loads(body)) >= {"whatsapp-send", "email-send", "items-p1", "maintenance"}
+
+        # A job end to end: enqueued from the command line, run by the supervised worker.
+        assert manage("cron", "run", "recover").startswith("enqueued recover-manual-")
+        wait_for(lambda: json.loads(manage("queue_stats", "--json"))["maintenance"]["completed"] >= 1,
+                 timeout=60, interval=1, what="the worker to finish the job")
+        assert "demo organization 'demo'" in (tmp_path / "up.log").read_text()
+
+        # The same checkout cannot start a second embedded Redis.
+        second = subprocess.run([sys.executable, "manage.py", "up", "--port", str(_free_port())], cwd=ROOT,
+                                env=env, capture_output=True, text=True, timeout=60)
+        assert second.returncode != 0
+        assert "already running" in second.stderr
+
+        children = _descendants(up.pid)
+        assert len(children) >= 4  # redis, web, workers (+ its worker), scheduler
+        up.send_signal(signal.SIGINT)  # what Ctrl-C does
+        assert up.wait(timeout=60) == 0
+        time.sleep(0.5)
+        assert [pid for pid in children if _alive(pid)] == []
+        assert not (var / "redis.sock").exists() or not _socket_answers(var / "redis.sock")
+    finally:
+        if up.poll() is None:
+            os.killpg(up.pid, signal.SIGKILL)
+        log.close()
+    print((tmp_path / "up.log").read_text()[-3000:])
+
+
+def _socket_answers(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(path))
+        except OSError:
+            return False
+    return True
