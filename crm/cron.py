@@ -89,7 +89,9 @@ def get_scheduler(interval: int = 5) -> Scheduler:
     )
 
 
-def cron_register(scheduler: Scheduler | None = None, table: dict[str, CronEntry] | None = None) -> dict[str, str]:
+def cron_register(
+    scheduler: Scheduler | None = None, table: dict[str, CronEntry] | None = None
+) -> dict[str, str]:
     """Make rq-scheduler hold exactly the cron table; returns {name: added|updated|kept|removed}.
 
     Idempotent: an entry already registered with the same expression is kept (its next run

@@ -51,11 +51,14 @@ def decrypt(token: str, *, context: str = "") -> str:
     if kid not in keys:
         raise DecryptionError(
             f"encrypted under key {kid}, which is not configured: put that key in ENCRYPTION_OLD_KEYS "
-            f"(configured: {', '.join(keys)})")
+            f"(configured: {', '.join(keys)})"
+        )
     try:
         return AESGCM(keys[kid]).decrypt(raw[:12], raw[12:], context.encode()).decode()
     except InvalidTag:
-        raise DecryptionError(f"value under key {kid} failed authentication (tampered, or wrong context)") from None
+        raise DecryptionError(
+            f"value under key {kid} failed authentication (tampered, or wrong context)"
+        ) from None
 
 
 def needs_rotation(token: str) -> bool:

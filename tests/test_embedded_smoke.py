@@ -68,25 +68,41 @@ def _get(opener, url: str, timeout: float = 5) -> tuple[int, bytes]:
 def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
     var = tmp_path / "var"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
-    env.update(CRM_VAR_DIR=str(var), ADMIN_USERNAME="admin", ADMIN_PASSWORD="smoke-test-Pw-123",
-               PYTHONUNBUFFERED="1")
+    env.update(
+        CRM_VAR_DIR=str(var), ADMIN_USERNAME="admin", ADMIN_PASSWORD="smoke-test-Pw-123", PYTHONUNBUFFERED="1"
+    )
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
     log = (tmp_path / "up.log").open("wb")
-    up = subprocess.Popen([sys.executable, "manage.py", "up", "--port", str(port), "--workers", "1",
-                           "--demo-customers", "5"], cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                          start_new_session=True)
+    up = subprocess.Popen(
+        [sys.executable, "manage.py", "up", "--port", str(port), "--workers", "1", "--demo-customers", "5"],
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
     def manage(*args: str) -> str:
-        done = subprocess.run([sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert done.returncode == 0, done.stderr
         return done.stdout
 
     try:
         opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
-        wait_for(lambda: _get(opener, f"{base}/healthz")[0] == 200, timeout=120, interval=0.5,
-                 what="the embedded stack to answer /healthz")
+        wait_for(
+            lambda: _get(opener, f"{base}/healthz")[0] == 200,
+            timeout=120,
+            interval=0.5,
+            what="the embedded stack to answer /healthz",
+        )
         health = json.loads(_get(opener, f"{base}/healthz")[1])
         assert health["checks"]["redis"]["ok"] and health["checks"]["database"]["ok"]
         assert (var / "crm.sqlite3").exists()
@@ -96,9 +112,17 @@ def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
         status, page = _get(opener, f"{base}/admin/login/")
         assert status == 200
         token = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page).group(1).decode()
-        form = urllib.parse.urlencode({"username": "admin", "password": "smoke-test-Pw-123",
-                                       "csrfmiddlewaretoken": token, "next": "/admin/"}).encode()
-        request = urllib.request.Request(f"{base}/admin/login/", data=form, headers={"Referer": f"{base}/admin/"})
+        form = urllib.parse.urlencode(
+            {
+                "username": "admin",
+                "password": "smoke-test-Pw-123",
+                "csrfmiddlewaretoken": token,
+                "next": "/admin/",
+            }
+        ).encode()
+        request = urllib.request.Request(
+            f"{base}/admin/login/", data=form, headers={"Referer": f"{base}/admin/"}
+        )
         with opener.open(request, timeout=10) as response:
             assert response.url.endswith("/admin/")
         status, body = _get(opener, f"{base}/admin/metrics")
@@ -107,13 +131,23 @@ def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
 
         # A job end to end: enqueued from the command line, run by the supervised worker.
         assert manage("cron", "run", "recover").startswith("enqueued recover-manual-")
-        wait_for(lambda: json.loads(manage("queue_stats", "--json"))["maintenance"]["completed"] >= 1,
-                 timeout=60, interval=1, what="the worker to finish the job")
+        wait_for(
+            lambda: json.loads(manage("queue_stats", "--json"))["maintenance"]["completed"] >= 1,
+            timeout=60,
+            interval=1,
+            what="the worker to finish the job",
+        )
         assert "demo organization 'demo'" in (tmp_path / "up.log").read_text()
 
         # The same checkout cannot start a second embedded Redis.
-        second = subprocess.run([sys.executable, "manage.py", "up", "--port", str(_free_port())], cwd=ROOT,
-                                env=env, capture_output=True, text=True, timeout=60)
+        second = subprocess.run(
+            [sys.executable, "manage.py", "up", "--port", str(_free_port())],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert second.returncode != 0
         assert "already running" in second.stderr
 

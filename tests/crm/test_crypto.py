@@ -28,7 +28,9 @@ def test_a_token_moved_to_another_place_or_tampered_with_is_refused(settings):
     raw = bytearray(base64.urlsafe_b64decode(payload))
     raw[-1] ^= 1
     with pytest.raises(crypto.DecryptionError):
-        crypto.decrypt(f"{prefix}:{kid}:{base64.urlsafe_b64encode(bytes(raw)).decode()}", context="smtp:org-1")
+        crypto.decrypt(
+            f"{prefix}:{kid}:{base64.urlsafe_b64encode(bytes(raw)).decode()}", context="smtp:org-1"
+        )
     with pytest.raises(crypto.DecryptionError, match="not an encrypted value"):
         crypto.decrypt("plain text")
 

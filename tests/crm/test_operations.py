@@ -24,7 +24,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 @pytest.fixture
 def staff_client(client):
-    user = get_user_model().objects.create_user("ops", password="pw-ops-123", is_staff=True, is_superuser=True)
+    user = get_user_model().objects.create_user(
+        "ops", password="pw-ops-123", is_staff=True, is_superuser=True
+    )
     client.force_login(user)
     return client
 
@@ -51,10 +53,21 @@ def test_metrics_have_the_seeds_shape_and_agree_with_rq(staff_client, run_jobs):
     assert response.status_code == 200
     data = response.json()
     assert list(data) == list(queues.QUEUE_NAMES)
-    assert all(set(counts) == {"waiting", "active", "failed", "completed", "delayed"} for counts in data.values())
-    email, runs, survey = jobs.get_queue("email-send"), jobs.get_queue("runs"), jobs.get_queue("post-sale-survey")
-    assert data["email-send"] == {"waiting": 1, "active": 0, "failed": 0, "delayed": 0,
-                                  "completed": FinishedJobRegistry(queue=email).count}
+    assert all(
+        set(counts) == {"waiting", "active", "failed", "completed", "delayed"} for counts in data.values()
+    )
+    email, runs, survey = (
+        jobs.get_queue("email-send"),
+        jobs.get_queue("runs"),
+        jobs.get_queue("post-sale-survey"),
+    )
+    assert data["email-send"] == {
+        "waiting": 1,
+        "active": 0,
+        "failed": 0,
+        "delayed": 0,
+        "completed": FinishedJobRegistry(queue=email).count,
+    }
     assert data["email-send"]["completed"] == 3
     assert data["runs"]["failed"] == FailedJobRegistry(queue=runs).count == 1
     assert data["post-sale-survey"]["delayed"] == ScheduledJobRegistry(queue=survey).count == 1
@@ -123,7 +136,9 @@ def test_the_cron_table_registers_idempotently(redis_db):
 
 
 def test_cron_times_are_in_the_configured_time_zone():
-    entry = cron.CronEntry(name="sales-nightly", cron="0 6 * * *", func="crm.tasks.noop", queue="erp-sync-queue")
+    entry = cron.CronEntry(
+        name="sales-nightly", cron="0 6 * * *", func="crm.tasks.noop", queue="erp-sync-queue"
+    )
     sp = ZoneInfo("America/Sao_Paulo")
     after = datetime(2026, 11, 29, 7, 0, tzinfo=sp)
     (nxt,) = entry.next_runs(after=after)
@@ -134,7 +149,9 @@ def test_cron_times_are_in_the_configured_time_zone():
 
 
 def test_registered_cron_entries_fire_at_local_time(redis_db):
-    nightly = cron.CronEntry(name="sales-nightly", cron="0 6 * * *", func="crm.tasks.noop", queue="erp-sync-queue")
+    nightly = cron.CronEntry(
+        name="sales-nightly", cron="0 6 * * *", func="crm.tasks.noop", queue="erp-sync-queue"
+    )
     cron.cron_register(table={"sales-nightly": nightly})
     score = redis_db.zscore("rq:scheduler:scheduled_jobs", "cron-sales-nightly")
     fires_at = datetime.fromtimestamp(score, ZoneInfo("America/Sao_Paulo"))
@@ -186,8 +203,9 @@ def test_demo_is_idempotent_and_its_phones_are_valid_brazilian_mobiles():
     "model",
     [Organization, Store, Customer, Sale, JobRun],
 )
-def test_admin_lists_answer_with_a_bounded_number_of_queries(model, staff_client, django_assert_max_num_queries,
-                                                             world):
+def test_admin_lists_answer_with_a_bounded_number_of_queries(
+    model, staff_client, django_assert_max_num_queries, world
+):
     from decimal import Decimal
 
     from django.utils import timezone
@@ -195,8 +213,14 @@ def test_admin_lists_answer_with_a_bounded_number_of_queries(model, staff_client
     org, store = world["org"], world["store"]
     for i in range(30):
         c = Customer.objects.create(organization=org, erp_id=f"X{i}", name=f"Cliente {i}")
-        Sale.objects.create(organization=org, store=store, customer=c, erp_id=f"S{i}", total=Decimal("10.50"),
-                            sold_at=timezone.now())
+        Sale.objects.create(
+            organization=org,
+            store=store,
+            customer=c,
+            erp_id=f"S{i}",
+            total=Decimal("10.50"),
+            sold_at=timezone.now(),
+        )
         JobRun.objects.create(kind="sync", key=f"k{i}", organization=org)
     url = f"/admin/crm/{model._meta.model_name}/"
     with django_assert_max_num_queries(12):
