@@ -21,6 +21,12 @@ from crm.models import Customer, Organization, Store
 ROOT = Path(__file__).resolve().parent.parent
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _static_root() -> None:
+    # WhiteNoise warns about a STATIC_ROOT that `collectstatic` has not created yet.
+    Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
+
+
 @pytest.fixture(autouse=True)
 def redis_db() -> Iterator:
     """Every test starts and ends with an empty Redis database of its own."""

@@ -89,6 +89,8 @@ def manage_gunicorn() -> list[str]:
         "-",
         "--chdir",
         str(settings.BASE_DIR),
+        # gunicorn keeps a control socket in $HOME by default: two checkouts would share it.
+        "--no-control-socket",
     ]
 
 
