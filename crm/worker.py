@@ -52,6 +52,16 @@ class Worker(SimpleWorker):
         self._deferred = False
         self._promoted_at = 0.0
 
+    def work(self, burst: bool = False, *args: Any, **kwargs: Any) -> bool:
+        self._burst = burst
+        return super().work(burst, *args, **kwargs)
+
+    def subscribe(self) -> None:
+        # The command channel (stop a job, shut down) matters for long-lived workers; a burst
+        # worker would only pay the ~1 s it takes to stop the listener thread.
+        if not getattr(self, "_burst", False):
+            super().subscribe()
+
     # --- the idle loop: promote due delayed jobs every second, sweep registries every few -----
     @property
     def dequeue_timeout(self) -> int:

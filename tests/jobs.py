@@ -8,7 +8,7 @@ import time
 from crm.jobs import Defer, get_connection
 
 
-def record(key: str, value: str) -> str:
+def record(key: str, value: str, organization_id: int | None = None) -> str:
     """Appends `value` to the Redis list crm:test:<key>, so a test can see the job ran (and how often)."""
     get_connection().rpush(f"crm:test:{key}", value)
     return value

@@ -182,12 +182,50 @@ def test_enqueue_many_uses_one_round_trip_per_thousand_jobs(redis_db, run_jobs):
         ids = jobs.enqueue_many(
             "tests.jobs.record",
             queue="items-p5",
-            kwargs_list=({"key": "bulk", "value": str(i)} for i in range(2500)),
+            kwargs_list=({"key": "bulk", "value": str(i)} for i in range(1200)),
         )
     finally:
         Pipeline.execute = original
-    assert len(ids) == len(set(ids)) == 2500
-    assert redis_db.llen("rq:queue:items-p5") == 2500
-    assert len(calls) == 3  # 1000 + 1000 + 500
+    assert len(ids) == len(set(ids)) == 1200
+    assert redis_db.llen("rq:queue:items-p5") == 1200
+    assert len(calls) == 2  # 1000 + 200
     run_jobs(["items-p5"])
-    assert sorted(recorded("bulk"), key=int) == [str(i) for i in range(2500)]
+    assert sorted(recorded("bulk"), key=int) == [str(i) for i in range(1200)]
+
+
+def test_a_unique_delayed_job_is_scheduled_once(redis_db):
+    for _ in range(2):
+        jobs.enqueue(
+            "tests.jobs.record",
+            queue="campaign-trigger",
+            kwargs={"key": "ud", "value": "1"},
+            job_id="campaign-9",
+            unique=True,
+            delay=60,
+        )
+    assert redis_db.zcard("rq:scheduled:campaign-trigger") == 1
+
+
+def test_each_job_outcome_is_one_log_line_with_queue_id_org_and_duration(run_jobs, caplog):
+    ok = jobs.enqueue(
+        "tests.jobs.record", queue="email-send", kwargs={"key": "log", "value": "1", "organization_id": 7}
+    )
+    bad = jobs.enqueue("tests.jobs.fail", queue="runs", kwargs={"key": "log-f"}, attempts=1)
+    with caplog.at_level("INFO", logger="crm.jobs"):
+        run_jobs()
+    lines = {r.job_id: r for r in caplog.records if r.name == "crm.jobs"}
+    assert lines[ok].outcome == "succeeded" and lines[ok].queue == "email-send"
+    assert lines[ok].organization_id == 7 and lines[ok].duration >= 0
+    assert lines[bad].outcome == "failed" and lines[bad].levelname == "WARNING"
+
+
+def test_json_log_lines_carry_the_extra_fields():
+    import logging
+
+    from crm.logfmt import JsonFormatter
+
+    record = logging.LogRecord("crm.jobs", logging.INFO, __file__, 1, "job %s", ("succeeded",), None)
+    record.queue, record.job_id = "email-send", "abc"
+    line = json.loads(JsonFormatter().format(record))
+    assert line["message"] == "job succeeded"
+    assert (line["queue"], line["job_id"], line["level"]) == ("email-send", "abc", "INFO")

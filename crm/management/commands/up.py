@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import sys
 import time
 from pathlib import Path
@@ -30,6 +31,13 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options) -> None:
         Path(settings.VAR_DIR).mkdir(parents=True, exist_ok=True)
+        with socket.socket() as probe:
+            try:
+                probe.bind((options["host"], options["port"]))
+            except OSError as exc:
+                raise CommandError(
+                    f"cannot listen on {options['host']}:{options['port']} ({exc.strerror}); pass --port"
+                ) from None
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         supervisor = Supervisor()
         if settings.EMBEDDED_REDIS:
@@ -51,7 +59,9 @@ class Command(BaseCommand):
         except BaseException:
             supervisor.stop()
             raise
-        supervisor.add("web", [*manage_gunicorn(), "--bind", f"{options['host']}:{options['port']}"])
+        supervisor.add(
+            "web", [*manage_gunicorn(), "--bind", f"{options['host']}:{options['port']}"], restart=False
+        )
         supervisor.add("workers", [*manage, "workers", "--processes", str(options["workers"])])
         supervisor.add("scheduler", [*manage, "scheduler"])
         supervisor.say(
