@@ -5,3 +5,6 @@ from django.utils.translation import gettext_lazy as _
 class CampaignsConfig(AppConfig):
     name = "campaigns"
     verbose_name = _("Campaigns")
+
+    def ready(self) -> None:
+        from campaigns import services  # noqa: F401 - registers the recoverer

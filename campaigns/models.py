@@ -1,1 +1,191 @@
-"""Models of this app arrive with their issue; see docs/architecture.md."""
+"""Campaigns, their metrics and their messages (one row per campaign and recipient)."""
+
+from __future__ import annotations
+
+import secrets
+from decimal import Decimal
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone as dj_timezone
+from django.utils.translation import gettext_lazy as _
+
+from crm.models import Customer, Organization, Store
+
+# Customer fields a template variable may take its value from.
+VARIABLE_SOURCES = {
+    "first_name": _("first name"),
+    "name": _("full name"),
+    "email": _("email"),
+    "store_name": _("store name"),
+}
+
+
+class Channel(models.TextChoices):
+    WHATSAPP = "whatsapp", _("WhatsApp")
+    EMAIL = "email", _("email")
+
+
+class Campaign(models.Model):
+    class Status(models.TextChoices):
+        DRAFT = "draft", _("draft")
+        SCHEDULED = "scheduled", _("scheduled")
+        SENDING = "sending", _("sending")
+        PAUSED = "paused", _("paused")
+        SENT = "sent", _("sent")
+        CANCELLED = "cancelled", _("cancelled")
+        STOPPED = "stopped", _("stopped (provider error)")
+
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="campaigns", verbose_name=_("organization")
+    )
+    name = models.CharField(_("name"), max_length=200)
+    channel = models.CharField(_("channel"), max_length=10, choices=Channel.choices, default=Channel.WHATSAPP)
+    status = models.CharField(_("status"), max_length=12, choices=Status.choices, default=Status.DRAFT)
+    # WhatsApp
+    whatsapp_number = models.ForeignKey(
+        "integrations.WhatsappNumber",
+        on_delete=models.PROTECT,
+        null=True,
+        blank=True,
+        related_name="campaigns",
+        verbose_name=_("WhatsApp number"),
+    )
+    template_name = models.CharField(_("template name"), max_length=512, blank=True, default="")
+    template_language = models.CharField(_("template language"), max_length=10, default="pt_BR")
+    template_category = models.CharField(_("template category"), max_length=20, default="marketing")
+    template_variables = models.JSONField(
+        _("template variables"),
+        default=list,
+        blank=True,
+        help_text=_(
+            "Body variables {{1}}, {{2}}… in order, each a customer field: first_name, name, email, "
+            "store_name."
+        ),
+    )
+    header_image_url = models.URLField(_("header image URL"), blank=True, default="")
+    redirect_url = models.URLField(_("redirect button target"), blank=True, default="")
+    redirect_button_index = models.PositiveSmallIntegerField(
+        _("redirect button index"), null=True, blank=True
+    )
+    unsubscribe_button_index = models.PositiveSmallIntegerField(
+        _("unsubscribe button index"), null=True, blank=True
+    )
+    # Audience
+    audience_store = models.ForeignKey(
+        Store,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("only customers of store"),
+    )
+    audience_purchased_within_days = models.PositiveIntegerField(
+        _("only customers who bought in the last N days"), null=True, blank=True
+    )
+    # Life
+    scheduled_at = models.DateTimeField(_("scheduled for"), null=True, blank=True)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    stop_reason = models.TextField(_("stop reason"), blank=True, default="")
+    created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+
+    class Meta:
+        verbose_name = _("campaign")
+        verbose_name_plural = _("campaigns")
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["organization", "status"], name="campaign_org_status")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class CampaignMetric(models.Model):
+    """Counters, always updated with F() so concurrent workers never lose an increment."""
+
+    campaign = models.OneToOneField(
+        Campaign, on_delete=models.CASCADE, related_name="metric", verbose_name=_("campaign")
+    )
+    queued = models.PositiveIntegerField(_("recipients"), default=0)
+    sent = models.PositiveIntegerField(_("sent"), default=0)
+    delivered = models.PositiveIntegerField(_("delivered"), default=0)
+    read = models.PositiveIntegerField(_("read"), default=0)
+    failed = models.PositiveIntegerField(_("failed"), default=0)
+    skipped = models.PositiveIntegerField(_("skipped"), default=0)
+    clicked = models.PositiveIntegerField(_("clicked"), default=0)
+    cost = models.DecimalField(_("cost"), max_digits=14, decimal_places=6, default=Decimal("0"))
+
+    class Meta:
+        verbose_name = _("campaign metric")
+        verbose_name_plural = _("campaign metrics")
+
+    def __str__(self) -> str:
+        return f"{self.campaign_id}: {self.sent}/{self.queued}"
+
+
+def _token() -> str:
+    return secrets.token_urlsafe(16)
+
+
+class WhatsappMessage(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued", _("queued")
+        SENDING = "sending", _("sending")
+        SENT = "sent", _("sent")
+        DELIVERED = "delivered", _("delivered")
+        READ = "read", _("read")
+        FAILED = "failed", _("failed")
+        SKIPPED = "skipped", _("skipped")
+        CANCELLED = "cancelled", _("cancelled")
+
+    FINAL = (Status.SENT, Status.DELIVERED, Status.READ, Status.FAILED, Status.SKIPPED, Status.CANCELLED)
+    IN_FLIGHT = (Status.QUEUED, Status.SENDING)
+
+    campaign = models.ForeignKey(
+        Campaign, on_delete=models.CASCADE, related_name="whatsapp_messages", verbose_name=_("campaign")
+    )
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="+", verbose_name=_("organization")
+    )
+    customer = models.ForeignKey(
+        Customer, on_delete=models.CASCADE, related_name="whatsapp_messages", verbose_name=_("customer")
+    )
+    batch = models.PositiveIntegerField(_("batch"), default=0, help_text=_("The send job that carries it."))
+    status = models.CharField(_("status"), max_length=10, choices=Status.choices, default=Status.QUEUED)
+    attempts = models.PositiveSmallIntegerField(_("attempts"), default=0)
+    phone = models.CharField(_("phone"), max_length=16, blank=True, default="")
+    wa_id = models.CharField(_("WhatsApp id"), max_length=20, blank=True, default="")
+    wamid = models.CharField(_("Meta message id"), max_length=128, null=True, blank=True, unique=True)
+    error_code = models.IntegerField(_("error code"), null=True, blank=True)
+    error_reason = models.TextField(_("error reason"), blank=True, default="")
+    cost = models.DecimalField(_("cost"), max_digits=10, decimal_places=6, default=Decimal("0"))
+    token = models.CharField(_("link token"), max_length=32, unique=True, default=_token)
+    queued_at = models.DateTimeField(_("queued at"), default=dj_timezone.now)
+    sending_at = models.DateTimeField(_("sending since"), null=True, blank=True)
+    sent_at = models.DateTimeField(_("sent at"), null=True, blank=True)
+    delivered_at = models.DateTimeField(_("delivered at"), null=True, blank=True)
+    read_at = models.DateTimeField(_("read at"), null=True, blank=True)
+    failed_at = models.DateTimeField(_("failed at"), null=True, blank=True)
+    clicked_at = models.DateTimeField(_("clicked at"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("WhatsApp message")
+        verbose_name_plural = _("WhatsApp messages")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["campaign", "customer"], name="whatsapp_message_once_per_campaign"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["campaign", "batch", "status"], name="wamsg_campaign_batch_status"),
+            models.Index(fields=["campaign", "status"], name="wamsg_campaign_status"),
+            models.Index(fields=["organization", "customer", "sent_at"], name="wamsg_org_customer_sent"),
+            models.Index(
+                fields=["status", "sending_at"],
+                name="wamsg_in_flight",
+                condition=Q(status__in=["queued", "sending"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.campaign_id}/{self.customer_id} {self.status}"

@@ -50,6 +50,10 @@ class Organization(models.Model):
         default=True,
         help_text=_("Skip a customer who already has a message of another campaign in flight."),
     )
+    # Set when a provider says the account itself is unusable (expired token, locked, unpaid):
+    # every send of the organization on that channel waits until an operator clears it.
+    whatsapp_paused_at = models.DateTimeField(_("WhatsApp sending paused at"), null=True, blank=True)
+    whatsapp_paused_reason = models.TextField(_("WhatsApp pause reason"), blank=True, default="")
     created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
 
     class Meta:

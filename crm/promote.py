@@ -61,3 +61,22 @@ def seconds_until_next_due(queue_names: Sequence[str]) -> float | None:
             pipe.zrange(f"rq:scheduled:{name}", 0, 0, withscores=True)
         firsts = [r[0][1] for r in pipe.execute() if r]
     return max(min(firsts) - time.time(), 0.0) if firsts else None
+
+
+def promote_now(queue_name: str, job_ids: Sequence[str]) -> int:
+    """Run delayed jobs now instead of at their time (an operator resumed what they waited for)."""
+    connection = jobs.get_connection()
+    key = f"rq:scheduled:{queue_name}"
+    with connection.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.zrem(key, job_id)
+        claimed = [jid for jid, removed in zip(job_ids, pipe.execute(), strict=True) if removed]
+    if not claimed:
+        return 0
+    queue = jobs.get_queue(queue_name)
+    found = [j for j in Job.fetch_many(claimed, connection=connection, serializer=JSONSerializer) if j]
+    with connection.pipeline() as pipe:
+        for job in found:
+            queue._enqueue_job(job, pipeline=pipe)
+        pipe.execute()
+    return len(found)

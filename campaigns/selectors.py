@@ -1,0 +1,81 @@
+"""Reads about campaigns that more than one place uses."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.db.models import Count, Exists, OuterRef, QuerySet
+from django.utils import timezone
+
+from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
+from crm.models import Customer, Sale
+
+COUNT_KEYS = ("queued", "sending", "sent", "delivered", "read", "failed", "skipped", "cancelled")
+
+
+def campaign_audience(*, campaign: Campaign) -> QuerySet[Customer]:
+    """Customers of the campaign's organization who can receive it, narrowed by its filters."""
+    qs = Customer.objects.filter(organization_id=campaign.organization_id, marketing_consent=True)
+    if campaign.channel == "whatsapp":
+        qs = qs.filter(whatsapp_opted_out_at__isnull=True).exclude(phone="")
+    else:
+        qs = qs.filter(email_opted_out_at__isnull=True).exclude(email="")
+    sales = Sale.objects.filter(customer_id=OuterRef("pk"))
+    if campaign.audience_store_id:
+        sales = sales.filter(store_id=campaign.audience_store_id)
+    if campaign.audience_purchased_within_days:
+        sales = sales.filter(
+            sold_at__gte=timezone.now() - timedelta(days=campaign.audience_purchased_within_days)
+        )
+    if campaign.audience_store_id or campaign.audience_purchased_within_days:
+        qs = qs.filter(Exists(sales))
+    return qs
+
+
+def campaign_counts(*, campaign_id: int) -> dict[str, int]:
+    """Messages by status, in one GROUP BY."""
+    rows = (
+        WhatsappMessage.objects.filter(campaign_id=campaign_id)
+        .values("status")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    counts = dict.fromkeys(COUNT_KEYS, 0)
+    counts.update({r["status"]: r["n"] for r in rows})
+    return counts
+
+
+def campaign_status(*, campaign: Campaign) -> dict[str, Any]:
+    """What `campaign_status --json` and the progress page show."""
+    counts = campaign_counts(campaign_id=campaign.pk)
+    metric = CampaignMetric.objects.filter(campaign_id=campaign.pk).first()
+    done = sum(counts[k] for k in ("sent", "delivered", "read", "failed", "skipped", "cancelled"))
+    total = sum(counts.values())
+    now = timezone.now()
+    window = now - timedelta(seconds=60)
+    recent = WhatsappMessage.objects.filter(campaign_id=campaign.pk, sent_at__gte=window).count()
+    elapsed = (
+        (min(now, campaign.finished_at or now) - campaign.started_at).total_seconds()
+        if campaign.started_at
+        else 0.0
+    )
+    sent_total = counts["sent"] + counts["delivered"] + counts["read"]
+    if campaign.status == Campaign.Status.SENDING:
+        rate = recent / max(min(60.0, elapsed), 1.0)
+    else:
+        rate = sent_total / elapsed if elapsed else 0.0
+    remaining = counts["queued"] + counts["sending"]
+    return {
+        "id": campaign.pk,
+        "name": campaign.name,
+        "channel": campaign.channel,
+        "status": campaign.status,
+        "counts": counts,
+        "total": total,
+        "progress": round(done / total, 4) if total else 0.0,
+        "cost": str(metric.cost if metric else 0),
+        "rate": round(rate, 2),
+        "eta_seconds": round(remaining / rate) if rate and remaining else None,
+        "stop_reason": campaign.stop_reason,
+    }

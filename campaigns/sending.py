@@ -1,0 +1,404 @@
+"""Sending one batch of WhatsApp messages: the seed's 12 steps, for many messages at once.
+
+1 credentials fresh from the database · 2 phone to E.164 · 3 organization settings · 4 per-customer
+limit · 5 conflict block · 6 no empty template variable (Meta 131008 prevented) · 7 components ·
+8 Meta Graph call · 9 SENT + metric · 10 cost · 11 Chatwoot mirror (its own job) · 12 completion.
+
+Exactly once: messages are claimed (QUEUED -> SENDING) in the database before Meta is called, so
+a retry, a second worker or a re-run after a crash only ever sees the ones still QUEUED.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+
+import phonenumbers
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, F, Q
+from django.utils import timezone
+
+from campaigns import services
+from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
+from crm import aio, ratelimit
+from crm.jobs import Defer
+from crm.models import Customer, OptOutSource, Organization
+from integrations import http
+from integrations.models import WhatsappPrice
+from integrations.whatsapp.client import GraphClient, SendResult, TemplateMessage, UrlButton
+from integrations.whatsapp.errors import Action
+
+logger = logging.getLogger(__name__)
+
+Status = WhatsappMessage.Status
+ATTEMPTS = 2  # the seed: 2 attempts, exponential backoff from 1 s
+RETRY_BACKOFF = 1.0
+THROTTLE_DELAY = 5.0
+PAUSED_DELAY = 30.0
+
+
+def normalize_phone(raw: str) -> str | None:
+    """E.164 for a Brazilian-first customer base: 55 added when missing; a mobile without its ninth
+    digit (old 8-digit form) gets it. None when it cannot be a valid number."""
+    digits = "".join(ch for ch in raw if ch.isdigit())
+    if not digits:
+        return None
+    international = raw.strip().startswith("+") or (digits.startswith("55") and len(digits) >= 12)
+    candidate = "+" + digits if international else "+55" + digits
+    try:
+        parsed = phonenumbers.parse(candidate)
+    except phonenumbers.NumberParseException:
+        return None
+    national = str(parsed.national_number)
+    if parsed.country_code == 55 and len(national) == 10 and national[2] in "6789":
+        # 8-digit mobile from before 2016: add the ninth digit
+        parsed = phonenumbers.parse(f"+55{national[:2]}9{national[2:]}")
+    if not phonenumbers.is_valid_number(parsed):
+        return None
+    return phonenumbers.format_number(parsed, phonenumbers.PhoneNumberFormat.E164)
+
+
+def _variable(customer: Customer, source: str, store_name: str) -> str:
+    if source == "first_name":
+        return (customer.name or "").split(" ")[0]
+    if source == "name":
+        return customer.name or ""
+    if source == "email":
+        return customer.email or ""
+    if source == "store_name":
+        return store_name
+    return ""
+
+
+def _link(kind: str, token: str) -> str:
+    # The template's URL button ends in a variable: "https://<public host>/{{1}}"; the value
+    # replaces the __REDIRECT_URL__ sentinel with the path of our redirect/unsubscribe endpoint.
+    return f"{kind}/{token}"
+
+
+@dataclass
+class _Outcome:
+    message: WhatsappMessage
+    result: SendResult
+
+
+def _claim(campaign_id: int, batch: int) -> list[int]:
+    with transaction.atomic():
+        ids = list(
+            WhatsappMessage.objects.select_for_update(skip_locked=True)
+            .filter(campaign_id=campaign_id, batch=batch, status=Status.QUEUED)
+            .values_list("id", flat=True)
+        )
+        if ids:
+            WhatsappMessage.objects.filter(id__in=ids).update(
+                status=Status.SENDING, attempts=F("attempts") + 1, sending_at=timezone.now()
+            )
+    return ids
+
+
+async def _send_all(
+    client: GraphClient,
+    *,
+    phone_number_id: str,
+    token: str,
+    items: list[tuple[WhatsappMessage, TemplateMessage]],
+    slots: ratelimit.Slots,
+) -> list[_Outcome]:
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def one(i: int, message: WhatsappMessage, payload: TemplateMessage) -> _Outcome:
+        wait = slots.offset(i) - (loop.time() - started)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        return _Outcome(
+            message,
+            await client.send_template(phone_number_id=phone_number_id, access_token=token, message=payload),
+        )
+
+    return list(await asyncio.gather(*(one(i, m, p) for i, (m, p) in enumerate(items))))
+
+
+_clients: dict[tuple[int, str], GraphClient] = {}
+
+
+def _graph_client(base_url: str) -> GraphClient:
+    """One client (and keep-alive pool) per process and Graph base URL, on the process's loop."""
+    key = (id(aio.loop()), base_url)
+    if key not in _clients:
+
+        async def make() -> GraphClient:
+            return GraphClient(
+                session=http.async_session(max_connections=settings.WHATSAPP_MAX_IN_FLIGHT),
+                base_url=base_url,
+                version=settings.WHATSAPP_GRAPH_VERSION,
+            )
+
+        _clients[key] = aio.run(make())
+    return _clients[key]
+
+
+def _prices(category: str) -> dict[str, Decimal]:
+    return dict(WhatsappPrice.objects.filter(category=category).values_list("country", "price"))
+
+
+def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
+    """Send every still-queued message of one batch. Returns counts by outcome.
+
+    Raises Defer (no attempt spent) while the campaign is paused, the organization's sending is
+    paused, or messages wait for a retry or a throttle to pass.
+    """
+    campaign = Campaign.objects.select_related(
+        "organization", "whatsapp_number", "whatsapp_number__store"
+    ).get(pk=campaign_id)
+    org: Organization = campaign.organization
+    if campaign.status in (Campaign.Status.CANCELLED, Campaign.Status.STOPPED):
+        WhatsappMessage.objects.filter(campaign_id=campaign_id, batch=batch, status=Status.QUEUED).update(
+            status=Status.CANCELLED
+        )
+        return {}
+    if campaign.status == Campaign.Status.PAUSED:
+        raise Defer(PAUSED_DELAY, "campaign paused")
+    if org.whatsapp_paused_at:
+        raise Defer(PAUSED_DELAY * 2, f"organization's WhatsApp sending paused: {org.whatsapp_paused_reason}")
+    if campaign.status != Campaign.Status.SENDING:
+        return {}
+
+    ids = _claim(campaign_id, batch)
+    if not ids:
+        services.campaign_complete_if_done(campaign_id=campaign_id)
+        return {}
+    now = timezone.now()
+    messages = list(WhatsappMessage.objects.filter(id__in=ids).select_related("customer").order_by("id"))
+    customer_ids = [m.customer_id for m in messages]
+    counts: Counter[str] = Counter()
+    skipped: dict[int, str] = {}
+
+    # 4. per-customer limit: messages of other campaigns sent within the window
+    since = now - timedelta(days=org.message_limit_days)
+    recent = dict(
+        WhatsappMessage.objects.filter(
+            organization_id=org.pk,
+            customer_id__in=customer_ids,
+            sent_at__gte=since,
+            status__in=[Status.SENT, Status.DELIVERED, Status.READ],
+        )
+        .exclude(campaign_id=campaign_id)
+        .values_list("customer_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    # 5. conflict block: another campaign's message in flight, or sent in the last 24 hours
+    busy: set[int] = set()
+    if org.block_multiple_campaigns:
+        busy = set(
+            WhatsappMessage.objects.filter(customer_id__in=customer_ids)
+            .exclude(campaign_id=campaign_id)
+            .filter(Q(status__in=[Status.QUEUED, Status.SENDING]) | Q(sent_at__gte=now - timedelta(hours=24)))
+            .values_list("customer_id", flat=True)
+            .distinct()
+        )
+
+    number = campaign.whatsapp_number
+    assert number is not None
+    store_name = number.store.name if number.store else ""
+    items: list[tuple[WhatsappMessage, TemplateMessage]] = []
+    for m in messages:
+        customer = m.customer
+        if not customer.can_receive_whatsapp:
+            skipped[m.pk] = "customer opted out or has no consent"
+            continue
+        phone = normalize_phone(customer.phone)  # 2
+        if phone is None:
+            skipped[m.pk] = f"invalid phone number {customer.phone!r}"
+            continue
+        m.phone = phone
+        if recent.get(m.customer_id, 0) >= org.message_limit_count:
+            skipped[m.pk] = (
+                f"message limit: {recent[m.customer_id]} in the last {org.message_limit_days} days"
+            )
+            continue
+        if m.customer_id in busy:
+            skipped[m.pk] = "another campaign is in flight for this customer"
+            continue
+        body = [_variable(customer, source, store_name) for source in campaign.template_variables]  # 6
+        empty = [i + 1 for i, v in enumerate(body) if not v.strip()]
+        if empty:
+            skipped[m.pk] = (
+                f"empty template variable {{{{{empty[0]}}}}} ({campaign.template_variables[empty[0] - 1]})"
+            )
+            continue
+        buttons = []  # 7
+        if campaign.redirect_button_index is not None:
+            buttons.append(UrlButton(campaign.redirect_button_index, _link("r", m.token)))
+        if campaign.unsubscribe_button_index is not None:
+            buttons.append(UrlButton(campaign.unsubscribe_button_index, _link("u", m.token)))
+        items.append(
+            (
+                m,
+                TemplateMessage(
+                    to=phone.lstrip("+"),
+                    template=campaign.template_name,
+                    language=campaign.template_language,
+                    body=body,
+                    header_image_url=campaign.header_image_url,
+                    buttons=buttons,
+                    biz_opaque_callback_data=f"m:{m.pk}",
+                ),
+            )
+        )
+
+    outcomes: list[_Outcome] = []
+    if items:
+        try:
+            token = number.get_access_token()  # 1: fresh, decrypted in memory only
+            base_url = number.graph_url or settings.WHATSAPP_GRAPH_URL
+            client = _graph_client(base_url)
+            slots = ratelimit.reserve(f"wa:{number.pk}", len(items), number.messages_per_second)
+        except Exception:
+            # Nothing was sent yet: give the claims back (attempt not spent) and let RQ retry.
+            WhatsappMessage.objects.filter(id__in=ids, status=Status.SENDING).update(
+                status=Status.QUEUED, sending_at=None, attempts=F("attempts") - 1
+            )
+            raise
+        started = time.monotonic()
+        outcomes = aio.run(
+            _send_all(
+                client,
+                phone_number_id=number.phone_number_id,
+                token=token,
+                items=items,
+                slots=slots,
+            )
+        )
+        del token
+        logger.info(
+            "batch %s/%s: %s sends in %.2fs",
+            campaign_id,
+            batch,
+            len(items),
+            time.monotonic() - started,
+            extra={"campaign_id": campaign_id, "organization_id": org.pk},
+        )
+    retry_in = _record(campaign, messages, skipped, outcomes, counts)
+    if retry_in is not None:
+        raise Defer(retry_in, "messages wait for a retry")
+    services.campaign_complete_if_done(campaign_id=campaign_id)
+    return dict(counts)
+
+
+def _record(
+    campaign: Campaign,
+    messages: list[WhatsappMessage],
+    skipped: dict[int, str],
+    outcomes: list[_Outcome],
+    counts: Counter[str],
+) -> float | None:
+    """Write every outcome in a few bulk statements; returns the delay before a retry, if any."""
+    now = timezone.now()
+    by_id = {m.pk: m for m in messages}
+    prices = _prices(campaign.template_category) if outcomes else {}
+    sent: list[WhatsappMessage] = []
+    failed: list[WhatsappMessage] = []
+    requeue_spent: list[int] = []
+    requeue_free: list[int] = []
+    opt_outs: list[int] = []
+    stop_campaign: str | None = None
+    stop_org: str | None = None
+    cost = Decimal("0")
+    for o in outcomes:
+        m, r = o.message, o.result
+        if r.ok:
+            m.status, m.wamid, m.wa_id, m.sent_at = Status.SENT, r.wamid, r.wa_id, now
+            region = phonenumbers.region_code_for_number(phonenumbers.parse(m.phone)) or "*"
+            m.cost = prices.get(region, prices.get("*", Decimal("0")))
+            cost += m.cost
+            sent.append(m)
+            continue
+        assert r.error is not None
+        action = r.action
+        if action == Action.THROTTLED:
+            requeue_free.append(m.pk)
+        elif action == Action.RETRY and m.attempts < ATTEMPTS:
+            requeue_spent.append(m.pk)
+        elif action == Action.STOP_ORGANIZATION:
+            requeue_free.append(m.pk)
+            stop_org = str(r.error)
+        else:
+            if action == Action.OPT_OUT:
+                opt_outs.append(m.customer_id)
+            if action == Action.STOP_CAMPAIGN:
+                stop_campaign = str(r.error)
+            m.status, m.error_code, m.error_reason, m.failed_at = (
+                Status.FAILED,
+                r.error.code,
+                (r.error.message + (f" — {r.error.details}" if r.error.details else ""))[:2000],
+                now,
+            )
+            failed.append(m)
+    skip_rows = []
+    for pk, reason in skipped.items():
+        m = by_id[pk]
+        m.status, m.error_reason = Status.SKIPPED, reason
+        skip_rows.append(m)
+    with transaction.atomic():
+        if sent:
+            WhatsappMessage.objects.bulk_update(
+                sent, ["status", "wamid", "wa_id", "sent_at", "cost", "phone"], batch_size=500
+            )
+        if failed:
+            WhatsappMessage.objects.bulk_update(
+                failed, ["status", "error_code", "error_reason", "failed_at", "phone"], batch_size=500
+            )
+        if skip_rows:
+            WhatsappMessage.objects.bulk_update(
+                skip_rows, ["status", "error_reason", "phone"], batch_size=500
+            )
+        if requeue_spent:
+            WhatsappMessage.objects.filter(id__in=requeue_spent).update(status=Status.QUEUED, sending_at=None)
+        if requeue_free:
+            WhatsappMessage.objects.filter(id__in=requeue_free).update(
+                status=Status.QUEUED, sending_at=None, attempts=F("attempts") - 1
+            )
+        CampaignMetric.objects.filter(campaign_id=campaign.pk).update(
+            sent=F("sent") + len(sent),
+            failed=F("failed") + len(failed),
+            skipped=F("skipped") + len(skip_rows),
+            cost=F("cost") + cost,
+        )
+        if opt_outs:
+            Customer.objects.filter(id__in=opt_outs, whatsapp_opted_out_at__isnull=True).update(
+                whatsapp_opted_out_at=now, whatsapp_opt_out_source=OptOutSource.PROVIDER
+            )
+        if stop_org:
+            Organization.objects.filter(pk=campaign.organization_id, whatsapp_paused_at__isnull=True).update(
+                whatsapp_paused_at=now, whatsapp_paused_reason=stop_org
+            )
+    if stop_campaign:
+        services.campaign_stop(campaign_id=campaign.pk, reason=stop_campaign)
+    counts.update(
+        sent=len(sent),
+        failed=len(failed),
+        skipped=len(skip_rows),
+        retry=len(requeue_spent),
+        throttled=len(requeue_free),
+    )
+    if stop_org:
+        logger.error(
+            "organization %s: WhatsApp sending paused: %s",
+            campaign.organization_id,
+            stop_org,
+            extra={"organization_id": campaign.organization_id},
+        )
+        return PAUSED_DELAY * 2
+    if requeue_free:
+        return THROTTLE_DELAY
+    if requeue_spent:
+        return RETRY_BACKOFF
+    return None

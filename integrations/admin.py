@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+from integrations.models import WhatsappNumber, WhatsappPrice
+
+
+class WhatsappNumberForm(forms.ModelForm):
+    graph_url = forms.URLField(
+        label=_("Graph API base URL"),
+        required=False,
+        assume_scheme="https",
+        help_text=_("Empty: the deployment's WHATSAPP_GRAPH_URL."),
+    )
+    access_token = forms.CharField(
+        label=_("access token"),
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text=_("Stored encrypted. Leave empty to keep the current one."),
+    )
+
+    class Meta:
+        model = WhatsappNumber
+        fields = [
+            "organization",
+            "store",
+            "display_phone_number",
+            "phone_number_id",
+            "business_account_id",
+            "graph_url",
+            "messages_per_second",
+        ]
+
+    def clean(self):
+        cleaned = super().clean()
+        if not self.instance.access_token_encrypted and not cleaned.get("access_token"):
+            self.add_error("access_token", _("An access token is required."))
+        return cleaned
+
+    def save(self, commit: bool = True) -> WhatsappNumber:
+        number = super().save(commit=False)
+        if self.cleaned_data.get("access_token"):
+            number.set_access_token(self.cleaned_data["access_token"])
+        if commit:
+            number.save()
+        return number
+
+
+@admin.register(WhatsappNumber)
+class WhatsappNumberAdmin(admin.ModelAdmin):
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
+    form = WhatsappNumberForm
+    list_display = ("display_phone_number", "phone_number_id", "organization", "store", "messages_per_second")
+    list_select_related = ("organization", "store")
+    list_filter = ("organization",)
+    search_fields = ("display_phone_number", "phone_number_id")
+
+
+@admin.register(WhatsappPrice)
+class WhatsappPriceAdmin(admin.ModelAdmin):
+    list_display = ("category", "country", "price", "currency", "updated_at")
+    list_filter = ("category",)
+    search_fields = ("country",)

@@ -1,0 +1,85 @@
+"""Per-organization settings of the external systems. Secrets are stored encrypted (crm.crypto)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.utils import timezone as dj_timezone
+from django.utils.translation import gettext_lazy as _
+
+from crm import crypto
+from crm.models import E164, Organization, Store
+
+_TOKEN_CONTEXT = "integrations.WhatsappNumber.access_token"  # noqa: S105 - a label, not a secret
+
+
+class WhatsappNumber(models.Model):
+    """A WhatsApp Business phone number of a store, and the credentials to send from it."""
+
+    organization = models.ForeignKey(
+        Organization,
+        on_delete=models.CASCADE,
+        related_name="whatsapp_numbers",
+        verbose_name=_("organization"),
+    )
+    store = models.ForeignKey(
+        Store,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="whatsapp_numbers",
+        verbose_name=_("store"),
+    )
+    display_phone_number = models.CharField(_("phone number (E.164)"), max_length=16, validators=[E164])
+    phone_number_id = models.CharField(_("Meta phone number id"), max_length=64, unique=True)
+    business_account_id = models.CharField(
+        _("WhatsApp Business account id"), max_length=64, blank=True, default=""
+    )
+    access_token_encrypted = models.TextField(_("access token (encrypted)"), editable=False, default="")
+    graph_url = models.URLField(
+        _("Graph API base URL"),
+        blank=True,
+        default="",
+        help_text=_("Empty: the deployment's WHATSAPP_GRAPH_URL."),
+    )
+    messages_per_second = models.PositiveIntegerField(
+        _("messages per second"),
+        default=80,
+        validators=[MinValueValidator(0), MaxValueValidator(1000)],
+        help_text=_("Pacing of sends from this number (Meta's default tier is 80/s). 0 = no pacing."),
+    )
+    created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+
+    class Meta:
+        verbose_name = _("WhatsApp number")
+        verbose_name_plural = _("WhatsApp numbers")
+
+    def __str__(self) -> str:
+        return f"{self.display_phone_number} ({self.phone_number_id})"
+
+    def set_access_token(self, token: str) -> None:
+        self.access_token_encrypted = crypto.encrypt(token, context=_TOKEN_CONTEXT)
+
+    def get_access_token(self) -> str:
+        """Decrypted in memory only; never put it in a job payload, a log line or Redis."""
+        return crypto.decrypt(self.access_token_encrypted, context=_TOKEN_CONTEXT)
+
+
+class WhatsappPrice(models.Model):
+    """Meta's rate per delivered template message, by category and recipient country (data, not code)."""
+
+    category = models.CharField(_("category"), max_length=20)  # marketing, utility, authentication
+    country = models.CharField(_("country (ISO 3166 alpha-2, or * for any other)"), max_length=2)
+    price = models.DecimalField(_("price"), max_digits=10, decimal_places=6, default=Decimal("0"))
+    currency = models.CharField(_("currency"), max_length=3, default="USD")
+    updated_at = models.DateTimeField(_("updated at"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("WhatsApp price")
+        verbose_name_plural = _("WhatsApp prices")
+        constraints = [models.UniqueConstraint(fields=["category", "country"], name="whatsapp_price_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.category}/{self.country}: {self.price} {self.currency}"

@@ -1,0 +1,136 @@
+"""Meta WhatsApp Cloud API (Graph) client: plain values in, plain values out.
+
+Async, so one worker process keeps many sends in flight: a slow Graph API must not cap the
+rate at workers / latency.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from integrations.errors import IntegrationError
+from integrations.whatsapp.errors import Action, classify
+
+REDIRECT_SENTINEL = "__REDIRECT_URL__"
+
+
+@dataclass(frozen=True)
+class UrlButton:
+    index: int
+    text: str  # the dynamic suffix of the template's URL (e.g. "r/<token>")
+
+
+@dataclass(frozen=True)
+class TemplateMessage:
+    to: str  # digits, country code first, no "+"
+    template: str
+    language: str
+    body: list[str] = field(default_factory=list)
+    header_image_url: str = ""
+    buttons: list[UrlButton] = field(default_factory=list)
+    biz_opaque_callback_data: str = ""
+
+
+@dataclass(frozen=True)
+class SendResult:
+    wamid: str = ""
+    wa_id: str = ""
+    error: IntegrationError | None = None
+    action: Action | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def build_payload(message: TemplateMessage) -> dict:
+    """The Graph API JSON body of a template message."""
+    components: list[dict] = []
+    if message.header_image_url:
+        components.append(
+            {"type": "header", "parameters": [{"type": "image", "image": {"link": message.header_image_url}}]}
+        )
+    if message.body:
+        components.append({"type": "body", "parameters": [{"type": "text", "text": v} for v in message.body]})
+    for button in message.buttons:
+        components.append(
+            {
+                "type": "button",
+                "sub_type": "url",
+                "index": str(button.index),
+                "parameters": [{"type": "text", "text": button.text}],
+            }
+        )
+    payload: dict = {
+        "messaging_product": "whatsapp",
+        "recipient_type": "individual",
+        "to": message.to,
+        "type": "template",
+        "template": {
+            "name": message.template,
+            "language": {"code": message.language},
+            "components": components,
+        },
+    }
+    if message.biz_opaque_callback_data:
+        payload["biz_opaque_callback_data"] = message.biz_opaque_callback_data
+    return payload
+
+
+def _error_from(status: int, data: object) -> IntegrationError:
+    body = (data.get("error") if isinstance(data, dict) else None) or {}
+    code = body.get("code") if isinstance(body.get("code"), int) else None
+    error_data = body.get("error_data")
+    details = error_data.get("details", "") if isinstance(error_data, dict) else ""
+    action = classify(code=code, status=status)
+    return IntegrationError(
+        str(body.get("message") or f"HTTP {status}"),
+        code=code,
+        status=status,
+        details=str(details),
+        retryable=action in (Action.RETRY, Action.THROTTLED),
+    )
+
+
+class GraphClient:
+    def __init__(self, *, session: aiohttp.ClientSession, base_url: str, version: str) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
+        self.version = version
+
+    async def send_template(
+        self, *, phone_number_id: str, access_token: str, message: TemplateMessage
+    ) -> SendResult:
+        """POST /{version}/{phone-number-id}/messages. Never raises for a provider error: the
+        result carries the error and what to do about it."""
+        url = f"{self.base_url}/{self.version}/{phone_number_id}/messages"
+        try:
+            async with self.session.post(
+                url, json=build_payload(message), headers={"Authorization": f"Bearer {access_token}"}
+            ) as response:
+                status = response.status
+                try:
+                    data = await response.json(content_type=None)
+                except ValueError:
+                    data = None
+        except TimeoutError as exc:
+            return SendResult(
+                error=IntegrationError(f"timeout: {type(exc).__name__}", retryable=True), action=Action.RETRY
+            )
+        except aiohttp.ClientError as exc:
+            return SendResult(
+                error=IntegrationError(f"connection error: {exc}", retryable=True), action=Action.RETRY
+            )
+        if status == 200:
+            try:
+                assert isinstance(data, dict)
+                return SendResult(
+                    wamid=data["messages"][0]["id"], wa_id=(data.get("contacts") or [{}])[0].get("wa_id", "")
+                )
+            except (AssertionError, KeyError, IndexError, TypeError):
+                error = IntegrationError("malformed success response", retryable=False, status=200)
+                return SendResult(error=error, action=Action.DROP_RECIPIENT)
+        error = _error_from(status, data)
+        return SendResult(error=error, action=classify(code=error.code, status=status))

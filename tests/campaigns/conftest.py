@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from campaigns.models import Campaign
+from crm.models import Customer, Organization, Store
+from integrations.models import WhatsappNumber, WhatsappPrice
+from integrations.whatsapp.sandbox import SandboxServer
+
+PHONE_NUMBER_ID = "109876543210"
+TOKEN = "EAAG-sandbox-token-for-tests-0123456789"
+
+
+@pytest.fixture
+def sandbox() -> Iterator[SandboxServer]:
+    with SandboxServer(host="127.0.0.1", port=0, numbers={PHONE_NUMBER_ID: TOKEN}) as server:
+        yield server
+
+
+@pytest.fixture
+def wa(transactional_db, sandbox, settings) -> dict:
+    """An organization with a WhatsApp number pointed at the sandbox, and a campaign factory."""
+    settings.WHATSAPP_BATCH_SIZE = 50
+    org = Organization.objects.create(name="Loja Teste", slug="teste")
+    store = Store.objects.create(organization=org, erp_code="001", name="Centro")
+    number = WhatsappNumber(
+        organization=org,
+        store=store,
+        display_phone_number="+5511940000000",
+        phone_number_id=PHONE_NUMBER_ID,
+        graph_url=sandbox.url,
+        messages_per_second=0,
+    )
+    number.set_access_token(TOKEN)
+    number.save()
+    WhatsappPrice.objects.create(category="marketing", country="BR", price="0.0625")
+    WhatsappPrice.objects.create(category="marketing", country="*", price="0.07")
+
+    def customers(n: int, start: int = 0, **fields) -> list[Customer]:
+        return Customer.objects.bulk_create(
+            [
+                Customer(
+                    organization=org,
+                    erp_id=f"C{i}",
+                    name=fields.get("name", f"Cliente{i} Silva"),
+                    phone=fields.get("phone", f"+55119{80000000 + i:08d}"),
+                    email=f"c{i}@example.com.br",
+                )
+                for i in range(start, start + n)
+            ]
+        )
+
+    def campaign(**fields) -> Campaign:
+        defaults = dict(
+            organization=org,
+            name="Black Friday",
+            whatsapp_number=number,
+            template_name="promo_bf",
+            template_variables=["first_name"],
+            redirect_url="https://loja.example.com.br/bf",
+            redirect_button_index=0,
+            unsubscribe_button_index=1,
+        )
+        return Campaign.objects.create(**{**defaults, **fields})
+
+    return {"org": org, "store": store, "number": number, "customers": customers, "campaign": campaign}

@@ -1,0 +1,313 @@
+"""WhatsApp campaigns end to end against the Meta sandbox: real PostgreSQL, Redis, workers, HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from datetime import timedelta
+from decimal import Decimal
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from campaigns import sending, services
+from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
+from crm import jobs, recovery
+from crm.models import Customer, Organization
+from tests.campaigns.conftest import TOKEN
+
+S = WhatsappMessage.Status
+
+
+def _statuses(campaign: Campaign) -> dict[str, int]:
+    from campaigns.selectors import campaign_counts
+
+    return {k: v for k, v in campaign_counts(campaign_id=campaign.pk).items() if v}
+
+
+def test_a_campaign_sends_once_to_each_recipient_and_completes(wa, sandbox, run_jobs):
+    people = wa["customers"](30)
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    assert campaign.status == Campaign.Status.SENDING
+    assert WhatsappMessage.objects.count() == 0  # the request returned before any fan-out
+    run_jobs()
+    campaign.refresh_from_db()
+    assert _statuses(campaign) == {"sent": 30}
+    assert campaign.status == Campaign.Status.SENT and campaign.finished_at
+    received = sandbox.messages()
+    assert len(received) == 30
+    assert len({m["to"] for m in received}) == 30
+    metric = CampaignMetric.objects.get(campaign=campaign)
+    assert (metric.queued, metric.sent, metric.failed, metric.skipped) == (30, 30, 0, 0)
+    assert metric.cost == Decimal("0.0625") * 30
+    # what Meta received for the first customer
+    msg = WhatsappMessage.objects.get(customer=people[0])
+    sent = next(m for m in received if m["to"] == msg.phone.lstrip("+"))
+    assert sent["biz_opaque_callback_data"] == f"m:{msg.pk}"
+    components = {c["type"] + c.get("index", ""): c for c in sent["template"]["components"]}
+    assert components["body"]["parameters"] == [{"type": "text", "text": "Cliente0"}]
+    assert components["button0"]["parameters"][0]["text"] == f"r/{msg.token}"
+    assert components["button1"]["parameters"][0]["text"] == f"u/{msg.token}"
+    assert msg.wamid == sent["wamid"] and msg.wa_id == msg.phone.lstrip("+")
+
+
+def test_fan_out_is_bulk_not_one_round_trip_per_recipient(wa, run_jobs, settings):
+    settings.WHATSAPP_BATCH_SIZE = 250
+    wa["customers"](3000)
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    with CaptureQueriesContext(connection) as queries:
+        total = services.campaign_fanout(campaign_id=campaign.pk, chunk=1000)
+    assert total == 3000
+    assert len(queries) < 25, [q["sql"][:80] for q in queries]
+    assert jobs.get_connection().llen("rq:queue:whatsapp-send") == 12  # 3,000 / 250 batches
+    # running the fan-out again (a crash and a retry) adds nothing
+    assert services.campaign_fanout(campaign_id=campaign.pk) == 3000
+    assert jobs.get_connection().llen("rq:queue:whatsapp-send") == 12
+
+
+def test_an_empty_template_variable_skips_the_message_and_meta_never_sees_it(wa, sandbox, run_jobs):
+    wa["customers"](3)
+    nameless = wa["customers"](1, start=10, name="")[0]
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs()
+    msg = WhatsappMessage.objects.get(customer=nameless)
+    assert msg.status == S.SKIPPED
+    assert "empty template variable {{1}} (first_name)" in msg.error_reason
+    assert nameless.phone.lstrip("+") not in {m["to"] for m in sandbox.messages()}
+    assert CampaignMetric.objects.get(campaign=campaign).skipped == 1
+
+
+def test_131050_fails_the_message_and_records_the_opt_out(wa, sandbox, run_jobs):
+    people = wa["customers"](5)
+    sandbox.add_rule(to=people[2].phone.lstrip("+"), code=131050)
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs()
+    msg = WhatsappMessage.objects.get(customer=people[2])
+    assert (msg.status, msg.error_code) == (S.FAILED, 131050)
+    people[2].refresh_from_db()
+    assert people[2].whatsapp_opted_out_at is not None and people[2].whatsapp_opt_out_source == "provider"
+    assert _statuses(campaign) == {"sent": 4, "failed": 1}
+
+
+def test_a_retryable_error_gets_a_second_attempt_and_then_fails_with_its_code(wa, sandbox, run_jobs):
+    flaky, broken, _fine = wa["customers"](3)
+    sandbox.add_rule(to=flaky.phone.lstrip("+"), code=131056, times=1)
+    sandbox.add_rule(to=broken.phone.lstrip("+"), http_status=503)
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs()
+    flaky_msg = WhatsappMessage.objects.get(customer=flaky)
+    broken_msg = WhatsappMessage.objects.get(customer=broken)
+    assert (flaky_msg.status, flaky_msg.attempts) == (S.SENT, 2)
+    assert (broken_msg.status, broken_msg.attempts) == (S.FAILED, 2)
+    assert broken_msg.error_code == 2
+    assert len(sandbox.messages()) == 2
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.SENT
+    assert CampaignMetric.objects.get(campaign=campaign).failed == 1
+
+
+def test_throughput_errors_delay_without_spending_an_attempt(wa, sandbox, run_jobs):
+    person = wa["customers"](1)[0]
+    sandbox.add_rule(to=person.phone.lstrip("+"), code=130429, times=2)
+    services.campaign_start(campaign=wa["campaign"]())
+    run_jobs(settle=12)  # two 5 s throttle delays
+    msg = WhatsappMessage.objects.get(customer=person)
+    assert (msg.status, msg.attempts) == (S.SENT, 1)
+
+
+def test_a_broken_template_stops_the_campaign(wa, sandbox, run_jobs, settings):
+    settings.WHATSAPP_BATCH_SIZE = 5
+    wa["customers"](20)
+    sandbox.add_rule(to="*", code=132001)
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs()
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.STOPPED
+    assert "132001" in campaign.stop_reason
+    counts = _statuses(campaign)
+    assert counts["failed"] <= 5 and counts["failed"] + counts["cancelled"] == 20
+    assert sandbox.messages() == []
+
+
+def test_an_expired_token_pauses_the_organization_and_loses_no_message(wa, sandbox, run_jobs):
+    wa["customers"](4)
+    sandbox.add_rule(to="*", code=190)
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs(settle=1)
+    org = Organization.objects.get(pk=wa["org"].pk)
+    assert org.whatsapp_paused_at is not None and "190" in org.whatsapp_paused_reason
+    assert _statuses(campaign) == {"queued": 4}
+    assert set(WhatsappMessage.objects.values_list("attempts", flat=True)) == {0}
+    assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENDING
+
+
+def test_the_message_limit_and_the_conflict_block_skip_customers(wa, sandbox, run_jobs):
+    limited, busy, free = wa["customers"](3)
+    earlier = wa["campaign"](name="Earlier", status=Campaign.Status.SENT)
+    other = wa["campaign"](name="Other", status=Campaign.Status.SENDING)
+    org = wa["org"]
+    # `limited` got 2 messages (the limit) in the last 7 days; `busy` has another campaign in flight
+    WhatsappMessage.objects.create(
+        campaign=earlier,
+        organization=org,
+        customer=limited,
+        status=S.DELIVERED,
+        sent_at=timezone.now() - timedelta(days=3),
+    )
+    Customer.objects.filter(pk=limited.pk)  # keep linters calm about unused lookups
+    second = wa["campaign"](name="Earlier 2", status=Campaign.Status.SENT)
+    WhatsappMessage.objects.create(
+        campaign=second,
+        organization=org,
+        customer=limited,
+        status=S.READ,
+        sent_at=timezone.now() - timedelta(days=6),
+    )
+    WhatsappMessage.objects.create(campaign=other, organization=org, customer=busy, status=S.QUEUED)
+    org.block_multiple_campaigns = True
+    org.message_limit_count, org.message_limit_days = 2, 7
+    org.save()
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs(["campaign-trigger", "whatsapp-send"])
+    by_customer = {m.customer_id: m for m in WhatsappMessage.objects.filter(campaign=campaign)}
+    assert by_customer[limited.pk].status == S.SKIPPED
+    assert "message limit" in by_customer[limited.pk].error_reason
+    assert by_customer[busy.pk].status == S.SKIPPED
+    assert "another campaign" in by_customer[busy.pk].error_reason
+    assert by_customer[free.pk].status == S.SENT
+    assert [m["to"] for m in sandbox.messages()] == [free.phone.lstrip("+")]
+
+
+def test_cancel_pause_resume_and_retry_failed(wa, sandbox, run_jobs):
+    people = wa["customers"](6)
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    services.campaign_pause(campaign=campaign)
+    run_jobs(settle=0)
+    assert sandbox.messages() == [] and _statuses(campaign) == {"queued": 6}
+    services.campaign_resume(campaign=campaign)
+    sandbox.add_rule(to=people[0].phone.lstrip("+"), code=131026)
+    run_jobs(settle=0)
+    assert _statuses(campaign) == {"sent": 5, "failed": 1}
+    assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT
+    sandbox.reset()
+    assert services.campaign_retry_failed(campaign=campaign) == 1
+    run_jobs()
+    assert _statuses(campaign) == {"sent": 6}
+    assert [m["to"] for m in sandbox.messages()] == [people[0].phone.lstrip("+")]
+    with pytest.raises(services.CampaignError, match="cannot be cancelled"):
+        services.campaign_cancel(campaign=Campaign.objects.get(pk=campaign.pk))
+    fresh = wa["campaign"](name="To cancel")
+    services.campaign_start(campaign=fresh)
+    run_jobs(["campaign-trigger"])
+    assert services.campaign_cancel(campaign=fresh) == 6
+    run_jobs()
+    assert _statuses(fresh) == {"cancelled": 6}
+
+
+def test_redis_flushed_mid_campaign_is_finished_from_the_database(wa, sandbox, run_jobs, redis_db):
+    wa["customers"](120)
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs(["campaign-trigger"])  # fanned out: 3 batches queued in Redis
+    redis_db.flushdb()
+    assert recovery.recover()["whatsapp-batches"] == 3
+    assert recovery.recover()["whatsapp-batches"] == 0
+    run_jobs()
+    assert _statuses(campaign) == {"sent": 120}
+    stats = sandbox.stats()
+    assert (stats["accepted"], stats["by_recipient_max"]) == (120, 1)
+
+
+def test_no_access_token_is_ever_in_redis_or_in_the_database_in_clear(wa, run_jobs, redis_db):
+    wa["customers"](10)
+    services.campaign_start(campaign=wa["campaign"]())
+    run_jobs()
+    found = []
+    for key in redis_db.scan_iter(count=1000):
+        kind = redis_db.type(key).decode()
+        if kind == "string":
+            values = [redis_db.get(key)]
+        elif kind == "hash":
+            values = list(redis_db.hgetall(key).values())
+        elif kind == "list":
+            values = redis_db.lrange(key, 0, -1)
+        elif kind == "zset":
+            values = [m for m, _ in redis_db.zrange(key, 0, -1, withscores=True)]
+        else:
+            values = list(redis_db.smembers(key)) if kind == "set" else []
+        import zlib
+
+        for value in values:
+            raw = value if isinstance(value, bytes) else str(value).encode()
+            with contextlib.suppress(zlib.error):
+                raw += zlib.decompress(raw)
+            if TOKEN.encode() in raw:
+                found.append(key)
+    assert found == []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT access_token_encrypted FROM integrations_whatsappnumber")
+        stored = cursor.fetchone()[0]
+    assert TOKEN not in stored and stored.startswith("enc1:")
+
+
+def test_in_flight_messages_of_a_dead_worker_are_settled_not_resent(wa, sandbox, run_jobs):
+    wa["customers"](3)
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs(["campaign-trigger"])
+    # A worker claimed the batch and died before recording the outcome.
+    WhatsappMessage.objects.update(
+        status=S.SENDING, attempts=1, sending_at=timezone.now() - timedelta(hours=1)
+    )
+    jobs.get_connection().delete("rq:queue:whatsapp-send")
+    assert services.reconcile_in_flight() == 3
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.SENT
+    assert _statuses(campaign) == {"failed": 3}
+    assert "outcome unknown" in WhatsappMessage.objects.first().error_reason
+    run_jobs()
+    assert sandbox.messages() == []
+
+
+def test_campaign_commands(transactional_db, run_jobs):
+    from integrations.services import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_ID
+    from integrations.whatsapp.sandbox import SandboxServer
+
+    with SandboxServer(numbers={DEMO_PHONE_NUMBER_ID: DEMO_ACCESS_TOKEN}) as sandbox:
+        _run_commands(sandbox, run_jobs)
+
+
+def _run_commands(sandbox, run_jobs):
+    out = StringIO()
+    call_command("demo", customers=3, graph_url=sandbox.url, stdout=out)
+    out = StringIO()
+    call_command("demo_campaign", "--channel", "whatsapp", stdout=out)
+    campaign_id = int(out.getvalue().strip())
+    call_command("campaign_start", str(campaign_id), stdout=StringIO())
+    run_jobs()
+    out = StringIO()
+    call_command("campaign_status", str(campaign_id), "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    assert data["status"] == "sent"
+    assert set(data["counts"]) >= {"queued", "sending", "sent", "delivered", "read", "failed", "skipped"}
+    assert data["counts"]["sent"] == 3 and "cost" in data and "rate" in data
+    with pytest.raises(Exception, match="only a draft or scheduled"):
+        call_command("campaign_start", str(campaign_id), stdout=StringIO())
+
+
+@pytest.mark.parametrize(
+    ("raw", "e164"),
+    [
+        ("+55 11 98765-4321", "+5511987654321"),
+        ("11987654321", "+5511987654321"),
+        ("5511987654321", "+5511987654321"),
+        ("(11) 8765-4321", "+5511987654321"),  # 8-digit mobile gets its ninth digit
+        ("+55 11 3456-7890", "+551134567890"),  # landline stays
+        ("123", None),
+        ("", None),
+    ],
+)
+def test_phone_numbers_become_e164_the_brazilian_way(raw, e164):
+    assert sending.normalize_phone(raw) == e164
