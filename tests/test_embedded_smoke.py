@@ -75,7 +75,19 @@ def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
     base = f"http://127.0.0.1:{port}"
     log = (tmp_path / "up.log").open("wb")
     up = subprocess.Popen(
-        [sys.executable, "manage.py", "up", "--port", str(port), "--workers", "1", "--demo-customers", "5"],
+        [
+            sys.executable,
+            "manage.py",
+            "up",
+            "--port",
+            str(port),
+            "--meta-port",
+            str(_free_port()),
+            "--workers",
+            "1",
+            "--demo-customers",
+            "5",
+        ],
         cwd=ROOT,
         env=env,
         stdout=log,
@@ -139,9 +151,20 @@ def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
         )
         assert "demo organization 'demo'" in (tmp_path / "up.log").read_text()
 
+        # A WhatsApp campaign against the Meta sandbox that `up` started, as the README shows it.
+        campaign_id = manage("demo_campaign", "--channel", "whatsapp").strip()
+        manage("campaign_start", campaign_id)
+        wait_for(
+            lambda: json.loads(manage("campaign_status", campaign_id, "--json"))["status"] == "sent",
+            timeout=60,
+            interval=1,
+            what="the demo campaign to be sent",
+        )
+        assert json.loads(manage("campaign_status", campaign_id, "--json"))["counts"]["sent"] == 5
+
         # The same checkout cannot start a second embedded Redis.
         second = subprocess.run(
-            [sys.executable, "manage.py", "up", "--port", str(_free_port())],
+            [sys.executable, "manage.py", "up", "--port", str(_free_port()), "--no-sandboxes"],
             cwd=ROOT,
             env=env,
             capture_output=True,

@@ -28,16 +28,18 @@ class Command(BaseCommand):
         parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
         parser.add_argument("--demo-customers", type=int, default=50)
         parser.add_argument("--no-demo", action="store_true")
+        parser.add_argument("--meta-port", type=int, default=8081, help="port of the Meta Graph sandbox")
+        parser.add_argument(
+            "--no-sandboxes",
+            action="store_true",
+            help="do not start the sandboxes of the external systems (Meta)",
+        )
 
     def handle(self, *args, **options) -> None:
         Path(settings.VAR_DIR).mkdir(parents=True, exist_ok=True)
-        with socket.socket() as probe:
-            try:
-                probe.bind((options["host"], options["port"]))
-            except OSError as exc:
-                raise CommandError(
-                    f"cannot listen on {options['host']}:{options['port']} ({exc.strerror}); pass --port"
-                ) from None
+        _check_port(options["host"], options["port"], "--port")
+        if not options["no_sandboxes"]:
+            _check_port(options["host"], options["meta_port"], "--meta-port")
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         supervisor = Supervisor()
         if settings.EMBEDDED_REDIS:
@@ -64,6 +66,8 @@ class Command(BaseCommand):
         )
         supervisor.add("workers", [*manage, "workers", "--processes", str(options["workers"])])
         supervisor.add("scheduler", [*manage, "scheduler"])
+        if not options["no_sandboxes"]:
+            supervisor.add("meta", self._meta_sandbox_argv(manage, options))
         supervisor.say(
             f"admin: http://{options['host']}:{options['port']}/admin/   "
             f"health: http://{options['host']}:{options['port']}/healthz   (Ctrl-C stops everything)"
@@ -82,7 +86,45 @@ class Command(BaseCommand):
         else:
             supervisor.say(f"admin login: {username} (password unchanged; set ADMIN_PASSWORD to reset it)")
         if not options["no_demo"]:
-            call_command("demo", customers=options["demo_customers"], stdout=_Say(supervisor))
+            extra = {} if options["no_sandboxes"] else {"graph_url": self._meta_url(options)}
+            call_command("demo", customers=options["demo_customers"], stdout=_Say(supervisor), **extra)
+
+    @staticmethod
+    def _meta_url(options: dict) -> str:
+        return f"http://{options['host']}:{options['meta_port']}"
+
+    @staticmethod
+    def _meta_sandbox_argv(manage: list[str], options: dict) -> list[str]:
+        """The Meta Graph sandbox, accepting the demo number's token and posting signed status
+        webhooks back to this web server."""
+        from integrations.services import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_ID
+
+        argv = [
+            *manage,
+            "whatsapp_sandbox",
+            "--host",
+            options["host"],
+            "--port",
+            str(options["meta_port"]),
+            "--number",
+            f"{DEMO_PHONE_NUMBER_ID}={DEMO_ACCESS_TOKEN}",
+        ]
+        if settings.WHATSAPP_APP_SECRET:
+            argv += [
+                "--webhook-url",
+                f"http://{options['host']}:{options['port']}/webhooks/whatsapp/",
+                "--app-secret",
+                settings.WHATSAPP_APP_SECRET,
+            ]
+        return argv
+
+
+def _check_port(host: str, port: int, option: str) -> None:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise CommandError(f"cannot listen on {host}:{port} ({exc.strerror}); pass {option}") from None
 
 
 def manage_gunicorn() -> list[str]:
