@@ -123,6 +123,11 @@ class CampaignMetric(models.Model):
         return f"{self.campaign_id}: {self.sent}/{self.queued}"
 
 
+# The reason given to a message whose worker died after claiming it: Meta may or may not have
+# accepted it, so it is never sent again (a retry of failed messages leaves it alone).
+OUTCOME_UNKNOWN = "outcome unknown: the worker stopped during the send; not resent"
+
+
 def _token() -> str:
     return secrets.token_urlsafe(16)
 

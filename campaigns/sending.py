@@ -11,6 +11,8 @@ a retry, a second worker or a re-run after a crash only ever sees the ones still
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import logging
 import time
 from collections import Counter
@@ -26,7 +28,7 @@ from django.utils import timezone
 
 from campaigns import services
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
-from crm import aio, ratelimit
+from crm import aio, bulk, ratelimit
 from crm.jobs import Defer
 from crm.models import Customer, OptOutSource, Organization
 from integrations import http
@@ -76,10 +78,12 @@ def _variable(customer: Customer, source: str, store_name: str) -> str:
     return ""
 
 
-def _link(kind: str, token: str) -> str:
+def _link(kind: str, message: WhatsappMessage) -> str:
     # The template's URL button ends in a variable: "https://<public host>/{{1}}"; the value
     # replaces the __REDIRECT_URL__ sentinel with the path of our redirect/unsubscribe endpoint.
-    return f"{kind}/{token}"
+    from campaigns import links
+
+    return links.link_path(kind, message)
 
 
 @dataclass
@@ -126,6 +130,14 @@ async def _send_all(
 
 
 _clients: dict[tuple[int, str], GraphClient] = {}
+
+
+@atexit.register
+def _close_clients() -> None:
+    for client in _clients.values():
+        with contextlib.suppress(Exception):  # the loop may already be gone at exit
+            aio.run(client.session.close(), timeout=2)
+    _clients.clear()
 
 
 def _graph_client(base_url: str) -> GraphClient:
@@ -236,9 +248,9 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
             continue
         buttons = []  # 7
         if campaign.redirect_button_index is not None:
-            buttons.append(UrlButton(campaign.redirect_button_index, _link("r", m.token)))
+            buttons.append(UrlButton(campaign.redirect_button_index, _link("r", m)))
         if campaign.unsubscribe_button_index is not None:
-            buttons.append(UrlButton(campaign.unsubscribe_button_index, _link("u", m.token)))
+            buttons.append(UrlButton(campaign.unsubscribe_button_index, _link("u", m)))
         items.append(
             (
                 m,
@@ -348,18 +360,31 @@ def _record(
         m.status, m.error_reason = Status.SKIPPED, reason
         skip_rows.append(m)
     with transaction.atomic():
-        if sent:
-            WhatsappMessage.objects.bulk_update(
-                sent, ["status", "wamid", "wa_id", "sent_at", "cost", "phone"], batch_size=500
-            )
-        if failed:
-            WhatsappMessage.objects.bulk_update(
-                failed, ["status", "error_code", "error_reason", "failed_at", "phone"], batch_size=500
-            )
-        if skip_rows:
-            WhatsappMessage.objects.bulk_update(
-                skip_rows, ["status", "error_reason", "phone"], batch_size=500
-            )
+        # A status webhook may have settled some of these while the batch was in flight (Meta
+        # answers statuses fast, a paced batch takes seconds): lock the rows and write only the
+        # ones still SENDING, so a delivered/read is never undone nor a send counted twice.
+        pending = set(
+            WhatsappMessage.objects.select_for_update()
+            .filter(id__in=[m.pk for m in messages], status=Status.SENDING)
+            .values_list("id", flat=True)
+        )
+        sent = [m for m in sent if m.pk in pending]
+        failed = [m for m in failed if m.pk in pending]
+        skip_rows = [m for m in skip_rows if m.pk in pending]
+        requeue_spent = [pk for pk in requeue_spent if pk in pending]
+        requeue_free = [pk for pk in requeue_free if pk in pending]
+        cost = sum((m.cost for m in sent), Decimal("0"))
+        guard = {"status": Status.SENDING}
+        bulk.update_rows(
+            WhatsappMessage, sent, ["status", "wamid", "wa_id", "sent_at", "cost", "phone"], only_if=guard
+        )
+        bulk.update_rows(
+            WhatsappMessage,
+            failed,
+            ["status", "error_code", "error_reason", "failed_at", "phone"],
+            only_if=guard,
+        )
+        bulk.update_rows(WhatsappMessage, skip_rows, ["status", "error_reason", "phone"], only_if=guard)
         if requeue_spent:
             WhatsappMessage.objects.filter(id__in=requeue_spent).update(status=Status.QUEUED, sending_at=None)
         if requeue_free:
@@ -374,7 +399,7 @@ def _record(
         )
         if opt_outs:
             Customer.objects.filter(id__in=opt_outs, whatsapp_opted_out_at__isnull=True).update(
-                whatsapp_opted_out_at=now, whatsapp_opt_out_source=OptOutSource.PROVIDER
+                whatsapp_opted_out_at=now, whatsapp_opt_out_source=OptOutSource.PROVIDER, updated_at=now
             )
         if stop_org:
             Organization.objects.filter(pk=campaign.organization_id, whatsapp_paused_at__isnull=True).update(

@@ -12,7 +12,7 @@ from django.db.models import Count, F
 from django.utils import timezone
 
 from campaigns import selectors
-from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
+from campaigns.models import OUTCOME_UNKNOWN, Campaign, CampaignMetric, WhatsappMessage
 from crm import jobs, promote, queues, recovery
 from crm.checkpoints import jobrun_enqueue
 
@@ -27,7 +27,7 @@ class CampaignError(ValueError):
 
 
 def _batch_size() -> int:
-    return int(getattr(settings, "WHATSAPP_BATCH_SIZE", 250))
+    return int(settings.WHATSAPP_BATCH_SIZE)
 
 
 def batch_job_id(campaign_id: int, batch: int) -> str:
@@ -202,8 +202,13 @@ def campaign_resume(*, campaign: Campaign) -> None:
 def campaign_retry_failed(*, campaign: Campaign) -> int:
     """Queue the failed messages again (fresh attempts) and reopen the campaign. Returns how many."""
     with transaction.atomic():
-        retried = WhatsappMessage.objects.filter(campaign_id=campaign.pk, status=MsgStatus.FAILED).update(
-            status=MsgStatus.QUEUED, attempts=0, error_code=None, error_reason="", failed_at=None
+        # Not the ones Meta may have accepted: an outcome unknown, or a wamid already assigned.
+        retried = (
+            WhatsappMessage.objects.filter(
+                campaign_id=campaign.pk, status=MsgStatus.FAILED, wamid__isnull=True
+            )
+            .exclude(error_reason=OUTCOME_UNKNOWN)
+            .update(status=MsgStatus.QUEUED, attempts=0, error_code=None, error_reason="", failed_at=None)
         )
         if retried:
             CampaignMetric.objects.filter(campaign_id=campaign.pk).update(failed=F("failed") - retried)
@@ -266,7 +271,7 @@ def reconcile_in_flight(*, older_than_seconds: int | None = None) -> int:
             ).update(
                 status=MsgStatus.FAILED,
                 failed_at=timezone.now(),
-                error_reason="outcome unknown: the worker stopped during the send; not resent",
+                error_reason=OUTCOME_UNKNOWN,
             )
             CampaignMetric.objects.filter(campaign_id=campaign_id).update(failed=F("failed") + n)
         settled += n

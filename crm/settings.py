@@ -175,6 +175,8 @@ CRM_MAINTENANCE_INTERVAL = env.int("CRM_MAINTENANCE_INTERVAL", default=5)
 CRM_WORKER_TTL = env.int("CRM_WORKER_TTL", default=20)
 # A JobRun still `running` with no live job after this long is re-dispatched by `recover`.
 CRM_STALE_RUN_AFTER = env.int("CRM_STALE_RUN_AFTER", default=600)
+# Benchmarks: workers add the SQL statements each job ran to the Redis counter crm:stats:db_queries.
+CRM_COUNT_QUERIES = config.parse_bool("CRM_COUNT_QUERIES", env.str("CRM_COUNT_QUERIES", default="false"))
 
 # --- WhatsApp (Meta Graph API) --------------------------------------------------------------
 WHATSAPP_GRAPH_URL = env.str("WHATSAPP_GRAPH_URL", default="https://graph.facebook.com")
@@ -182,7 +184,7 @@ WHATSAPP_GRAPH_VERSION = env.str("WHATSAPP_GRAPH_VERSION", default="v23.0")
 WHATSAPP_APP_SECRET = env.str("WHATSAPP_APP_SECRET", default="")
 WHATSAPP_VERIFY_TOKEN = env.str("WHATSAPP_VERIFY_TOKEN", default="")
 # Messages per send job, and HTTP requests one worker process keeps in flight.
-WHATSAPP_BATCH_SIZE = env.int("WHATSAPP_BATCH_SIZE", default=250)
+WHATSAPP_BATCH_SIZE = env.int("WHATSAPP_BATCH_SIZE", default=500)
 WHATSAPP_MAX_IN_FLIGHT = env.int("WHATSAPP_MAX_IN_FLIGHT", default=500)
 # A message claimed this long ago with no outcome is settled by the reconciliation job.
 WHATSAPP_IN_FLIGHT_TIMEOUT = env.int("WHATSAPP_IN_FLIGHT_TIMEOUT", default=600)

@@ -1,12 +1,16 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from campaigns import link_views, webhook_views
 from crm import views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
+    path("r/<str:signed>", link_views.redirect, name="campaign-redirect"),
+    path("u/<str:signed>", link_views.unsubscribe, name="campaign-unsubscribe"),
     # Staff only: admin_view sends anyone else to the admin login.
     path("admin/metrics", admin.site.admin_view(views.metrics), name="admin-metrics"),
     path("admin/rq/", include("django_rq.urls")),
     path("admin/", admin.site.urls),
+    path("webhooks/whatsapp/", webhook_views.whatsapp_webhook, name="whatsapp-webhook"),
 ]

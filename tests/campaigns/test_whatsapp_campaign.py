@@ -50,8 +50,10 @@ def test_a_campaign_sends_once_to_each_recipient_and_completes(wa, sandbox, run_
     assert sent["biz_opaque_callback_data"] == f"m:{msg.pk}"
     components = {c["type"] + c.get("index", ""): c for c in sent["template"]["components"]}
     assert components["body"]["parameters"] == [{"type": "text", "text": "Cliente0"}]
-    assert components["button0"]["parameters"][0]["text"] == f"r/{msg.token}"
-    assert components["button1"]["parameters"][0]["text"] == f"u/{msg.token}"
+    from campaigns import links
+
+    assert components["button0"]["parameters"][0]["text"] == links.link_path("r", msg)
+    assert components["button1"]["parameters"][0]["text"] == links.link_path("u", msg)
     assert msg.wamid == sent["wamid"] and msg.wa_id == msg.phone.lstrip("+")
 
 

@@ -1,0 +1,289 @@
+"""WhatsApp campaign throughput against the Meta sandbox, with real worker processes.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/crm_bench REDIS_URL=redis://127.0.0.1:6379/13 \\
+    SECRET_KEY=... ENCRYPTION_KEY=... .venv/bin/python benchmarks/whatsapp_campaign.py \\
+        [--recipients 100000] [--latencies 0,200] [--rate 0] [--processes 2] [--baseline 2000]
+
+Uses (and creates if missing) the database in DATABASE_URL: migrates it, keeps a `bench`
+organization with N customers between runs. The Redis database is flushed. For each latency it
+prints: seconds to fan out, sustained sends/s (between 10% and 90% of the campaign), database
+queries per message, peak worker memory; then a naive baseline in the same run (one RQ job and
+one blocking request per message on RQ's default forking worker) on a smaller campaign.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crm.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.core.management import call_command  # noqa: E402
+from django.db import connection  # noqa: E402
+
+from campaigns import services  # noqa: E402
+from campaigns.models import Campaign, WhatsappMessage  # noqa: E402
+from crm import jobs  # noqa: E402
+from crm.models import Customer, JobRun, Organization, Store  # noqa: E402
+from integrations.models import WhatsappNumber  # noqa: E402
+from integrations.whatsapp.sandbox import SandboxServer  # noqa: E402
+
+PHONE_NUMBER_ID = "199999999999999"
+TOKEN = "bench-token"  # noqa: S105 - the sandbox's
+
+
+def ensure_database() -> None:
+    import psycopg
+
+    settings_db = connection.settings_dict
+    try:
+        connection.ensure_connection()
+    except django.db.OperationalError:
+        with psycopg.connect(
+            host=settings_db["HOST"],
+            port=settings_db["PORT"],
+            user=settings_db["USER"],
+            dbname="postgres",
+            autocommit=True,
+        ) as admin:
+            admin.execute(f'CREATE DATABASE "{settings_db["NAME"]}"')
+    call_command("migrate", verbosity=0)
+
+
+def ensure_world(n: int, sandbox_url: str) -> Organization:
+    org, _ = Organization.objects.get_or_create(slug="bench", defaults={"name": "Benchmark"})
+    Organization.objects.filter(pk=org.pk).update(
+        message_limit_count=1000, block_multiple_campaigns=False, whatsapp_paused_at=None
+    )
+    store, _ = Store.objects.get_or_create(organization=org, erp_code="B1", defaults={"name": "Bench"})
+    have = Customer.objects.filter(organization=org).count()
+    for start in range(have, n, 10_000):
+        Customer.objects.bulk_create(
+            [
+                Customer(
+                    organization=org,
+                    erp_id=f"B{i}",
+                    name=f"Cliente{i} Bench",
+                    phone=f"+55119{10000000 + i:08d}",
+                )
+                for i in range(start, min(start + 10_000, n))
+            ],
+            ignore_conflicts=True,
+        )
+    number = WhatsappNumber.objects.filter(phone_number_id=PHONE_NUMBER_ID).first() or WhatsappNumber(
+        phone_number_id=PHONE_NUMBER_ID
+    )
+    number.organization, number.store, number.display_phone_number = org, store, "+5511930000000"
+    number.graph_url, number.messages_per_second = sandbox_url, 0
+    number.set_access_token(TOKEN)
+    number.save()
+    return org
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _peak_rss_mb(pids: list[int]) -> float:
+    peak = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+        except OSError:
+            pass
+    return peak / 1024
+
+
+def run_campaign(
+    org: Organization, sandbox: SandboxServer, *, n: int, latency: int, rate: int, processes: int, batch: int
+) -> dict:
+    WhatsappNumber.objects.filter(phone_number_id=PHONE_NUMBER_ID).update(messages_per_second=rate)
+    sandbox.reset()
+    sandbox.configure(latency_ms=latency)
+    redis = jobs.get_connection()
+    redis.flushdb()
+    campaign = Campaign.objects.create(
+        organization=org,
+        name=f"bench {n} @ {latency}ms",
+        whatsapp_number=WhatsappNumber.objects.get(phone_number_id=PHONE_NUMBER_ID),
+        template_name="bench",
+        template_variables=["first_name"],
+    )
+    env = {**os.environ, "CRM_COUNT_QUERIES": "1", "WHATSAPP_BATCH_SIZE": str(batch), "LOG_LEVEL": "WARNING"}
+    pool = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "workers",
+            "--processes",
+            str(processes),
+            "--queues",
+            "campaign-trigger,whatsapp-send",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    time.sleep(3)  # workers up
+    started = time.monotonic()
+    services.campaign_start(campaign=campaign)
+    marks: dict[str, float] = {}
+    worker_pids: set[int] = set()
+    try:
+        while True:
+            time.sleep(0.25)
+            worker_pids.update(c for p in _children(pool.pid) for c in [p, *_children(p)])
+            accepted = sandbox.stats()["accepted"]
+            elapsed = time.monotonic() - started
+            if (
+                "fanout" not in marks
+                and JobRun.objects.filter(
+                    kind="campaign-fanout", key=str(campaign.pk), status="completed"
+                ).exists()
+            ):
+                marks["fanout"] = elapsed
+            for frac in (0.1, 0.9):
+                if f"p{frac}" not in marks and accepted >= frac * n:
+                    marks[f"p{frac}"] = elapsed
+            campaign.refresh_from_db(fields=["status"])
+            if campaign.status == Campaign.Status.SENT or elapsed > 1800:
+                break
+        total = time.monotonic() - started
+        memory = _peak_rss_mb(sorted(worker_pids))
+    finally:
+        os.killpg(pool.pid, signal.SIGTERM)
+        pool.wait(timeout=60)
+    sent = WhatsappMessage.objects.filter(campaign=campaign, status="sent").count()
+    stats = sandbox.stats()
+    sustained = 0.8 * n / (marks["p0.9"] - marks["p0.1"]) if "p0.9" in marks and "p0.1" in marks else 0.0
+    return {
+        "sent": sent,
+        "accepted": stats["accepted"],
+        "by_recipient_max": stats["by_recipient_max"],
+        "fanout_s": marks.get("fanout", 0.0),
+        "total_s": total,
+        "sustained": sustained,
+        "queries_per_message": int(redis.get("crm:stats:db_queries") or 0) / max(n, 1),
+        "peak_worker_mb": memory,
+    }
+
+
+def run_baseline(org: Organization, sandbox: SandboxServer, *, n: int, latency: int, processes: int) -> float:
+    sandbox.reset()
+    sandbox.configure(latency_ms=latency)
+    redis = jobs.get_connection()
+    redis.flushdb()
+    campaign = Campaign.objects.create(
+        organization=org,
+        name=f"naive {n}",
+        template_name="bench",
+        whatsapp_number=WhatsappNumber.objects.get(phone_number_id=PHONE_NUMBER_ID),
+        status=Campaign.Status.SENDING,
+    )
+    customer_ids = list(
+        Customer.objects.filter(organization=org).order_by("pk").values_list("pk", flat=True)[:n]
+    )
+    WhatsappMessage.objects.bulk_create(
+        [WhatsappMessage(campaign=campaign, organization=org, customer_id=c) for c in customer_ids]
+    )
+    ids = list(WhatsappMessage.objects.filter(campaign=campaign).values_list("pk", flat=True))
+    jobs.enqueue_many(
+        "benchmarks.naive_send.send_one", queue="whatsapp-send", kwargs_list=[{"message_id": i} for i in ids]
+    )
+    env = {**os.environ, "LOG_LEVEL": "WARNING"}
+    started = time.monotonic()
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "manage.py"),
+                "rqworker",
+                "whatsapp-send",
+                "--burst",
+                "--worker-class",
+                "rq.worker.Worker",
+                "--serializer",
+                "rq.serializers.JSONSerializer",
+            ],
+            env=env,
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for _ in range(processes)
+    ]
+    for p in procs:
+        p.wait()
+    elapsed = time.monotonic() - started
+    return sandbox.stats()["accepted"] / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--recipients", type=int, default=100_000)
+    parser.add_argument("--latencies", default="0,200")
+    parser.add_argument("--rate", type=int, default=0, help="pacing per WhatsApp number (0 = off)")
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=500)
+    parser.add_argument(
+        "--baseline", type=int, default=2000, help="recipients of the naive baseline (0 = skip)"
+    )
+    args = parser.parse_args()
+    ensure_database()
+    with SandboxServer(host="127.0.0.1", port=0, numbers={PHONE_NUMBER_ID: TOKEN}) as sandbox:
+        org = ensure_world(args.recipients, sandbox.url)
+        print(
+            f"{args.recipients} recipients, {args.processes} worker processes, batch {args.batch}, "
+            f"pacing {'off' if not args.rate else f'{args.rate}/s'}"
+        )
+        rates = {}
+        for latency in (int(x) for x in args.latencies.split(",")):
+            r = run_campaign(
+                org,
+                sandbox,
+                n=args.recipients,
+                latency=latency,
+                rate=args.rate,
+                processes=args.processes,
+                batch=args.batch,
+            )
+            rates[latency] = r["sustained"]
+            print(
+                f"  latency {latency:>4} ms: fan-out {r['fanout_s']:.1f} s, "
+                f"sustained {r['sustained']:.0f} sends/s, "
+                f"total {r['total_s']:.1f} s, {r['queries_per_message']:.3f} queries/message, "
+                f"peak worker {r['peak_worker_mb']:.0f} MB, sent {r['sent']}, "
+                f"max sends to one recipient {r['by_recipient_max']}"
+            )
+        if args.baseline:
+            for latency in rates:
+                naive = run_baseline(org, sandbox, n=args.baseline, latency=latency, processes=args.processes)
+                ratio = rates[latency] / naive if naive else float("inf")
+                print(
+                    f"  naive baseline @ {latency} ms ({args.baseline} msgs, one forking job each): "
+                    f"{naive:.0f} sends/s -> batched is {ratio:.1f}x"
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,227 @@
+"""Meta status and marketing-preference webhooks applied to messages, metrics and customers."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.db.models import F, Q
+from django.db.models.functions import Greatest
+from django.utils import timezone
+
+from campaigns import services
+from campaigns.models import OUTCOME_UNKNOWN, CampaignMetric, WhatsappMessage
+from crm.models import Customer, OptOutSource
+from integrations.whatsapp.webhooks import PreferenceEvent, StatusEvent
+
+logger = logging.getLogger(__name__)
+
+Status = WhatsappMessage.Status
+CALLBACK_RE = re.compile(r"m:([1-9][0-9]{0,17})")
+# 55 + area code + an old 8-digit mobile (Meta's wa_id may lack the ninth digit we store).
+BR_MOBILE_WITHOUT_NINTH_RE = re.compile(r"(55[1-9][0-9])([6-9][0-9]{7})")
+RANK = {Status.QUEUED: 0, Status.SENDING: 0, Status.SENT: 1, Status.DELIVERED: 2, Status.READ: 3}
+STATUS_BY_RANK = {1: Status.SENT, 2: Status.DELIVERED, 3: Status.READ}
+EVENT_RANK = {"sent": 1, "delivered": 2, "read": 3}
+COUNTERS = ("sent", "delivered", "read", "failed")
+FIELDS = [
+    "status",
+    "wamid",
+    "wa_id",
+    "sent_at",
+    "delivered_at",
+    "read_at",
+    "failed_at",
+    "error_code",
+    "error_reason",
+]
+# Opt-outs a WhatsApp "resume" may undo: those that came from WhatsApp itself. An unsubscribe
+# link, an operator or the ERP recorded a choice Meta knows nothing about.
+RESUMABLE_SOURCES = (OptOutSource.REPLY, OptOutSource.PROVIDER)
+
+
+def _rank(message: WhatsappMessage) -> int | None:
+    """How far the message got (0 = not known to be at Meta); None when no status may move it."""
+    if message.status == Status.FAILED:
+        unknown = message.wamid is None and message.error_reason == OUTCOME_UNKNOWN
+        return 0 if unknown else None
+    return RANK.get(Status(message.status))
+
+
+def _counted(message: WhatsappMessage) -> tuple[bool, ...]:
+    """Which CampaignMetric counters hold this message, in COUNTERS order."""
+    status = message.status
+    return (
+        status in (Status.SENT, Status.DELIVERED, Status.READ)
+        or (status == Status.FAILED and message.sent_at is not None),
+        status in (Status.DELIVERED, Status.READ),
+        status == Status.READ,
+        status == Status.FAILED,
+    )
+
+
+def _adopt(message: WhatsappMessage, event: StatusEvent) -> None:
+    message.wamid = event.wamid
+    if not message.wa_id and event.recipient_id:
+        message.wa_id = event.recipient_id[:20]
+
+
+def _apply(message: WhatsappMessage, event: StatusEvent) -> bool:
+    """Move the message forward by one event (in memory); False when the event changes nothing."""
+    rank = _rank(message)
+    if rank is None:
+        return False
+    if event.status == "failed":
+        # Delivered is final for us: a later failure report cannot undo the delivery.
+        if rank >= EVENT_RANK["delivered"]:
+            return False
+        _adopt(message, event)
+        message.status = Status.FAILED
+        message.error_code = event.error_code
+        message.error_reason = (event.error_title or "failed (status webhook)")[:2000]
+        message.failed_at = event.timestamp
+        return True
+    target = EVENT_RANK[event.status]
+    if target <= rank:
+        return False
+    if rank == 0:
+        _adopt(message, event)
+        message.error_code, message.error_reason, message.failed_at = None, "", None
+    message.status = STATUS_BY_RANK[target]
+    if message.sent_at is None:
+        message.sent_at = event.timestamp
+    if target >= EVENT_RANK["delivered"] and message.delivered_at is None:
+        message.delivered_at = event.timestamp
+    if target == EVENT_RANK["read"]:
+        message.read_at = event.timestamp
+    return True
+
+
+def _callback_id(event: StatusEvent) -> int | None:
+    match = CALLBACK_RE.fullmatch(event.biz_opaque_callback_data)
+    return int(match.group(1)) if match else None
+
+
+@dataclass
+class _Tracked:
+    message: WhatsappMessage
+    before: tuple[bool, ...]
+    settled: bool  # it was not known to be at Meta
+    changed: bool = False
+
+
+def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
+    """Apply status events monotonically; returns counts applied/ignored/unknown/settled.
+
+    Safe to run twice with the same events (a duplicate changes nothing and counts nothing). Rows
+    are locked while applied, so concurrent webhook requests for one message never double count.
+    """
+    counts = {"applied": 0, "ignored": 0, "unknown": 0, "settled": 0}
+    if not events:
+        return counts
+    # Meta batches are not ordered; oldest first makes a failure after a delivery lose, as it should.
+    ordered = sorted(events, key=lambda e: e.timestamp)
+    wamids = {e.wamid for e in ordered}
+    ids = {i for i in map(_callback_id, ordered) if i is not None}
+    tracked: dict[int, _Tracked] = {}
+    with transaction.atomic():
+        rows = list(
+            WhatsappMessage.objects.select_for_update()
+            .filter(Q(wamid__in=wamids) | Q(id__in=ids))
+            .order_by("pk")
+        )
+        by_wamid = {m.wamid: m for m in rows if m.wamid}
+        by_id = {m.pk: m for m in rows}
+        for event in ordered:
+            message = by_wamid.get(event.wamid)
+            if message is None:
+                # A message whose worker died (or has not recorded yet) after Meta accepted it
+                # has no wamid: the callback data we sent names it. Never adopt one that has a
+                # wamid of its own.
+                candidate = by_id.get(_callback_id(event) or 0)
+                if candidate is not None and candidate.wamid is None:
+                    message = candidate
+            if message is None:
+                counts["unknown"] += 1
+                continue
+            if message.pk not in tracked:
+                tracked[message.pk] = _Tracked(message, _counted(message), _rank(message) == 0)
+            if not _apply(message, event):
+                counts["ignored"] += 1
+                continue
+            counts["applied"] += 1
+            tracked[message.pk].changed = True
+            by_wamid[event.wamid] = message
+        deltas: dict[int, Counter[str]] = defaultdict(Counter)
+        dirty: list[WhatsappMessage] = []
+        for t in tracked.values():
+            if not t.changed:
+                continue
+            dirty.append(t.message)
+            after = _counted(t.message)
+            for name, was, now in zip(COUNTERS, t.before, after, strict=True):
+                deltas[t.message.campaign_id][name] += int(now) - int(was)
+            if t.settled and _rank(t.message) != 0:
+                counts["settled"] += 1
+        if dirty:
+            WhatsappMessage.objects.bulk_update(dirty, FIELDS, batch_size=500)
+        for campaign_id, delta in deltas.items():
+            _metric_add(campaign_id, delta)
+    for campaign_id in sorted(deltas):
+        services.campaign_complete_if_done(campaign_id=campaign_id)
+    if counts["settled"]:
+        logger.info("status webhooks settled %s in-flight message(s)", counts["settled"])
+    return counts
+
+
+def _metric_add(campaign_id: int, delta: Counter[str]) -> None:
+    """One UPDATE of the campaign's counters; a decrement never takes one below zero."""
+    changes = {
+        name: F(name) + n if n > 0 else Greatest(F(name) + n, 0) for name, n in delta.items() if n != 0
+    }
+    if changes:
+        CampaignMetric.objects.filter(campaign_id=campaign_id).update(**changes)
+
+
+def _phones(wa_id: str) -> list[str]:
+    """The E.164 numbers a wa_id may be stored as (with the Brazilian ninth digit added back)."""
+    phones = [f"+{wa_id}"]
+    match = BR_MOBILE_WITHOUT_NINTH_RE.fullmatch(wa_id)
+    if match:
+        phones.append(f"+{match.group(1)}9{match.group(2)}")
+    return phones
+
+
+def _latest(events: Iterable[PreferenceEvent]) -> list[PreferenceEvent]:
+    latest: dict[str, PreferenceEvent] = {}
+    for event in events:
+        if event.wa_id not in latest or event.timestamp >= latest[event.wa_id].timestamp:
+            latest[event.wa_id] = event
+    return list(latest.values())
+
+
+def preferences_apply(*, events: list[PreferenceEvent]) -> int:
+    """Record marketing stop/resume for every customer with the wa_id's phone; returns how many changed.
+
+    The latest event per wa_id wins. Safe to run twice: a customer already in that state is not
+    counted again.
+    """
+    # QuerySet.update skips auto_now: updated_at is set by hand so syncs see the change.
+    changed = 0
+    for event in _latest(events):
+        customers = Customer.objects.filter(phone__in=_phones(event.wa_id))
+        if event.value == "stop":
+            changed += customers.filter(whatsapp_opted_out_at__isnull=True).update(
+                whatsapp_opted_out_at=event.timestamp,
+                whatsapp_opt_out_source=OptOutSource.REPLY,
+                updated_at=timezone.now(),
+            )
+        else:
+            changed += customers.filter(
+                whatsapp_opted_out_at__isnull=False, whatsapp_opt_out_source__in=RESUMABLE_SOURCES
+            ).update(whatsapp_opted_out_at=None, whatsapp_opt_out_source="", updated_at=timezone.now())
+    return changed

@@ -1,0 +1,66 @@
+"""Meta's WhatsApp webhook endpoint: the subscription handshake and signed status callbacks."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_http_methods
+
+from campaigns import statuses
+from integrations.whatsapp import webhooks
+
+logger = logging.getLogger(__name__)
+
+
+def _handshake(request: HttpRequest) -> HttpResponse:
+    """Meta's subscription check: echo hub.challenge only to the holder of the verify token."""
+    expected = settings.WHATSAPP_VERIFY_TOKEN
+    given = request.GET.get("hub.verify_token", "")
+    if (
+        expected
+        and request.GET.get("hub.mode") == "subscribe"
+        and hmac.compare_digest(given.encode(), expected.encode())
+    ):
+        return HttpResponse(request.GET.get("hub.challenge", ""), content_type="text/plain")
+    logger.warning("whatsapp webhook: verification refused (mode %r)", request.GET.get("hub.mode"))
+    return HttpResponseForbidden()
+
+
+def _bad_request(reason: str) -> JsonResponse:
+    # A 400, not a 500: Meta would retry the same payload for days and it would never parse.
+    logger.warning("whatsapp webhook: refused payload: %s", reason)
+    return JsonResponse({"ok": False, "error": reason}, status=400)
+
+
+@csrf_exempt
+@never_cache
+@require_http_methods(["GET", "POST"])
+def whatsapp_webhook(request: HttpRequest) -> HttpResponse:
+    """GET: the verification handshake. POST: 403 unless signed with the app secret, 400 when
+    malformed, else 200 with what was applied (status changes, customers whose preference changed)."""
+    if request.method == "GET":
+        return _handshake(request)
+    raw = request.body
+    if not webhooks.verify_signature(
+        raw, request.headers.get("X-Hub-Signature-256"), settings.WHATSAPP_APP_SECRET
+    ):
+        logger.warning("whatsapp webhook: bad or missing signature (%s bytes)", len(raw))
+        return HttpResponseForbidden()
+    try:
+        payload = json.loads(raw)
+    # UnicodeDecodeError is a ValueError; a pathologically nested document raises RecursionError.
+    except (ValueError, RecursionError) as exc:
+        return _bad_request(f"not JSON: {exc}"[:300])
+    try:
+        batch = webhooks.parse(payload)
+    except ValueError as exc:
+        return _bad_request(str(exc)[:300])
+    counts = statuses.statuses_apply(events=batch.statuses)
+    customers = statuses.preferences_apply(events=batch.preferences)
+    return JsonResponse({"ok": True, **counts, "preferences": customers, "skipped": batch.ignored})

@@ -1,0 +1,185 @@
+"""Meta WhatsApp webhooks: the signature check and the payload as plain events (no domain models).
+
+Meta POSTs ``{"object": "whatsapp_business_account", "entry": [{"changes": [{"field", "value"}]}]}``;
+``value.statuses`` carries message status callbacks and ``value.user_preferences`` marketing
+stop/resume choices. Inbound messages and other fields are counted as ignored, never an error.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Literal
+
+SIGNATURE_RE = re.compile(r"sha256=([0-9a-fA-F]{64})")
+DIGITS_RE = re.compile(r"[0-9]{1,20}")
+# Unix seconds; 11 digits reach the year 5138, far past anything Meta sends.
+TIMESTAMP_RE = re.compile(r"[0-9]{1,11}")
+
+STATUSES = frozenset({"sent", "delivered", "read", "failed"})
+# Documented Meta statuses a campaign does not track: skipped rather than refused, because a 400
+# makes Meta retry the whole batch (the statuses we do track in it included) for days.
+UNTRACKED_STATUSES = frozenset({"deleted", "warning", "played"})
+MARKETING_CATEGORY = "marketing_messages"
+
+PreferenceValue = Literal["stop", "resume"]
+
+
+@dataclass(frozen=True)
+class StatusEvent:
+    wamid: str
+    status: str  # one of STATUSES
+    timestamp: datetime  # aware, UTC
+    recipient_id: str = ""
+    biz_opaque_callback_data: str = ""
+    error_code: int | None = None
+    error_title: str = ""
+    pricing_category: str = ""
+    billable: bool | None = None
+
+
+@dataclass(frozen=True)
+class PreferenceEvent:
+    wa_id: str
+    value: PreferenceValue
+    timestamp: datetime  # aware, UTC
+
+
+@dataclass(frozen=True)
+class WebhookBatch:
+    statuses: list[StatusEvent] = field(default_factory=list)
+    preferences: list[PreferenceEvent] = field(default_factory=list)
+    ignored: int = 0  # inbound messages, untracked statuses, other fields and categories
+
+
+def verify_signature(raw_body: bytes, header: str | None, app_secret: str) -> bool:
+    """True only when ``header`` is ``sha256=<hex>`` of the HMAC-SHA256 of the raw body with the secret."""
+    if not app_secret or not header:
+        return False
+    match = SIGNATURE_RE.fullmatch(header.strip())
+    if match is None:
+        return False
+    expected = hmac.new(app_secret.encode(), raw_body, hashlib.sha256).hexdigest()
+    return hmac.compare_digest(expected.encode(), match.group(1).lower().encode())
+
+
+def _timestamp(raw: Any, where: str) -> datetime:
+    # bool is an int subclass: `true` must not pass for 1970-01-01T00:00:01.
+    if isinstance(raw, bool) or not isinstance(raw, int | str) or not TIMESTAMP_RE.fullmatch(str(raw)):
+        raise ValueError(f"{where}: timestamp must be Unix seconds, got {raw!r}")
+    return datetime.fromtimestamp(int(raw), tz=UTC)
+
+
+def _text(raw: Any) -> str:
+    """A string field Meta may send as a number; anything else counts as absent."""
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, int) and not isinstance(raw, bool):
+        return str(raw)
+    return ""
+
+
+def _list(container: dict[str, Any], key: str, where: str) -> list[Any]:
+    value = container.get(key, [])
+    if not isinstance(value, list):
+        raise ValueError(f"{where}.{key} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _error(status: dict[str, Any]) -> tuple[int | None, str]:
+    # Optional detail: a malformed error is dropped rather than refusing the batch.
+    errors = status.get("errors")
+    if not isinstance(errors, list) or not errors or not isinstance(errors[0], dict):
+        return None, ""
+    first = errors[0]
+    code_text = _text(first.get("code"))
+    code = int(code_text) if DIGITS_RE.fullmatch(code_text) else None
+    title = _text(first.get("title")) or _text(first.get("message"))
+    return code, title
+
+
+def _status(raw: Any, where: str) -> StatusEvent | None:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be an object")
+    wamid, status = _text(raw.get("id")), _text(raw.get("status"))
+    if not wamid:
+        raise ValueError(f"{where} has no id")
+    if not status:
+        raise ValueError(f"{where} has no status")
+    if status in UNTRACKED_STATUSES:
+        return None
+    if status not in STATUSES:
+        raise ValueError(f"{where}: unknown status {status!r}")
+    code, title = _error(raw)
+    pricing = raw.get("pricing")
+    pricing = pricing if isinstance(pricing, dict) else {}
+    billable = pricing.get("billable")
+    return StatusEvent(
+        wamid=wamid,
+        status=status,
+        timestamp=_timestamp(raw.get("timestamp"), where),
+        recipient_id=_text(raw.get("recipient_id")),
+        biz_opaque_callback_data=_text(raw.get("biz_opaque_callback_data")),
+        error_code=code,
+        error_title=title,
+        pricing_category=_text(pricing.get("category")),
+        billable=billable if isinstance(billable, bool) else None,
+    )
+
+
+def _preference(raw: Any, where: str) -> PreferenceEvent | None:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be an object")
+    if raw.get("category") != MARKETING_CATEGORY:
+        return None
+    wa_id = _text(raw.get("wa_id"))
+    if not DIGITS_RE.fullmatch(wa_id):
+        raise ValueError(f"{where}: wa_id must be digits, got {raw.get('wa_id')!r}")
+    value = raw.get("value")
+    if value == "stop":
+        return PreferenceEvent(wa_id=wa_id, value="stop", timestamp=_timestamp(raw.get("timestamp"), where))
+    if value == "resume":
+        return PreferenceEvent(wa_id=wa_id, value="resume", timestamp=_timestamp(raw.get("timestamp"), where))
+    raise ValueError(f"{where}: unknown preference value {value!r}")
+
+
+def parse(payload: Any) -> WebhookBatch:
+    """The status and marketing-preference events of one webhook POST; ValueError says what is malformed."""
+    if not isinstance(payload, dict):
+        raise ValueError("the payload must be a JSON object")
+    if payload.get("object") != "whatsapp_business_account":
+        raise ValueError(f"unexpected object {payload.get('object')!r}")
+    if not isinstance(payload.get("entry"), list):
+        raise ValueError("entry must be a list")
+    statuses: list[StatusEvent] = []
+    preferences: list[PreferenceEvent] = []
+    ignored = 0
+    for i, entry in enumerate(payload["entry"]):
+        if not isinstance(entry, dict):
+            raise ValueError(f"entry[{i}] must be an object")
+        for j, change in enumerate(_list(entry, "changes", f"entry[{i}]")):
+            where = f"entry[{i}].changes[{j}]"
+            if not isinstance(change, dict):
+                raise ValueError(f"{where} must be an object")
+            value = change.get("value")
+            if not isinstance(value, dict):
+                raise ValueError(f"{where}.value must be an object")
+            ignored += len(value["messages"]) if isinstance(value.get("messages"), list) else 0
+            for k, raw in enumerate(_list(value, "statuses", f"{where}.value")):
+                status = _status(raw, f"{where}.value.statuses[{k}]")
+                if status is None:
+                    ignored += 1
+                else:
+                    statuses.append(status)
+            for k, raw in enumerate(_list(value, "user_preferences", f"{where}.value")):
+                preference = _preference(raw, f"{where}.value.user_preferences[{k}]")
+                if preference is None:
+                    ignored += 1
+                else:
+                    preferences.append(preference)
+            if not any(key in value for key in ("messages", "statuses", "user_preferences")):
+                ignored += 1  # another field (template status, account update...)
+    return WebhookBatch(statuses=statuses, preferences=preferences, ignored=ignored)
