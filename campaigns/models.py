@@ -172,6 +172,7 @@ class WhatsappMessage(models.Model):
     read_at = models.DateTimeField(_("read at"), null=True, blank=True)
     failed_at = models.DateTimeField(_("failed at"), null=True, blank=True)
     clicked_at = models.DateTimeField(_("clicked at"), null=True, blank=True)
+    chatwoot_mirrored_at = models.DateTimeField(_("mirrored to Chatwoot at"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("WhatsApp message")

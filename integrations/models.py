@@ -83,3 +83,41 @@ class WhatsappPrice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.category}/{self.country}: {self.price} {self.currency}"
+
+
+_CHATWOOT_CONTEXT = "integrations.ChatwootAccount.api_token"  # noqa: S105 - a label, not a secret
+
+
+class ChatwootAccount(models.Model):
+    """Where an organization's campaign messages are mirrored in Chatwoot (optional)."""
+
+    class Mode(models.TextChoices):
+        API_INBOX = "api_inbox", _("message in an API-channel inbox")
+        PRIVATE_NOTE = "private_note", _("private note")
+
+    organization = models.OneToOneField(
+        Organization, on_delete=models.CASCADE, related_name="chatwoot", verbose_name=_("organization")
+    )
+    base_url = models.URLField(_("Chatwoot URL"))
+    account_id = models.PositiveIntegerField(_("account id"))
+    inbox_id = models.PositiveIntegerField(
+        _("inbox id"),
+        help_text=_("An API-channel inbox, so Chatwoot never re-sends the message to WhatsApp."),
+    )
+    mode = models.CharField(_("mirror as"), max_length=20, choices=Mode.choices, default=Mode.API_INBOX)
+    api_token_encrypted = models.TextField(_("API access token (encrypted)"), editable=False, default="")
+    enabled = models.BooleanField(_("enabled"), default=True)
+
+    class Meta:
+        verbose_name = _("Chatwoot account")
+        verbose_name_plural = _("Chatwoot accounts")
+
+    def __str__(self) -> str:
+        return f"{self.base_url} #{self.account_id}"
+
+    def set_api_token(self, token: str) -> None:
+        self.api_token_encrypted = crypto.encrypt(token, context=_CHATWOOT_CONTEXT)
+
+    def get_api_token(self) -> str:
+        """Decrypted in memory only."""
+        return crypto.decrypt(self.api_token_encrypted, context=_CHATWOOT_CONTEXT)
