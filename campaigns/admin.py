@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db import models
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, JsonResponse
 from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
@@ -31,6 +31,7 @@ class CampaignAdmin(admin.ModelAdmin):
     search_fields = ("name", "template_name")
     raw_id_fields = ("audience_store",)
     readonly_fields = ("status", "started_at", "finished_at", "stop_reason", "live_status", "preview")
+    change_form_template = "admin/campaigns/campaign/change_form.html"
     actions = ["start", "cancel", "pause", "resume", "retry_failed"]
     fieldsets = (
         (None, {"fields": ("organization", "name", "channel", "status", "stop_reason")}),
@@ -50,8 +51,52 @@ class CampaignAdmin(admin.ModelAdmin):
             },
         ),
         (_("Audience"), {"fields": ("audience_store", "audience_purchased_within_days")}),
+        (
+            _("Schedule"),
+            {
+                "fields": ("scheduled_at",),
+                "description": _(
+                    "Set a time and save to schedule the start (in the organization's "
+                    "time zone); clear it to unschedule. Or use the action 'Start (send "
+                    "now)' in the list."
+                ),
+            },
+        ),
         (_("Progress"), {"fields": ("started_at", "finished_at", "live_status", "preview")}),
     )
+
+    def get_urls(self):
+        from django.urls import path
+
+        return [
+            path(
+                "<int:pk>/status/",
+                self.admin_site.admin_view(self.status_view),
+                name="campaigns_campaign_status",
+            ),
+            *super().get_urls(),
+        ]
+
+    def status_view(self, request: HttpRequest, pk: int) -> JsonResponse:
+        """The live progress as JSON (polled by the change page)."""
+        campaign = Campaign.objects.filter(pk=pk).first()
+        if campaign is None or not self.has_view_permission(request, campaign):
+            return JsonResponse({"error": "not found"}, status=404)
+        return JsonResponse(selectors.campaign_status(campaign=campaign))
+
+    def save_model(self, request: HttpRequest, obj: Campaign, form, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if "scheduled_at" not in form.changed_data:
+            return
+        try:
+            if obj.scheduled_at:
+                services.campaign_schedule(campaign=obj, at=obj.scheduled_at)
+                messages.info(request, _("Scheduled for %(at)s.") % {"at": obj.scheduled_at})
+            elif obj.status == Campaign.Status.SCHEDULED:
+                services.campaign_unschedule(campaign=obj)
+                messages.info(request, _("Unscheduled: back to draft."))
+        except services.CampaignError as exc:
+            messages.error(request, str(exc))
 
     @admin.display(description=_("progress"))
     def progress(self, obj: Campaign) -> str:
@@ -66,14 +111,25 @@ class CampaignAdmin(admin.ModelAdmin):
         if not obj.pk:
             return "—"
         data = selectors.campaign_status(campaign=obj)
-        rows = format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", data["counts"].items())
+        rows = format_html_join(
+            "",
+            '<tr><th>{}</th><td data-count="{}">{}</td></tr>',
+            ((k, k, v) for k, v in data["counts"].items()),
+        )
         return format_html(
-            "<table>{}<tr><th>cost</th><td>{}</td></tr><tr><th>rate</th><td>{}/s</td></tr>"
-            "<tr><th>ETA</th><td>{}</td></tr></table>",
+            '<div id="live-status" data-url="{}"><progress max="1" value="{}"></progress> '
+            '<span data-field="progress">{}%</span> · <span data-field="status">{}</span>'
+            '<table>{}<tr><th>cost</th><td data-field="cost">{}</td></tr>'
+            '<tr><th>rate</th><td><span data-field="rate">{}</span>/s</td></tr>'
+            '<tr><th>ETA</th><td data-field="eta_seconds">{}</td></tr></table></div>',
+            "../status/",
+            data["progress"],
+            round(100 * data["progress"], 1),
+            data["status"],
             rows,
             data["cost"],
             data["rate"],
-            f"{data['eta_seconds']} s" if data["eta_seconds"] else "—",
+            data["eta_seconds"] or "—",
         )
 
     @admin.display(description=_("preview (first recipients)"))

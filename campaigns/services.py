@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
@@ -78,6 +78,60 @@ def campaign_start(*, campaign: Campaign) -> Campaign:
         )
     campaign.refresh_from_db()
     return campaign
+
+
+def trigger_job_id(campaign_id: int) -> str:
+    return jobs.make_job_id("campaign", campaign_id)
+
+
+def campaign_schedule(*, campaign: Campaign, at: datetime) -> Campaign:
+    """Schedule (or reschedule) a draft/scheduled campaign to start at `at`.
+
+    One delayed job with the fixed id campaign-<id> on campaign-trigger: rescheduling replaces
+    it, so there are never two."""
+    if timezone.is_naive(at):
+        raise CampaignError("the schedule needs a time zone")
+    if at <= timezone.now():
+        raise CampaignError("the scheduled time is in the past; start it now instead")
+    campaign_validate(campaign=campaign)
+    with transaction.atomic():
+        if not Campaign.objects.filter(pk=campaign.pk, status__in=[Status.DRAFT, Status.SCHEDULED]).update(
+            status=Status.SCHEDULED, scheduled_at=at
+        ):
+            campaign.refresh_from_db()
+            raise CampaignError(f"campaign {campaign.pk} is {campaign.status}; only a draft can be scheduled")
+        jobs.enqueue(
+            "campaigns.tasks.campaign_trigger",
+            queue=queues.CAMPAIGN_TRIGGER,
+            kwargs={"campaign_id": campaign.pk},
+            job_id=trigger_job_id(campaign.pk),
+            replace=True,
+            at=at,
+        )
+    campaign.refresh_from_db()
+    return campaign
+
+
+def campaign_unschedule(*, campaign: Campaign) -> None:
+    """Back to draft; the delayed start is removed."""
+    Campaign.objects.filter(pk=campaign.pk, status=Status.SCHEDULED).update(
+        status=Status.DRAFT, scheduled_at=None
+    )
+    jobs.delete_job(trigger_job_id(campaign.pk))
+    campaign.refresh_from_db()
+
+
+@recovery.register("campaign-triggers")
+def _scheduled_starts() -> Iterator[jobs.JobSpec]:
+    """Scheduled campaigns whose delayed start Redis no longer holds (due ones start at once)."""
+    for pk, at in Campaign.objects.filter(status=Status.SCHEDULED).values_list("pk", "scheduled_at"):
+        yield jobs.JobSpec(
+            func="campaigns.tasks.campaign_trigger",
+            queue=queues.CAMPAIGN_TRIGGER,
+            kwargs={"campaign_id": pk},
+            job_id=trigger_job_id(pk),
+            at=at if at and at > timezone.now() else None,
+        )
 
 
 def _batch_specs(campaign_id: int, batches: list[int]) -> list[jobs.JobSpec]:
@@ -169,7 +223,7 @@ def campaign_cancel(*, campaign: Campaign) -> int:
             campaign.refresh_from_db()
             raise CampaignError(f"campaign {campaign.pk} is {campaign.status}; it cannot be cancelled")
         cancelled = _cancel_queued(campaign.pk)
-    jobs.delete_job(jobs.make_job_id("campaign", campaign.pk))  # a scheduled start, if any
+    jobs.delete_job(trigger_job_id(campaign.pk))  # a scheduled start, if any
     campaign.refresh_from_db()
     return cancelled
 

@@ -2,8 +2,42 @@
 
 from __future__ import annotations
 
+import logging
+import time
+
 from campaigns import sending, services
+from campaigns.models import Campaign
 from crm.checkpoints import checkpoint
+
+logger = logging.getLogger(__name__)
+
+
+def campaign_trigger(campaign_id: int) -> str:
+    """Start a scheduled campaign at its time; firing twice is harmless (returns the status)."""
+    started = time.monotonic()
+    campaign = Campaign.objects.filter(pk=campaign_id).first()
+    if campaign is None:
+        return "missing"
+    logger.info(
+        "campaign %s trigger: starting (%s)",
+        campaign_id,
+        campaign.channel,
+        extra={"campaign_id": campaign_id, "organization_id": campaign.organization_id},
+    )
+    try:
+        campaign = services.campaign_start(campaign=campaign)
+    except services.CampaignError as exc:
+        logger.info(
+            "campaign %s trigger: not started: %s", campaign_id, exc, extra={"campaign_id": campaign_id}
+        )
+        return campaign.status
+    logger.info(
+        "campaign %s trigger: started in %.3fs",
+        campaign_id,
+        time.monotonic() - started,
+        extra={"campaign_id": campaign_id, "organization_id": campaign.organization_id},
+    )
+    return campaign.status
 
 
 def campaign_fanout(campaign_id: int) -> int:

@@ -120,6 +120,7 @@ class JobSpec:
     kwargs: dict[str, Any] = field(default_factory=dict)
     job_id: str | None = None
     description: str | None = None
+    at: datetime | None = None  # run at this time (a scheduled campaign), not now
 
 
 def _retry_for(spec: queues.QueueSpec, attempts: int | None, backoff: int | None) -> Retry | None:
@@ -264,9 +265,15 @@ def enqueue_many(
 def enqueue_specs(specs: Iterable[JobSpec]) -> int:
     """Enqueue JobSpecs (grouped by queue and function) in bulk; returns how many."""
     groups: dict[tuple[str, str], list[JobSpec]] = {}
-    for s in specs:
-        groups.setdefault((s.queue, s.func), []).append(s)
     total = 0
+    for s in specs:
+        if s.at is not None:  # few (scheduled starts): one by one
+            enqueue(
+                s.func, queue=s.queue, kwargs=s.kwargs, job_id=s.job_id, at=s.at, description=s.description
+            )
+            total += 1
+        else:
+            groups.setdefault((s.queue, s.func), []).append(s)
     for (queue, func), group in groups.items():
         enqueue_many(
             func,

@@ -85,7 +85,7 @@ class WhatsappPrice(models.Model):
         return f"{self.category}/{self.country}: {self.price} {self.currency}"
 
 
-_CHATWOOT_CONTEXT = "integrations.ChatwootAccount.api_token"  # noqa: S105 - a label, not a secret
+_CHATWOOT_CONTEXT = "integrations.ChatwootAccount.api_token"
 
 
 class ChatwootAccount(models.Model):

@@ -26,3 +26,39 @@ def whatsapp_number_demo(*, organization: Organization, graph_url: str) -> Whats
             category="marketing", country=country, defaults={"price": price}
         )
     return number
+
+
+def whatsapp_prices_sync(*, url: str) -> dict[str, int]:
+    """Fetch the rate card at `url` and upsert every price; returns {"rates": n, "skipped": m}."""
+    import logging
+
+    import httpx
+
+    from integrations import http
+    from integrations.errors import IntegrationError
+    from integrations.whatsapp.pricing import parse_rate_card
+
+    with http.client() as client:
+        try:
+            response = client.get(url)
+        except httpx.HTTPError as exc:  # timeouts, refused connections: retry later
+            raise IntegrationError(f"rate card unreachable: {exc}", retryable=True) from exc
+    if response.status_code != 200:
+        raise IntegrationError(
+            f"rate card answered HTTP {response.status_code}",
+            retryable=response.status_code >= 500,
+            status=response.status_code,
+        )
+    rates, problems = parse_rate_card(response.text)
+    for problem in problems:
+        logging.getLogger(__name__).warning("rate card %s: %s", url, problem)
+    WhatsappPrice.objects.bulk_create(
+        [
+            WhatsappPrice(country=r.country, category=r.category, price=r.price, currency=r.currency)
+            for r in rates
+        ],
+        update_conflicts=True,
+        unique_fields=["category", "country"],
+        update_fields=["price", "currency", "updated_at"],
+    )
+    return {"rates": len(rates), "skipped": len(problems)}

@@ -1,0 +1,12 @@
+from crm import queues
+from crm.cron import CronEntry
+
+ENTRIES = [
+    CronEntry(
+        name="whatsapp-pricing-sync",
+        cron="0 4 * * 1",
+        func="integrations.tasks.whatsapp_prices_sync",
+        queue=queues.MAINTENANCE,
+        description="Refresh WhatsApp prices (Mondays 04:00)",
+    ),
+]
