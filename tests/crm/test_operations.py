@@ -121,18 +121,19 @@ def test_health_says_which_dependency_is_down(client, monkeypatch):
 
 def test_the_cron_table_registers_idempotently(redis_db):
     scheduler = cron.get_scheduler()
-    first = cron.cron_register(scheduler)
-    assert first == {"recover": "added"}
-    assert cron.cron_register(scheduler) == {"recover": "kept"}
-    assert redis_db.zcard("rq:scheduler:scheduled_jobs") == 1
+    table = cron.cron_table()
+    assert {"recover", "whatsapp-reconcile", "whatsapp-pricing-sync"} <= set(table)
+    assert cron.cron_register(scheduler) == dict.fromkeys(table, "added")
+    assert cron.cron_register(scheduler) == dict.fromkeys(table, "kept")
+    assert redis_db.zcard("rq:scheduler:scheduled_jobs") == len(table)
     # An entry that left the table is removed; a stranger's scheduled job is not touched.
     scheduler.cron("0 0 * * *", func="crm.tasks.noop", id="cron-retired", queue_name="maintenance")
     scheduler.cron("0 0 * * *", func="crm.tasks.noop", id="someone-else", queue_name="maintenance")
-    assert cron.cron_register(scheduler) == {"recover": "kept", "retired": "removed"}
-    assert {j.id for j in scheduler.get_jobs()} == {"cron-recover", "someone-else"}
+    assert cron.cron_register(scheduler) == {**dict.fromkeys(table, "kept"), "retired": "removed"}
+    assert {j.id for j in scheduler.get_jobs()} == {f"cron-{name}" for name in table} | {"someone-else"}
     # After a Redis flush the scheduler puts the table back.
     redis_db.flushdb()
-    assert cron.cron_register(scheduler) == {"recover": "added"}
+    assert cron.cron_register(scheduler) == dict.fromkeys(table, "added")
 
 
 def test_cron_times_are_in_the_configured_time_zone():
