@@ -26,6 +26,7 @@ class OrganizationAdmin(admin.ModelAdmin):
         "message_limit_count",
         "message_limit_days",
         "block_multiple_campaigns",
+        "whatsapp_paused_at",
         "created_at",
     )
     search_fields = ("name", "slug")
@@ -37,6 +38,16 @@ class OrganizationAdmin(admin.ModelAdmin):
         (
             _("Campaign settings"),
             {"fields": ("message_limit_count", "message_limit_days", "block_multiple_campaigns")},
+        ),
+        (
+            _("WhatsApp sending"),
+            {
+                "fields": ("whatsapp_paused_at", "whatsapp_paused_reason"),
+                "description": _(
+                    "Set when Meta rejects the account itself (expired token, locked or unpaid account). "
+                    "Fix the cause, then clear both fields and save: waiting campaigns resume within a minute."
+                ),
+            },
         ),
     )
 
