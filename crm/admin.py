@@ -45,7 +45,7 @@ class OrganizationAdmin(admin.ModelAdmin):
                 "fields": ("whatsapp_paused_at", "whatsapp_paused_reason"),
                 "description": _(
                     "Set when Meta rejects the account itself (expired token, locked or unpaid account). "
-                    "Fix the cause, then clear both fields and save: waiting campaigns resume within a minute."
+                    "Fix the cause, then clear both fields and save: waiting campaigns resume in a minute."
                 ),
             },
         ),
