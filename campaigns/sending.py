@@ -405,6 +405,19 @@ def _record(
             Organization.objects.filter(pk=campaign.organization_id, whatsapp_paused_at__isnull=True).update(
                 whatsapp_paused_at=now, whatsapp_paused_reason=stop_org
             )
+    if sent:
+        # 11: fire-and-forget. The mirror is its own job; nothing in enqueueing it (Redis down, a
+        # bug) may fail a batch whose sends are already recorded, so any error is logged and dropped.
+        try:
+            from campaigns import chatwoot
+
+            chatwoot.chatwoot_enqueue_mirror(campaign_id=campaign.pk, message_ids=[m.pk for m in sent])
+        except Exception:
+            logger.exception(
+                "campaign %s: Chatwoot mirror not enqueued",
+                campaign.pk,
+                extra={"campaign_id": campaign.pk, "organization_id": campaign.organization_id},
+            )
     if stop_campaign:
         services.campaign_stop(campaign_id=campaign.pk, reason=stop_campaign)
     counts.update(

@@ -54,3 +54,10 @@ def whatsapp_send_batch(campaign_id: int, batch: int) -> dict[str, int]:
 def whatsapp_reconcile() -> int:
     """Every 15 minutes: settle messages stuck in flight."""
     return services.reconcile_in_flight()
+
+
+def chatwoot_mirror(message_ids: list[int]) -> int:
+    """Mirror sent messages to Chatwoot; returns how many, and never mirrors one twice."""
+    from campaigns import chatwoot  # here, so this addition stays an append to a shared file
+
+    return chatwoot.chatwoot_mirror_batch(message_ids=message_ids)

@@ -32,6 +32,7 @@ ERP_SYNC = "erp-sync-queue"
 ERP_CUSTOMER_SYNC = "erp-customer-sync-queue"
 POST_SALE_SURVEY = "post-sale-survey"
 RUNS = "runs"
+CHATWOOT_MIRROR = "chatwoot-mirror"
 MAINTENANCE = "maintenance"
 
 
@@ -59,6 +60,9 @@ QUEUES: tuple[QueueSpec, ...] = (
     QueueSpec(EMAIL_SEND, "Sends campaign emails", attempts=3, backoff=60, timeout=300),
     _ITEMS[2],
     QueueSpec(POST_SALE_SURVEY, "Sends a post-sale survey", attempts=3, backoff=60, timeout=120),
+    QueueSpec(
+        CHATWOOT_MIRROR, "Mirrors sent campaign messages into Chatwoot", attempts=3, backoff=30, timeout=600
+    ),
     QueueSpec(RUNS, "Integration runs: produce items and fan them out", attempts=3, backoff=5, timeout=1800),
     _ITEMS[3],
     QueueSpec(

@@ -27,6 +27,7 @@ def test_every_queue_of_the_design_is_registered_in_priority_order():
         "email-send",
         "items-p2",
         "post-sale-survey",
+        "chatwoot-mirror",
         "runs",
         "items-p3",
         "erp-sync-queue",

@@ -1,0 +1,213 @@
+"""Chatwoot application API (v1) client: plain values in, plain values out.
+
+Only what mirroring a campaign message needs: find or create a contact, find or create its
+conversation in one inbox, and post a message to it. Every failure is an IntegrationError:
+retryable for timeouts, network errors, 5xx and 429; not retryable for any other 4xx.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from integrations import http
+from integrations.errors import IntegrationError
+
+# Chatwoot answers these for a conversation still open to the agent; a resolved one is reused
+# only when there is nothing better, so a mirrored message lands where agents are looking.
+_ACTIVE_STATUSES = ("open", "pending")
+
+
+def _source_id_in(contact_inboxes: Any, inbox_id: int) -> str | None:
+    """The source_id of the entry for `inbox_id` in a contact_inboxes list, if any."""
+    if not isinstance(contact_inboxes, list):
+        return None
+    for entry in contact_inboxes:
+        if not isinstance(entry, dict):
+            continue
+        inbox = entry.get("inbox")
+        entry_inbox = inbox.get("id") if isinstance(inbox, dict) else entry.get("inbox_id")
+        if entry_inbox == inbox_id and entry.get("source_id"):
+            return str(entry["source_id"])
+    return None
+
+
+def parse_contact_create(body: Any, inbox_id: int) -> tuple[int, str | None]:
+    """(contact_id, source_id) from a POST /contacts answer, in either shape Chatwoot has used.
+
+    Current: {"payload": {"contact": {...}, "contact_inbox": {"source_id": ...}}}; older:
+    {"payload": {"contact": {...}, "contact_inboxes": [...]}}. Raises a non-retryable
+    IntegrationError when there is no contact id.
+    """
+    payload = body.get("payload") if isinstance(body, dict) else None
+    contact = payload.get("contact") if isinstance(payload, dict) else None
+    if not isinstance(payload, dict) or not isinstance(contact, dict) or "id" not in contact:
+        raise IntegrationError("Chatwoot: unexpected answer to a contact creation", retryable=False)
+    source_id: str | None = None
+    contact_inbox = payload.get("contact_inbox")
+    if isinstance(contact_inbox, dict) and contact_inbox.get("source_id"):
+        source_id = str(contact_inbox["source_id"])
+    source_id = (
+        source_id
+        or _source_id_in(payload.get("contact_inboxes"), inbox_id)
+        or _source_id_in(contact.get("contact_inboxes"), inbox_id)
+    )
+    return int(contact["id"]), source_id
+
+
+class ChatwootClient:
+    """One Chatwoot account, authenticated by an agent or bot access token; use it as a context manager."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        account_id: int,
+        api_token: str,
+        timeout: httpx.Timeout | None = None,
+    ) -> None:
+        self._prefix = f"/api/v1/accounts/{int(account_id)}"
+        self._http = http.client(
+            base_url=base_url.rstrip("/"),
+            timeout=timeout,
+            headers={"api_access_token": api_token, "Accept": "application/json"},
+            max_connections=4,
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ChatwootClient:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- operations --------------------------------------------------------------------------------
+
+    def contact_find_or_create(self, *, phone_e164: str, name: str, inbox_id: int) -> tuple[int, str | None]:
+        """(contact_id, source_id) of the contact with exactly this phone, created in `inbox_id` if none.
+
+        source_id is None when the contact exists but has no entry in `inbox_id` yet (Chatwoot then
+        creates one with the conversation).
+        """
+        found = self._search(phone_e164, inbox_id)
+        if found is not None:
+            return found
+        try:
+            body = self._request(
+                "POST",
+                "/contacts",
+                json={"inbox_id": inbox_id, "name": name or phone_e164, "phone_number": phone_e164},
+            )
+        except IntegrationError as exc:
+            # Another worker created it between our search and our POST ("phone number has
+            # already been taken"): the search now finds it.
+            if exc.status == 422:
+                found = self._search(phone_e164, inbox_id)
+                if found is not None:
+                    return found
+            raise
+        return parse_contact_create(body, inbox_id)
+
+    def conversation_find_or_create(self, *, contact_id: int, source_id: str | None, inbox_id: int) -> int:
+        """The id of the contact's conversation in `inbox_id` (open or pending first), created if none."""
+        body = self._request("GET", f"/contacts/{int(contact_id)}/conversations")
+        conversations = [
+            c
+            for c in (body.get("payload") if isinstance(body, dict) else None) or []
+            if isinstance(c, dict) and c.get("inbox_id") == inbox_id and "id" in c
+        ]
+        if conversations:
+            active = [c for c in conversations if c.get("status") in _ACTIVE_STATUSES]
+            return int(max(active or conversations, key=lambda c: int(c["id"]))["id"])
+        data: dict[str, Any] = {"inbox_id": inbox_id, "contact_id": contact_id}
+        if source_id:
+            data["source_id"] = source_id
+        created = self._request("POST", "/conversations", json=data)
+        if not isinstance(created, dict) or "id" not in created:
+            raise IntegrationError("Chatwoot: unexpected answer to a conversation creation", retryable=False)
+        return int(created["id"])
+
+    def message_create(
+        self,
+        *,
+        conversation_id: int,
+        content: str,
+        private: bool,
+        content_attributes: Mapping[str, Any] | None = None,
+    ) -> int:
+        """The id of a new outgoing message (or private note) in the conversation; never retried here."""
+        body = self._request(
+            "POST",
+            f"/conversations/{int(conversation_id)}/messages",
+            json={
+                "content": content,
+                "message_type": "outgoing",
+                "private": private,
+                "content_attributes": dict(content_attributes or {}),
+            },
+        )
+        if not isinstance(body, dict) or "id" not in body:
+            raise IntegrationError("Chatwoot: unexpected answer to a message creation", retryable=False)
+        return int(body["id"])
+
+    # -- plumbing ----------------------------------------------------------------------------------
+
+    def _search(self, phone_e164: str, inbox_id: int) -> tuple[int, str | None] | None:
+        body = self._request("GET", "/contacts/search", params={"q": phone_e164})
+        # The search matches substrings of name, email and phone: keep only the exact phone.
+        for contact in (body.get("payload") if isinstance(body, dict) else None) or []:
+            if isinstance(contact, dict) and contact.get("phone_number") == phone_e164 and "id" in contact:
+                return int(contact["id"]), _source_id_in(contact.get("contact_inboxes"), inbox_id)
+        return None
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Mapping[str, str] | None = None,
+        json: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """The decoded JSON answer of a 2xx, or an IntegrationError saying whether to retry."""
+        what = f"Chatwoot {method} {path}"
+        try:
+            response = self._http.request(method, self._prefix + path, params=params, json=json)
+        except httpx.TimeoutException as exc:
+            raise IntegrationError(f"{what}: timed out ({type(exc).__name__})", retryable=True) from exc
+        except httpx.TransportError as exc:
+            raise IntegrationError(f"{what}: {type(exc).__name__}: {exc}", retryable=True) from exc
+        status = response.status_code
+        if status >= 400:
+            retryable = status >= 500 or status == 429
+            raise IntegrationError(
+                f"{what}: HTTP {status}",
+                retryable=retryable,
+                status=status,
+                details=_error_text(response),
+            )
+        try:
+            return response.json()
+        except ValueError as exc:
+            raise IntegrationError(
+                f"{what}: HTTP {status} with a body that is not JSON", retryable=False, status=status
+            ) from exc
+
+
+def _error_text(response: httpx.Response) -> str:
+    """Chatwoot's own words for an error ({"error": ...} or {"message": ...}), else the body's start."""
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300]
+    if isinstance(body, dict):
+        for key in ("error", "message", "errors"):
+            if body.get(key):
+                return str(body[key])[:300]
+    return str(body)[:300]

@@ -1,0 +1,530 @@
+"""A sandbox standing in for Chatwoot's application API (v1), for tests and the demo.
+
+It answers, under ``/api/v1/accounts/{account_id}``, exactly what the mirror uses, with Chatwoot's
+JSON shapes: ``GET /contacts/search?q=``, ``POST /contacts``, ``GET /contacts/{id}/conversations``,
+``POST /conversations`` and ``POST /conversations/{id}/messages``. The ``api_access_token`` header
+must be the account's token (401 otherwise, as Chatwoot answers); unknown contacts, conversations
+and inboxes are 404. Contacts, conversations and messages live in memory.
+
+Test controls (methods, safe from any thread): :meth:`ChatwootSandbox.fail_next` makes the next
+requests fail with an HTTP status, :meth:`~ChatwootSandbox.set_latency` slows every answer,
+:meth:`~ChatwootSandbox.messages`, :meth:`~ChatwootSandbox.contacts`,
+:meth:`~ChatwootSandbox.conversations` and :meth:`~ChatwootSandbox.requests` show what was
+stored and asked, :meth:`~ChatwootSandbox.reset` forgets it all::
+
+    with ChatwootSandbox(accounts={1: "tok"}) as server:
+        httpx.get(f"{server.url}/api/v1/accounts/1/contacts/search", params={"q": "+55..."},
+                  headers={"api_access_token": "tok"})
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import json
+import logging
+import re
+import threading
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, TypeVar
+
+from aiohttp import web
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+HELPER_TIMEOUT = 10.0
+E164_RE = re.compile(r"\+[1-9]\d{1,14}")
+MESSAGE_TYPES = {"incoming": 0, "outgoing": 1, "activity": 2, "template": 3}
+# Chatwoot's wording for the errors it answers.
+UNAUTHORIZED = "Invalid Access Token"
+NOT_YOUR_ACCOUNT = "You are not authorized to access this account"
+NOT_FOUND = "Resource could not be found"
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _json_response(payload: Any, status: int = 200) -> web.Response:
+    return web.Response(
+        body=json.dumps(payload, ensure_ascii=False).encode(), status=status, content_type="application/json"
+    )
+
+
+class ChatwootError(Exception):
+    """An error answer; :meth:`response` renders it like Chatwoot."""
+
+    def __init__(self, status: int, message: str, *, attributes: list[str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.attributes = attributes
+
+    def response(self) -> web.Response:
+        if self.status == 422:
+            # Validation errors come as {"message", "attributes"}; the rest as {"error"}.
+            return _json_response({"message": self.message, "attributes": self.attributes or []}, 422)
+        return _json_response({"error": self.message}, self.status)
+
+
+@dataclass
+class _State:
+    """Everything a reset forgets; only ever touched on the server's event loop."""
+
+    contacts: dict[int, dict[str, Any]] = field(default_factory=dict)
+    # (contact_id, inbox_id) -> source_id
+    contact_inboxes: dict[tuple[int, int], str] = field(default_factory=dict)
+    # (account_id, display_id) -> conversation
+    conversations: dict[tuple[int, int], dict[str, Any]] = field(default_factory=dict)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    fail_after: int = 0
+    fail_count: int = 0
+    fail_status: int = 500
+    contact_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    message_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    display_ids: dict[int, itertools.count[int]] = field(default_factory=dict)
+
+
+class ChatwootSandbox:
+    """The sandbox as an aiohttp app running on its own event loop in a daemon thread.
+
+    ``accounts`` maps account_id -> api access token. ``inboxes`` maps inbox_id -> account_id;
+    when it is None every inbox id is an API-channel inbox of whichever account asks.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        accounts: Mapping[int, str] | None = None,
+        inboxes: Mapping[int, int] | None = None,
+        *,
+        latency_ms: float = 0.0,
+    ) -> None:
+        self.host = host
+        self.port = port
+        self._accounts = {int(k): v for k, v in (accounts or {}).items()}
+        self._tokens = frozenset(self._accounts.values())
+        self._inboxes = None if inboxes is None else {int(k): int(v) for k, v in inboxes.items()}
+        self._latency_ms = float(latency_ms)
+        self._state = _State()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._bound_port: int | None = None
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        """The base URL, e.g. ``http://127.0.0.1:3000``; only once started."""
+        if self._bound_port is None:
+            raise RuntimeError("the sandbox is not running; call start() first")
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self._bound_port}"
+
+    def make_app(self) -> web.Application:
+        """The aiohttp application: the five API routes, behind the request log and fault injection."""
+        app = web.Application(middlewares=[self._middleware])
+        base = "/api/v1/accounts/{account_id:\\d+}"
+        app.router.add_get(base + "/contacts/search", self._handle_contact_search)
+        app.router.add_post(base + "/contacts", self._handle_contact_create)
+        app.router.add_get(
+            base + "/contacts/{contact_id:\\d+}/conversations", self._handle_contact_conversations
+        )
+        app.router.add_post(base + "/conversations", self._handle_conversation_create)
+        app.router.add_post(
+            base + "/conversations/{conversation_id:\\d+}/messages", self._handle_message_create
+        )
+        app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
+        return app
+
+    def start(self) -> ChatwootSandbox:
+        """Start serving in a daemon thread; returns (self) once the socket is listening.
+
+        Raises OSError (e.g. the port is taken) or RuntimeError if already started.
+        """
+        if self._thread is not None:
+            raise RuntimeError("the sandbox is already running")
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            self._loop = loop
+            try:
+                loop.run_until_complete(self._startup())
+            # Whatever went wrong is re-raised by start() in the caller's thread.
+            except Exception as exc:
+                failure.append(exc)
+                loop.run_until_complete(self._shutdown())
+                loop.close()
+                ready.set()
+                return
+            ready.set()
+            try:
+                loop.run_forever()
+            finally:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
+
+        self._thread = threading.Thread(target=run, name="chatwoot-sandbox", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            self._thread.join()
+            self._thread = self._loop = None
+            raise failure[0]
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop serving and join the thread; a no-op when not running."""
+        loop, thread = self._loop, self._thread
+        if loop is None or thread is None:
+            return
+        try:
+            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout)
+        except concurrent.futures.TimeoutError:
+            logger.warning("chatwoot sandbox: shutdown took over %.0fs; stopping the loop anyway", timeout)
+        finally:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(timeout)
+            self._thread = self._loop = None
+            self._bound_port = None
+
+    def __enter__(self) -> ChatwootSandbox:
+        return self.start()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def _startup(self) -> None:
+        self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
+        await site.start()
+        self._bound_port = self._runner.addresses[0][1]
+
+    async def _shutdown(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    # -- thread-safe controls -------------------------------------------------------------------
+
+    def _on_loop(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` on the server's loop (state is only touched there) and return its result."""
+        loop = self._loop
+        if loop is None or not loop.is_running() or self._thread is threading.current_thread():
+            return fn()
+
+        async def call() -> T:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(HELPER_TIMEOUT)
+
+    def fail_next(self, n: int, status: int = 500, *, after: int = 0) -> None:
+        """Let ``after`` requests through, then answer the next ``n`` with HTTP ``status``."""
+        if n < 0 or after < 0 or not 400 <= status <= 599:
+            raise ValueError("n and after must be >= 0 and status an HTTP error status (400-599)")
+
+        def apply() -> None:
+            self._state.fail_after, self._state.fail_count, self._state.fail_status = after, n, status
+
+        self._on_loop(apply)
+
+    def set_latency(self, ms: float) -> None:
+        """Delay every answer by ``ms`` milliseconds (to make a client time out)."""
+        self._latency_ms = max(float(ms), 0.0)
+
+    def messages(self) -> list[dict[str, Any]]:
+        """Stored messages in order (copies): id, conversation_id, contact_id, phone, content, private..."""
+        return self._on_loop(lambda: [dict(m) for m in self._state.messages])
+
+    def contacts(self) -> list[dict[str, Any]]:
+        """Stored contacts in order (copies, as the API renders them)."""
+        return self._on_loop(lambda: [self._contact_json(c) for c in self._state.contacts.values()])
+
+    def conversations(self) -> list[dict[str, Any]]:
+        """Stored conversations in order (copies, as the API renders them)."""
+        return self._on_loop(lambda: [self._conversation_json(c) for c in self._state.conversations.values()])
+
+    def requests(self) -> list[dict[str, Any]]:
+        """Every request received, in order: method, path, status answered."""
+        return self._on_loop(lambda: [dict(r) for r in self._state.requests])
+
+    def create_contact(self, account_id: int, phone_e164: str, name: str = "") -> int:
+        """Store a contact directly (no inbox), as if an agent had added it; returns its id."""
+        return self._on_loop(lambda: self._new_contact(int(account_id), phone_e164, name)["id"])
+
+    def reset(self) -> None:
+        """Forget contacts, conversations, messages, the request log and pending failures."""
+
+        def clear() -> None:
+            self._state = _State()
+
+        self._on_loop(clear)
+
+    # -- request pipeline (event loop only) -----------------------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if self._latency_ms > 0:
+            await asyncio.sleep(self._latency_ms / 1000)
+        state = self._state
+        entry: dict[str, Any] = {"method": request.method, "path": request.path, "status": None}
+        state.requests.append(entry)
+        response: web.StreamResponse
+        if state.fail_count > 0 and state.fail_after == 0:
+            state.fail_count -= 1
+            response = _json_response({"error": "sandbox: scripted failure"}, state.fail_status)
+        else:
+            if state.fail_after > 0:
+                state.fail_after -= 1
+            try:
+                account_id = int(request.match_info.get("account_id", "0"))
+                if account_id:
+                    self._check_token(account_id, request.headers.get("api_access_token", ""))
+                response = await handler(request)
+            except ChatwootError as error:
+                response = error.response()
+        entry["status"] = response.status
+        return response
+
+    def _check_token(self, account_id: int, token: str) -> None:
+        if not token or token not in self._tokens:
+            raise ChatwootError(401, UNAUTHORIZED)
+        if self._accounts.get(account_id) != token:
+            raise ChatwootError(401, NOT_YOUR_ACCOUNT)
+
+    async def _body(self, request: web.Request) -> dict[str, Any]:
+        try:
+            data = json.loads(await request.read() or b"{}")
+        except ValueError:
+            raise ChatwootError(400, "the body must be JSON") from None
+        if not isinstance(data, dict):
+            raise ChatwootError(400, "the body must be a JSON object")
+        return data
+
+    def _check_inbox(self, account_id: int, inbox_id: Any) -> int:
+        try:
+            inbox = int(inbox_id)
+        except (TypeError, ValueError):
+            raise ChatwootError(404, NOT_FOUND) from None
+        if inbox <= 0 or (self._inboxes is not None and self._inboxes.get(inbox) != account_id):
+            raise ChatwootError(404, NOT_FOUND)
+        return inbox
+
+    def _contact(self, account_id: int, contact_id: Any) -> dict[str, Any]:
+        try:
+            contact = self._state.contacts.get(int(contact_id))
+        except (TypeError, ValueError):
+            contact = None
+        if contact is None or contact["account_id"] != account_id:
+            raise ChatwootError(404, NOT_FOUND)
+        return contact
+
+    # -- JSON renderings ------------------------------------------------------------------------
+
+    def _contact_json(self, contact: dict[str, Any]) -> dict[str, Any]:
+        inboxes = [
+            {
+                "source_id": source_id,
+                "inbox": {"id": inbox_id, "name": f"API inbox {inbox_id}", "channel_type": "Channel::Api"},
+            }
+            for (contact_id, inbox_id), source_id in self._state.contact_inboxes.items()
+            if contact_id == contact["id"]
+        ]
+        return {
+            "additional_attributes": {},
+            "availability_status": "offline",
+            "email": None,
+            "id": contact["id"],
+            "name": contact["name"],
+            "phone_number": contact["phone_number"],
+            "blocked": False,
+            "identifier": None,
+            "thumbnail": "",
+            "custom_attributes": {},
+            "last_activity_at": None,
+            "created_at": contact["created_at"],
+            "contact_inboxes": inboxes,
+        }
+
+    def _conversation_json(self, conversation: dict[str, Any]) -> dict[str, Any]:
+        contact = self._state.contacts[conversation["contact_id"]]
+        return {
+            "id": conversation["id"],
+            "account_id": conversation["account_id"],
+            "inbox_id": conversation["inbox_id"],
+            "uuid": conversation["uuid"],
+            "status": conversation["status"],
+            "contact_inbox": {"source_id": conversation["source_id"]},
+            "meta": {
+                "sender": {
+                    "id": contact["id"],
+                    "name": contact["name"],
+                    "phone_number": contact["phone_number"],
+                },
+                "channel": "Channel::Api",
+                "assignee": None,
+            },
+            "messages": [],
+            "unread_count": 0,
+            "created_at": conversation["created_at"],
+            "timestamp": conversation["created_at"],
+        }
+
+    def _new_contact(self, account_id: int, phone: str, name: str) -> dict[str, Any]:
+        if not E164_RE.fullmatch(phone):
+            raise ChatwootError(422, "Phone number should be in e164 format", attributes=["phone_number"])
+        if any(
+            c["phone_number"] == phone and c["account_id"] == account_id
+            for c in self._state.contacts.values()
+        ):
+            raise ChatwootError(422, "Phone number has already been taken", attributes=["phone_number"])
+        contact: dict[str, Any] = {
+            "id": next(self._state.contact_ids),
+            "account_id": account_id,
+            "name": name or phone,
+            "phone_number": phone,
+            "created_at": int(time.time()),
+        }
+        self._state.contacts[contact["id"]] = contact
+        return contact
+
+    # -- API handlers (event loop only) ---------------------------------------------------------
+
+    async def _handle_contact_search(self, request: web.Request) -> web.Response:
+        account_id = int(request.match_info["account_id"])
+        q = request.query.get("q", "").strip()
+        if not q:
+            raise ChatwootError(422, "Specify search string with parameter q")
+        needle = q.lower()
+        found = [
+            self._contact_json(c)
+            for c in self._state.contacts.values()
+            if c["account_id"] == account_id
+            and (needle in c["phone_number"].lower() or needle in (c["name"] or "").lower())
+        ]
+        return _json_response({"meta": {"count": len(found), "current_page": 1}, "payload": found})
+
+    async def _handle_contact_create(self, request: web.Request) -> web.Response:
+        account_id = int(request.match_info["account_id"])
+        data = await self._body(request)
+        inbox_id = self._check_inbox(account_id, data.get("inbox_id")) if data.get("inbox_id") else None
+        contact = self._new_contact(
+            account_id, str(data.get("phone_number") or ""), str(data.get("name") or "")
+        )
+        contact_inbox: dict[str, Any] = {"inbox": None, "source_id": None}
+        if inbox_id is not None:
+            source_id = str(uuid.uuid4())
+            self._state.contact_inboxes[(contact["id"], inbox_id)] = source_id
+            contact_inbox = {
+                "inbox": {"id": inbox_id, "name": f"API inbox {inbox_id}", "channel_type": "Channel::Api"},
+                "source_id": source_id,
+            }
+        return _json_response(
+            {"payload": {"contact": self._contact_json(contact), "contact_inbox": contact_inbox}}
+        )
+
+    async def _handle_contact_conversations(self, request: web.Request) -> web.Response:
+        account_id = int(request.match_info["account_id"])
+        contact = self._contact(account_id, request.match_info["contact_id"])
+        found = [
+            self._conversation_json(c)
+            for c in self._state.conversations.values()
+            if c["account_id"] == account_id and c["contact_id"] == contact["id"]
+        ]
+        return _json_response({"payload": found})
+
+    async def _handle_conversation_create(self, request: web.Request) -> web.Response:
+        account_id = int(request.match_info["account_id"])
+        data = await self._body(request)
+        source_id = data.get("source_id")
+        if data.get("contact_id") and data.get("inbox_id"):
+            contact = self._contact(account_id, data["contact_id"])
+            inbox_id = self._check_inbox(account_id, data["inbox_id"])
+            key = (contact["id"], inbox_id)
+            # As Chatwoot's ContactInboxBuilder: reuse the contact's entry in the inbox, else make one.
+            source_id = self._state.contact_inboxes.setdefault(key, str(source_id or uuid.uuid4()))
+        elif source_id:
+            match = [k for k, v in self._state.contact_inboxes.items() if v == source_id]
+            if not match:
+                raise ChatwootError(404, NOT_FOUND)
+            contact = self._contact(account_id, match[0][0])
+            inbox_id = match[0][1]
+        else:
+            raise ChatwootError(404, NOT_FOUND)
+        counter = self._state.display_ids.setdefault(account_id, itertools.count(1))
+        display_id = next(counter)
+        conversation = {
+            "id": display_id,
+            "account_id": account_id,
+            "inbox_id": inbox_id,
+            "contact_id": contact["id"],
+            "source_id": source_id,
+            "uuid": str(uuid.uuid4()),
+            "status": "open",
+            "created_at": int(time.time()),
+        }
+        self._state.conversations[(account_id, display_id)] = conversation
+        return _json_response(self._conversation_json(conversation))
+
+    async def _handle_message_create(self, request: web.Request) -> web.Response:
+        account_id = int(request.match_info["account_id"])
+        conversation = self._state.conversations.get((account_id, int(request.match_info["conversation_id"])))
+        if conversation is None:
+            raise ChatwootError(404, NOT_FOUND)
+        data = await self._body(request)
+        content = data.get("content")
+        if not isinstance(content, str) or not content.strip():
+            raise ChatwootError(422, "Content can't be blank", attributes=["content"])
+        kind = data.get("message_type", "outgoing")
+        message_type = kind if isinstance(kind, int) else MESSAGE_TYPES.get(str(kind))
+        if message_type not in MESSAGE_TYPES.values():
+            raise ChatwootError(422, f"'{kind}' is not a valid message_type", attributes=["message_type"])
+        attributes = data.get("content_attributes") or {}
+        contact = self._state.contacts[conversation["contact_id"]]
+        message = {
+            "id": next(self._state.message_ids),
+            "account_id": account_id,
+            "inbox_id": conversation["inbox_id"],
+            "conversation_id": conversation["id"],
+            "contact_id": contact["id"],
+            "phone": contact["phone_number"],
+            "content": content,
+            "message_type": message_type,
+            "private": bool(data.get("private", False)),
+            "content_attributes": attributes if isinstance(attributes, dict) else {},
+            "created_at": int(time.time()),
+        }
+        self._state.messages.append(message)
+        return _json_response(
+            {
+                "id": message["id"],
+                "content": content,
+                "inbox_id": message["inbox_id"],
+                "conversation_id": message["conversation_id"],
+                "message_type": message_type,
+                "content_type": "text",
+                "status": "sent",
+                "content_attributes": message["content_attributes"],
+                "created_at": message["created_at"],
+                "private": message["private"],
+                "source_id": None,
+                "sender": {"id": 1, "name": "Agent", "type": "user"},
+            }
+        )
+
+    async def _handle_unknown(self, request: web.Request) -> web.Response:
+        raise ChatwootError(404, NOT_FOUND)

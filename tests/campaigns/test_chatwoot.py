@@ -1,0 +1,417 @@
+"""Mirroring sent campaign messages to Chatwoot: real HTTP against the Chatwoot sandbox, real
+PostgreSQL, Redis and RQ workers; the mirror must never touch a send."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import zlib
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from django.db import connection
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from campaigns import chatwoot, services, tasks
+from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
+from crm import jobs
+from integrations.chatwoot.client import ChatwootClient, parse_contact_create
+from integrations.chatwoot.sandbox import ChatwootSandbox
+from integrations.errors import IntegrationError
+from integrations.models import ChatwootAccount
+
+S = WhatsappMessage.Status
+ACCOUNT_ID = 7
+INBOX_ID = 3
+CW_TOKEN = "cw-sandbox-api-access-token-0123456789"
+PHONE = "+5511987650001"
+
+
+@pytest.fixture
+def cw() -> Iterator[ChatwootSandbox]:
+    with ChatwootSandbox(accounts={ACCOUNT_ID: CW_TOKEN}, inboxes={INBOX_ID: ACCOUNT_ID}) as server:
+        yield server
+
+
+@pytest.fixture
+def client(cw) -> Iterator[ChatwootClient]:
+    with ChatwootClient(base_url=cw.url, account_id=ACCOUNT_ID, api_token=CW_TOKEN) as c:
+        yield c
+
+
+@pytest.fixture
+def fast_retries(monkeypatch) -> None:
+    # 30 s, 60 s in production; 1 s, 2 s here so a failing mirror reaches the failed registry quickly.
+    monkeypatch.setattr(chatwoot, "MIRROR_BACKOFF", 1)
+
+
+def _account(org, cw: ChatwootSandbox, *, mode: str = "api_inbox", token: str = CW_TOKEN, **fields):
+    account = ChatwootAccount(
+        organization=org, base_url=cw.url, account_id=ACCOUNT_ID, inbox_id=INBOX_ID, mode=mode, **fields
+    )
+    account.set_api_token(token)
+    account.save()
+    return account
+
+
+def _send(wa, run_jobs, n: int, *, queues: list[str] | None = None, **campaign_fields) -> Campaign:
+    wa["customers"](n)
+    campaign = services.campaign_start(campaign=wa["campaign"](**campaign_fields))
+    run_jobs(queues)
+    return Campaign.objects.get(pk=campaign.pk)
+
+
+def _send_state(campaign: Campaign) -> tuple:
+    """Everything a mirror must never change: each message's send fields, the metric, the campaign."""
+    messages = list(
+        WhatsappMessage.objects.filter(campaign=campaign)
+        .order_by("id")
+        .values_list("id", "status", "attempts", "wamid", "sent_at", "error_code", "error_reason")
+    )
+    metric = CampaignMetric.objects.filter(campaign=campaign).values().get()
+    return messages, metric, Campaign.objects.get(pk=campaign.pk).status
+
+
+def _mirror_jobs(redis) -> list[Job]:
+    """Every chatwoot_mirror job Redis still knows of (queued, scheduled, finished or failed)."""
+    ids = [k.decode().removeprefix("rq:job:") for k in redis.scan_iter("rq:job:*")]
+    found = Job.fetch_many(ids, connection=redis, serializer=JSONSerializer)
+    return [j for j in found if j is not None and j.func_name == chatwoot.MIRROR_TASK]
+
+
+# -- end to end -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("mode", "private"), [("api_inbox", False), ("private_note", True)])
+def test_every_sent_message_is_mirrored_once_to_its_contacts_conversation(
+    wa, cw, run_jobs, redis_db, mode, private
+):
+    _account(wa["org"], cw, mode=mode)
+    nameless = wa["customers"](1, start=50, name="")[0]  # skipped by the send: never mirrored
+    campaign = _send(wa, run_jobs, 4)
+    sent = list(WhatsappMessage.objects.filter(campaign=campaign, status=S.SENT).order_by("id"))
+    assert len(sent) == 4
+
+    mirrored = cw.messages()
+    assert len(mirrored) == 4
+    assert sorted(m["content_attributes"]["campaign_message_id"] for m in mirrored) == [m.pk for m in sent]
+    assert {m["private"] for m in mirrored} == {private}
+    assert {m["message_type"] for m in mirrored} == {1}  # outgoing
+    contacts = cw.contacts()
+    assert sorted(c["phone_number"] for c in contacts) == sorted(m.phone for m in sent)  # one per phone
+    conversations = cw.conversations()
+    assert len(conversations) == 4 and {c["inbox_id"] for c in conversations} == {INBOX_ID}
+    assert len({c["meta"]["sender"]["id"] for c in conversations}) == 4  # one per contact
+    by_phone = {m["phone"]: m for m in mirrored}
+    first = sent[0]
+    assert by_phone[first.phone]["content"] == "[campanha Black Friday] promo_bf: Cliente0"
+    assert WhatsappMessage.objects.filter(campaign=campaign, chatwoot_mirrored_at__isnull=False).count() == 4
+    skipped = WhatsappMessage.objects.get(customer=nameless)
+    assert skipped.status == S.SKIPPED and skipped.chatwoot_mirrored_at is None
+    assert len(_mirror_jobs(redis_db)) == 1  # one job for the one batch, never one per message
+
+
+def test_running_the_mirror_again_mirrors_nothing_twice(wa, cw, run_jobs):
+    _account(wa["org"], cw)
+    campaign = _send(wa, run_jobs, 3)
+    ids = list(WhatsappMessage.objects.filter(campaign=campaign).values_list("id", flat=True))
+    assert len(cw.messages()) == 3
+    asked = len(cw.requests())
+
+    assert tasks.chatwoot_mirror(ids) == 0
+    chatwoot.chatwoot_enqueue_mirror(campaign_id=campaign.pk, message_ids=ids)
+    run_jobs()
+    assert len(cw.messages()) == 3
+    assert len(cw.requests()) == asked  # already mirrored: Chatwoot is not even asked
+
+
+def test_a_message_mirrored_before_a_retryable_failure_is_not_mirrored_again(wa, cw, run_jobs):
+    _account(wa["org"], cw)
+    campaign = _send(wa, run_jobs, 3, queues=["campaign-trigger", "whatsapp-send"])
+    ids = list(WhatsappMessage.objects.filter(campaign=campaign).order_by("id").values_list("id", flat=True))
+    # The first message takes 5 requests (search, contact, conversations, conversation, message);
+    # the second one's first request fails.
+    cw.fail_next(1, 503, after=5)
+    with pytest.raises(IntegrationError) as failure:
+        chatwoot.chatwoot_mirror_batch(message_ids=ids)
+    assert failure.value.retryable and failure.value.status == 503
+    assert list(
+        WhatsappMessage.objects.filter(chatwoot_mirrored_at__isnull=False).values_list("id", flat=True)
+    ) == [ids[0]]
+
+    assert chatwoot.chatwoot_mirror_batch(message_ids=ids) == 2  # what RQ's retry does
+    mirrored = [m["content_attributes"]["campaign_message_id"] for m in cw.messages()]
+    assert sorted(mirrored) == ids
+
+
+def test_a_flaky_chatwoot_is_retried_by_rq_and_every_message_is_mirrored_once(
+    wa, cw, run_jobs, redis_db, fast_retries
+):
+    _account(wa["org"], cw)
+    cw.fail_next(2, 502, after=5)
+    campaign = _send(wa, run_jobs, 3)
+    assert sorted(m["content_attributes"]["campaign_message_id"] for m in cw.messages()) == sorted(
+        WhatsappMessage.objects.filter(campaign=campaign).values_list("id", flat=True)
+    )
+    assert redis_db.zcard("rq:failed:chatwoot-mirror") == 0
+
+
+def test_chatwoot_down_changes_no_send_and_the_job_ends_in_the_failed_registry(
+    wa, cw, sandbox, run_jobs, redis_db, fast_retries
+):
+    _account(wa["org"], cw)
+    cw.fail_next(10_000, 500)
+    campaign = _send(wa, run_jobs, 5)
+
+    assert campaign.status == Campaign.Status.SENT
+    messages, metric, _ = _send_state(campaign)
+    assert {m[1] for m in messages} == {S.SENT} and {m[2] for m in messages} == {1}
+    assert (metric["queued"], metric["sent"], metric["failed"], metric["skipped"]) == (5, 5, 0, 0)
+    assert len(sandbox.messages()) == 5  # Meta got each message once
+    assert not WhatsappMessage.objects.filter(chatwoot_mirrored_at__isnull=False).exists()
+    assert cw.messages() == []
+    # 3 attempts (the first and 2 retries), each stopped by its first 500
+    assert [r["status"] for r in cw.requests()] == [500, 500, 500]
+    failed = [i.decode() for i in redis_db.zrange("rq:failed:chatwoot-mirror", 0, -1)]
+    assert len(failed) == 1
+    assert jobs.fetch_job(failed[0]).func_name == chatwoot.MIRROR_TASK
+
+    # The mirror running again later (Chatwoot back) still leaves the sends alone.
+    before = _send_state(campaign)
+    cw.reset()
+    ids = [m[0] for m in messages]
+    assert tasks.chatwoot_mirror(ids) == 5
+    after = _send_state(campaign)
+    assert after == before
+
+
+def test_a_refused_token_is_not_retried_and_the_sends_are_untouched(
+    wa, cw, run_jobs, redis_db, fast_retries, caplog
+):
+    _account(wa["org"], cw, token="not-the-right-token")
+    campaign = _send(wa, run_jobs, 4)
+
+    assert campaign.status == Campaign.Status.SENT
+    messages, metric, _ = _send_state(campaign)
+    assert {m[1] for m in messages} == {S.SENT} and metric["sent"] == 4
+    assert cw.messages() == [] and cw.contacts() == []
+    # One 401 stops the batch: not asked again per message, not retried by RQ.
+    assert cw.requests() == [
+        {"method": "GET", "path": f"/api/v1/accounts/{ACCOUNT_ID}/contacts/search", "status": 401}
+    ]
+    assert redis_db.zcard("rq:failed:chatwoot-mirror") == 0
+    assert redis_db.zcard("rq:scheduled:chatwoot-mirror") == 0
+    assert [j.get_status() for j in _mirror_jobs(redis_db)] == ["finished"]
+    assert "refused our token" in caplog.text
+    assert not WhatsappMessage.objects.filter(chatwoot_mirrored_at__isnull=False).exists()
+
+
+def test_a_message_chatwoot_rejects_is_logged_and_the_others_are_mirrored(wa, cw, run_jobs, caplog):
+    _account(wa["org"], cw)
+    campaign = _send(wa, run_jobs, 3, queues=["campaign-trigger", "whatsapp-send"])
+    ids = list(WhatsappMessage.objects.filter(campaign=campaign).order_by("id").values_list("id", flat=True))
+    cw.fail_next(1, 422)  # the first message's search
+    assert chatwoot.chatwoot_mirror_batch(message_ids=ids) == 2
+    assert f"message {ids[0]} not mirrored" in caplog.text
+    assert WhatsappMessage.objects.get(pk=ids[0]).chatwoot_mirrored_at is None
+
+
+@pytest.mark.parametrize("account", ["none", "disabled"])
+def test_without_an_enabled_chatwoot_account_no_mirror_job_is_enqueued(wa, cw, run_jobs, redis_db, account):
+    if account == "disabled":
+        _account(wa["org"], cw, enabled=False)
+    campaign = _send(wa, run_jobs, 3)
+    assert campaign.status == Campaign.Status.SENT
+    assert _mirror_jobs(redis_db) == []
+    assert cw.requests() == []
+    # and a mirror run by hand for these messages does nothing either
+    ids = list(WhatsappMessage.objects.filter(campaign=campaign).values_list("id", flat=True))
+    assert tasks.chatwoot_mirror(ids) == 0 and cw.requests() == []
+
+
+def test_the_chatwoot_token_is_never_in_redis_nor_in_the_database_in_clear(
+    wa, cw, run_jobs, redis_db, fast_retries
+):
+    _account(wa["org"], cw)
+    _send(wa, run_jobs, 3)
+    cw.fail_next(10_000, 503)  # a second campaign whose mirror fails: tracebacks stay in Redis
+    wa["customers"](2, start=100)
+    services.campaign_start(campaign=wa["campaign"](name="Second"))
+    run_jobs()
+    assert redis_db.zcard("rq:failed:chatwoot-mirror") == 1
+    found = []
+    for key in redis_db.scan_iter(count=1000):
+        kind = redis_db.type(key).decode()
+        if kind == "string":
+            values = [redis_db.get(key)]
+        elif kind == "hash":
+            values = list(redis_db.hgetall(key).values()) + list(redis_db.hkeys(key))
+        elif kind == "list":
+            values = redis_db.lrange(key, 0, -1)
+        elif kind == "zset":
+            values = [m for m, _ in redis_db.zrange(key, 0, -1, withscores=True)]
+        else:
+            values = list(redis_db.smembers(key)) if kind == "set" else []
+        for value in values:
+            raw = value if isinstance(value, bytes) else str(value).encode()
+            with contextlib.suppress(zlib.error):
+                raw += zlib.decompress(raw)
+            if CW_TOKEN.encode() in raw:
+                found.append(key)
+    assert found == []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT api_token_encrypted FROM integrations_chatwootaccount")
+        stored = cursor.fetchone()[0]
+    assert CW_TOKEN not in stored and stored.startswith("enc1:")
+
+
+def test_enqueueing_the_mirror_failing_never_fails_the_send(wa, cw, run_jobs, monkeypatch, caplog):
+    _account(wa["org"], cw)
+
+    def broken(**kwargs):
+        raise ConnectionError("redis is gone")
+
+    monkeypatch.setattr(chatwoot, "chatwoot_enqueue_mirror", broken)
+    campaign = _send(wa, run_jobs, 3)
+    assert campaign.status == Campaign.Status.SENT
+    messages, metric, _ = _send_state(campaign)
+    assert {m[1] for m in messages} == {S.SENT} and metric["sent"] == 3
+    assert "Chatwoot mirror not enqueued" in caplog.text
+    assert cw.requests() == []
+
+
+# -- the client against the sandbox -----------------------------------------------------------------
+
+
+def test_the_client_finds_what_it_created(cw, client):
+    contact_id, source_id = client.contact_find_or_create(phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID)
+    assert source_id
+    assert client.contact_find_or_create(phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID) == (
+        contact_id,
+        source_id,
+    )
+    conversation_id = client.conversation_find_or_create(
+        contact_id=contact_id, source_id=source_id, inbox_id=INBOX_ID
+    )
+    assert (
+        client.conversation_find_or_create(contact_id=contact_id, source_id=source_id, inbox_id=INBOX_ID)
+        == conversation_id
+    )
+    message_id = client.message_create(
+        conversation_id=conversation_id,
+        content="olá",
+        private=True,
+        content_attributes={"campaign_message_id": 9},
+    )
+    [stored] = cw.messages()
+    assert stored["id"] == message_id and stored["conversation_id"] == conversation_id
+    assert (stored["phone"], stored["content"], stored["private"]) == (PHONE, "olá", True)
+    assert stored["content_attributes"] == {"campaign_message_id": 9}
+    assert len(cw.contacts()) == 1 and len(cw.conversations()) == 1
+    assert {r["status"] for r in cw.requests()} == {200}
+
+
+def test_the_client_matches_the_exact_phone_and_reuses_a_contact_an_agent_created(cw, client):
+    agent_made = cw.create_contact(ACCOUNT_ID, PHONE, "Ana (loja)")
+    other = cw.create_contact(ACCOUNT_ID, PHONE + "9", "Someone else")  # a substring match of PHONE
+    contact_id, source_id = client.contact_find_or_create(phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID)
+    assert contact_id == agent_made != other
+    assert source_id is None  # no entry in our inbox yet: Chatwoot makes one with the conversation
+    conversation_id = client.conversation_find_or_create(
+        contact_id=contact_id, source_id=None, inbox_id=INBOX_ID
+    )
+    [conversation] = cw.conversations()
+    assert conversation["id"] == conversation_id and conversation["contact_inbox"]["source_id"]
+
+
+@pytest.mark.parametrize(
+    ("status", "retryable"),
+    [
+        (500, True),
+        (502, True),
+        (503, True),
+        (429, True),
+        (400, False),
+        (403, False),
+        (404, False),
+        (422, False),
+    ],
+)
+def test_the_client_maps_http_errors_to_retryable_or_not(cw, client, status, retryable):
+    cw.fail_next(1, status)
+    with pytest.raises(IntegrationError) as failure:
+        client.contact_find_or_create(phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID)
+    assert (failure.value.status, failure.value.retryable) == (status, retryable)
+    # only the next request was failed
+    assert client.contact_find_or_create(phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID)[0] > 0
+
+
+def test_a_bad_token_is_a_401_that_is_not_retryable(cw):
+    with (
+        ChatwootClient(base_url=cw.url, account_id=ACCOUNT_ID, api_token="wrong") as bad,
+        pytest.raises(IntegrationError) as failure,
+    ):
+        bad.contact_find_or_create(phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID)
+    assert (failure.value.status, failure.value.retryable) == (401, False)
+    assert "Invalid Access Token" in failure.value.details
+    assert "wrong" not in str(failure.value) + failure.value.details
+
+
+def test_another_accounts_id_is_a_401_and_unknown_ids_are_404s(cw, client):
+    with (
+        ChatwootClient(base_url=cw.url, account_id=ACCOUNT_ID + 1, api_token=CW_TOKEN) as elsewhere,
+        pytest.raises(IntegrationError) as failure,
+    ):
+        elsewhere.message_create(conversation_id=1, content="x", private=False)
+    assert (failure.value.status, failure.value.retryable) == (401, False)
+    for call in (
+        lambda: client.message_create(conversation_id=999, content="x", private=False),
+        lambda: client.conversation_find_or_create(contact_id=999, source_id=None, inbox_id=INBOX_ID),
+        lambda: client.contact_find_or_create(phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID + 1),
+    ):
+        with pytest.raises(IntegrationError) as failure:
+            call()
+        assert (failure.value.status, failure.value.retryable) == (404, False)
+
+
+def test_a_timeout_and_a_refused_connection_are_retryable(cw):
+    cw.set_latency(500)
+    timeout = httpx.Timeout(connect=1.0, read=0.1, write=1.0, pool=1.0)
+    with (
+        ChatwootClient(base_url=cw.url, account_id=ACCOUNT_ID, api_token=CW_TOKEN, timeout=timeout) as slow,
+        pytest.raises(IntegrationError) as failure,
+    ):
+        slow.contact_find_or_create(phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID)
+    assert failure.value.retryable and "timed out" in str(failure.value)
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # bound, never listening: connections are refused
+        with (
+            ChatwootClient(base_url=f"http://127.0.0.1:{port}", account_id=1, api_token="t") as nowhere,
+            pytest.raises(IntegrationError) as failure,
+        ):
+            nowhere.message_create(conversation_id=1, content="x", private=False)
+    assert failure.value.retryable and failure.value.status is None
+
+
+def test_both_shapes_of_a_contact_creation_answer_are_understood():
+    inbox = {"id": INBOX_ID, "channel_type": "Channel::Api"}
+    current = {"payload": {"contact": {"id": 5}, "contact_inbox": {"inbox": inbox, "source_id": "s-1"}}}
+    older = {
+        "payload": {
+            "contact": {"id": 5},
+            "contact_inboxes": [
+                {"inbox": {"id": INBOX_ID + 1}, "source_id": "other"},
+                {"inbox": inbox, "source_id": "s-2"},
+            ],
+        }
+    }
+    assert parse_contact_create(current, INBOX_ID) == (5, "s-1")
+    assert parse_contact_create(older, INBOX_ID) == (5, "s-2")
+    assert parse_contact_create({"payload": {"contact": {"id": 5}}}, INBOX_ID) == (5, None)
+    with pytest.raises(IntegrationError) as failure:
+        parse_contact_create({"payload": []}, INBOX_ID)
+    assert not failure.value.retryable
