@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import logging
 import time
 from collections import Counter
@@ -26,7 +27,7 @@ from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
-from campaigns import services
+from campaigns import links, services
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from crm import aio, bulk, ratelimit
 from crm.jobs import Defer
@@ -66,6 +67,24 @@ def normalize_phone(raw: str) -> str | None:
     return phonenumbers.format_number(parsed, phonenumbers.PhoneNumberFormat.E164)
 
 
+@functools.lru_cache(maxsize=4096)
+def _region_of_prefix(prefix: str) -> str | None:
+    region = phonenumbers.region_code_for_country_code(int(prefix))
+    return None if region == phonenumbers.UNKNOWN_REGION else region
+
+
+def phone_region(e164: str) -> str:
+    """The ISO country of an E.164 number from its calling code ("*" when shared or unknown).
+
+    Calling codes are prefix-free (1 to 3 digits), so no full parse is needed for pricing."""
+    digits = e164.lstrip("+")
+    for size in (1, 2, 3):
+        region = _region_of_prefix(digits[:size])
+        if region:
+            return region if region != "001" else "*"
+    return "*"
+
+
 def _variable(customer: Customer, source: str, store_name: str) -> str:
     if source == "first_name":
         return (customer.name or "").split(" ")[0]
@@ -79,10 +98,9 @@ def _variable(customer: Customer, source: str, store_name: str) -> str:
 
 
 def _link(kind: str, message: WhatsappMessage) -> str:
-    # The template's URL button ends in a variable: "https://<public host>/{{1}}"; the value
-    # replaces the __REDIRECT_URL__ sentinel with the path of our redirect/unsubscribe endpoint.
-    from campaigns import links
-
+    # A template's URL button ends in a variable ("https://<our host>/{{1}}"). The seed put a
+    # __REDIRECT_URL__ sentinel there and replaced it per message; the value here is the
+    # message's signed redirect ("r/…") or unsubscribe ("u/…") path on our own host.
     return links.link_path(kind, message)
 
 
@@ -206,13 +224,21 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         .annotate(n=Count("id"))
         .order_by()
     )
-    # 5. conflict block: another campaign's message in flight, or sent in the last 24 hours
+    # 5. conflict block: another campaign's message being sent or sent in the last 24 hours, or
+    # queued in a campaign that started first (so two campaigns started together do not both
+    # skip the same customer: the older one wins).
     busy: set[int] = set()
     if org.block_multiple_campaigns:
+        started = campaign.started_at or now
         busy = set(
             WhatsappMessage.objects.filter(customer_id__in=customer_ids)
             .exclude(campaign_id=campaign_id)
-            .filter(Q(status__in=[Status.QUEUED, Status.SENDING]) | Q(sent_at__gte=now - timedelta(hours=24)))
+            .filter(
+                Q(status=Status.SENDING)
+                | Q(sent_at__gte=now - timedelta(hours=24))
+                | Q(status=Status.QUEUED, campaign__started_at__lt=started)
+                | Q(status=Status.QUEUED, campaign__started_at=started, campaign_id__lt=campaign_id)
+            )
             .values_list("customer_id", flat=True)
             .distinct()
         )
@@ -328,7 +354,7 @@ def _record(
         m, r = o.message, o.result
         if r.ok:
             m.status, m.wamid, m.wa_id, m.sent_at = Status.SENT, r.wamid, r.wa_id, now
-            region = phonenumbers.region_code_for_number(phonenumbers.parse(m.phone)) or "*"
+            region = phone_region(m.phone)
             m.cost = prices.get(region, prices.get("*", Decimal("0")))
             cost += m.cost
             sent.append(m)

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F
 from django.utils import timezone
 
@@ -173,6 +173,11 @@ def campaign_fanout(*, campaign_id: int, chunk: int = 5000) -> int:
     if rows:
         WhatsappMessage.objects.bulk_create(rows, ignore_conflicts=True)
     total = WhatsappMessage.objects.filter(campaign_id=campaign.pk).count()
+    if total >= 10_000 and connection.vendor == "postgresql":
+        # Tens of thousands of fresh rows: refresh the planner's statistics now, or until
+        # autovacuum gets to it the send batches' limit checks pick plans 200x slower.
+        with connection.cursor() as cursor:
+            cursor.execute(f"ANALYZE {WhatsappMessage._meta.db_table}")
     CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=total)
     batches = list(
         WhatsappMessage.objects.filter(campaign_id=campaign.pk, status=MsgStatus.QUEUED)

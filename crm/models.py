@@ -48,7 +48,9 @@ class Organization(models.Model):
     block_multiple_campaigns = models.BooleanField(
         _("block multiple campaigns"),
         default=True,
-        help_text=_("Skip a customer who already has a message of another campaign in flight."),
+        help_text=_(
+            "Skip a customer with a message of another campaign in flight or sent in the last 24 hours."
+        ),
     )
     # Set when a provider says the account itself is unusable (expired token, locked, unpaid):
     # every send of the organization on that channel waits until an operator clears it.

@@ -13,8 +13,6 @@ import aiohttp
 from integrations.errors import IntegrationError
 from integrations.whatsapp.errors import Action, classify
 
-REDIRECT_SENTINEL = "__REDIRECT_URL__"
-
 
 @dataclass(frozen=True)
 class UrlButton:

@@ -17,7 +17,7 @@ from django.utils import timezone
 from campaigns import sending, services
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from crm import jobs, recovery
-from crm.models import Customer, Organization
+from crm.models import Organization
 from tests.campaigns.conftest import TOKEN
 
 S = WhatsappMessage.Status
@@ -150,7 +150,9 @@ def test_an_expired_token_pauses_the_organization_and_loses_no_message(wa, sandb
 def test_the_message_limit_and_the_conflict_block_skip_customers(wa, sandbox, run_jobs):
     limited, busy, free = wa["customers"](3)
     earlier = wa["campaign"](name="Earlier", status=Campaign.Status.SENT)
-    other = wa["campaign"](name="Other", status=Campaign.Status.SENDING)
+    other = wa["campaign"](
+        name="Other", status=Campaign.Status.SENDING, started_at=timezone.now() - timedelta(minutes=5)
+    )
     org = wa["org"]
     # `limited` got 2 messages (the limit) in the last 7 days; `busy` has another campaign in flight
     WhatsappMessage.objects.create(
@@ -160,7 +162,6 @@ def test_the_message_limit_and_the_conflict_block_skip_customers(wa, sandbox, ru
         status=S.DELIVERED,
         sent_at=timezone.now() - timedelta(days=3),
     )
-    Customer.objects.filter(pk=limited.pk)  # keep linters calm about unused lookups
     second = wa["campaign"](name="Earlier 2", status=Campaign.Status.SENT)
     WhatsappMessage.objects.create(
         campaign=second,
@@ -182,6 +183,19 @@ def test_the_message_limit_and_the_conflict_block_skip_customers(wa, sandbox, ru
     assert "another campaign" in by_customer[busy.pk].error_reason
     assert by_customer[free.pk].status == S.SENT
     assert [m["to"] for m in sandbox.messages()] == [free.phone.lstrip("+")]
+
+
+def test_two_campaigns_started_together_send_once_to_a_shared_customer(wa, sandbox, run_jobs):
+    org = wa["org"]
+    org.block_multiple_campaigns = True
+    org.save()
+    wa["customers"](5)
+    first = services.campaign_start(campaign=wa["campaign"](name="First"))
+    second = services.campaign_start(campaign=wa["campaign"](name="Second"))
+    run_jobs()
+    assert _statuses(first) == {"sent": 5}
+    assert _statuses(second) == {"skipped": 5}
+    assert sandbox.stats()["by_recipient_max"] == 1
 
 
 def test_cancel_pause_resume_and_retry_failed(wa, sandbox, run_jobs):
