@@ -63,7 +63,8 @@ def ensure_database() -> None:
 
 
 def ensure_world(n: int, sandbox_url: str) -> Organization:
-    org, _ = Organization.objects.get_or_create(slug="bench", defaults={"name": "Benchmark"})
+    # One organization per size, so the audience is exactly n customers.
+    org, _ = Organization.objects.get_or_create(slug=f"bench-{n}", defaults={"name": f"Benchmark {n}"})
     Organization.objects.filter(pk=org.pk).update(
         message_limit_count=1000, block_multiple_campaigns=False, whatsapp_paused_at=None
     )
@@ -86,6 +87,7 @@ def ensure_world(n: int, sandbox_url: str) -> Organization:
         phone_number_id=PHONE_NUMBER_ID
     )
     number.organization, number.store, number.display_phone_number = org, store, "+5511930000000"
+    Campaign.objects.filter(whatsapp_number=number).exclude(organization=org).update(whatsapp_number=None)
     number.graph_url, number.messages_per_second = sandbox_url, 0
     number.set_access_token(TOKEN)
     number.save()
