@@ -229,15 +229,15 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
     # skip the same customer: the older one wins).
     busy: set[int] = set()
     if org.block_multiple_campaigns:
-        started = campaign.started_at or now
+        campaign_started = campaign.started_at or now
         busy = set(
             WhatsappMessage.objects.filter(customer_id__in=customer_ids)
             .exclude(campaign_id=campaign_id)
             .filter(
                 Q(status=Status.SENDING)
                 | Q(sent_at__gte=now - timedelta(hours=24))
-                | Q(status=Status.QUEUED, campaign__started_at__lt=started)
-                | Q(status=Status.QUEUED, campaign__started_at=started, campaign_id__lt=campaign_id)
+                | Q(status=Status.QUEUED, campaign__started_at__lt=campaign_started)
+                | Q(status=Status.QUEUED, campaign__started_at=campaign_started, campaign_id__lt=campaign_id)
             )
             .values_list("customer_id", flat=True)
             .distinct()
