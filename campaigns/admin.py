@@ -114,21 +114,24 @@ class CampaignAdmin(admin.ModelAdmin):
         rows = format_html_join(
             "",
             '<tr><th>{}</th><td data-count="{}">{}</td></tr>',
-            ((k, k, v) for k, v in data["counts"].items()),
+            ((WhatsappMessage.Status(k).label, k, v) for k, v in data["counts"].items()),
         )
         return format_html(
             '<div id="live-status" data-url="{}"><progress max="1" value="{}"></progress> '
             '<span data-field="progress">{}%</span> · <span data-field="status">{}</span>'
-            '<table>{}<tr><th>cost</th><td data-field="cost">{}</td></tr>'
-            '<tr><th>rate</th><td><span data-field="rate">{}</span>/s</td></tr>'
-            '<tr><th>ETA</th><td data-field="eta_seconds">{}</td></tr></table></div>',
+            '<table>{}<tr><th>{}</th><td data-field="cost">{}</td></tr>'
+            '<tr><th>{}</th><td><span data-field="rate">{}</span>/s</td></tr>'
+            '<tr><th>{}</th><td data-field="eta_seconds">{}</td></tr></table></div>',
             "../status/",
             data["progress"],
             round(100 * data["progress"], 1),
-            data["status"],
+            data["status_label"],
             rows,
+            _("cost"),
             data["cost"],
+            _("rate"),
             data["rate"],
+            _("ETA"),
             data["eta_seconds"] or "—",
         )
 

@@ -71,6 +71,7 @@ def campaign_status(*, campaign: Campaign) -> dict[str, Any]:
         "name": campaign.name,
         "channel": campaign.channel,
         "status": campaign.status,
+        "status_label": str(Campaign.Status(campaign.status).label),
         "counts": counts,
         "total": total,
         "progress": round(done / total, 4) if total else 0.0,
