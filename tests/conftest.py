@@ -50,6 +50,35 @@ def run_jobs() -> Callable[..., None]:
     return _run
 
 
+def redis_keys_holding(connection, secret: str) -> list[bytes]:
+    """Every Redis key whose name, fields or values (zlib-compressed job data included) contain `secret`."""
+    import contextlib
+    import zlib
+
+    found = []
+    for key in connection.scan_iter(count=1000):
+        kind = connection.type(key).decode()
+        values: list = [key]
+        if kind == "string":
+            values.append(connection.get(key))
+        elif kind == "hash":
+            values += list(connection.hgetall(key).values()) + list(connection.hkeys(key))
+        elif kind == "list":
+            values += connection.lrange(key, 0, -1)
+        elif kind == "zset":
+            values += [m for m, _ in connection.zrange(key, 0, -1, withscores=True)]
+        elif kind == "set":
+            values += list(connection.smembers(key))
+        for value in values:
+            raw = value if isinstance(value, bytes) else str(value).encode()
+            with contextlib.suppress(zlib.error):
+                raw += zlib.decompress(raw)
+            if secret.encode() in raw:
+                found.append(key)
+                break
+    return found
+
+
 def recorded(key: str) -> list[str]:
     values = jobs.get_connection().lrange(f"crm:test:{key}", 0, -1)
     return [v.decode() if isinstance(v, bytes) else str(v) for v in values]

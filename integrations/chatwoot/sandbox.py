@@ -20,26 +20,24 @@ stored and asked, :meth:`~ChatwootSandbox.reset` forgets it all::
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import itertools
 import json
 import logging
 import re
-import threading
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Any, TypeVar
 
 from aiohttp import web
+
+from integrations.sandbox_server import ThreadedAppServer
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
-HELPER_TIMEOUT = 10.0
 E164_RE = re.compile(r"\+[1-9]\d{1,14}")
 MESSAGE_TYPES = {"incoming": 0, "outgoing": 1, "activity": 2, "template": 3}
 # Chatwoot's wording for the errors it answers.
@@ -91,7 +89,7 @@ class _State:
     display_ids: dict[int, itertools.count[int]] = field(default_factory=dict)
 
 
-class ChatwootSandbox:
+class ChatwootSandbox(ThreadedAppServer):
     """The sandbox as an aiohttp app running on its own event loop in a daemon thread.
 
     ``accounts`` maps account_id -> api access token. ``inboxes`` maps inbox_id -> account_id;
@@ -107,27 +105,14 @@ class ChatwootSandbox:
         *,
         latency_ms: float = 0.0,
     ) -> None:
-        self.host = host
-        self.port = port
+        super().__init__(host, port)
         self._accounts = {int(k): v for k, v in (accounts or {}).items()}
         self._tokens = frozenset(self._accounts.values())
         self._inboxes = None if inboxes is None else {int(k): int(v) for k, v in inboxes.items()}
         self._latency_ms = float(latency_ms)
         self._state = _State()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
-        self._bound_port: int | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        """The base URL, e.g. ``http://127.0.0.1:3000``; only once started."""
-        if self._bound_port is None:
-            raise RuntimeError("the sandbox is not running; call start() first")
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self._bound_port}"
 
     def make_app(self) -> web.Application:
         """The aiohttp application: the five API routes, behind the request log and fault injection."""
@@ -145,92 +130,9 @@ class ChatwootSandbox:
         app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
         return app
 
-    def start(self) -> ChatwootSandbox:
-        """Start serving in a daemon thread; returns (self) once the socket is listening.
-
-        Raises OSError (e.g. the port is taken) or RuntimeError if already started.
-        """
-        if self._thread is not None:
-            raise RuntimeError("the sandbox is already running")
-        ready = threading.Event()
-        failure: list[BaseException] = []
-
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self._loop = loop
-            try:
-                loop.run_until_complete(self._startup())
-            # Whatever went wrong is re-raised by start() in the caller's thread.
-            except Exception as exc:
-                failure.append(exc)
-                loop.run_until_complete(self._shutdown())
-                loop.close()
-                ready.set()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="chatwoot-sandbox", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if failure:
-            self._thread.join()
-            self._thread = self._loop = None
-            raise failure[0]
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving and join the thread; a no-op when not running."""
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout)
-        except concurrent.futures.TimeoutError:
-            logger.warning("chatwoot sandbox: shutdown took over %.0fs; stopping the loop anyway", timeout)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout)
-            self._thread = self._loop = None
-            self._bound_port = None
-
-    def __enter__(self) -> ChatwootSandbox:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    async def _startup(self) -> None:
-        self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self.port, reuse_address=True)
-        await site.start()
-        self._bound_port = self._runner.addresses[0][1]
-
-    async def _shutdown(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+    thread_name = "chatwoot-sandbox"
 
     # -- thread-safe controls -------------------------------------------------------------------
-
-    def _on_loop(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the server's loop (state is only touched there) and return its result."""
-        loop = self._loop
-        if loop is None or not loop.is_running() or self._thread is threading.current_thread():
-            return fn()
-
-        async def call() -> T:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(call(), loop).result(HELPER_TIMEOUT)
 
     def fail_next(self, n: int, status: int = 500, *, after: int = 0) -> None:
         """Let ``after`` requests through, then answer the next ``n`` with HTTP ``status``."""

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import concurrent.futures
 import contextlib
 import hashlib
 import hmac
@@ -40,16 +39,16 @@ import json
 import logging
 import os
 import re
-import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
-from types import TracebackType
 from typing import Any, TypeVar
 
 import aiohttp
 from aiohttp import web
+
+from integrations.sandbox_server import ThreadedAppServer
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +68,6 @@ BUTTON_SUB_TYPES = frozenset({"url", "quick_reply", "copy_code", "flow", "catalo
 MEDIA_PARAMETER_TYPES = frozenset({"image", "video", "document", "location"})
 RATE_LIMIT_CODES = frozenset({4, 80007, 130429, 131056})
 MAX_CALLBACK_DATA = 512
-HELPER_TIMEOUT = 10.0
 ERROR_DOCS = "https://developers.facebook.com/docs/whatsapp/cloud-api/support/error-codes/"
 
 # Graph error code -> (message title, details), as Meta words them.
@@ -453,7 +451,7 @@ class _State:
     conversations: dict[str, str] = field(default_factory=dict)
 
 
-class SandboxServer:
+class SandboxServer(ThreadedAppServer):
     """The sandbox as an aiohttp app running on its own event loop in a daemon thread.
 
     ``numbers`` maps phone_number_id -> token; a token in ``tokens`` is accepted for any
@@ -474,8 +472,7 @@ class SandboxServer:
         drop_ninth_digit: bool = False,
         status_delays_ms: Iterable[float] = DEFAULT_STATUS_DELAYS_MS,
     ) -> None:
-        self.host = host
-        self.port = port
+        super().__init__(host, port)
         self._numbers = dict(numbers or {})
         self._tokens = frozenset(tokens or ())
         self._number_tokens = frozenset(self._numbers.values())
@@ -493,22 +490,10 @@ class SandboxServer:
         self._rules: dict[str, list[Rule]] = {}
         self._wamid_prefix = os.urandom(3).hex().upper()
         self._counter = itertools.count(1)
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._runner: web.AppRunner | None = None
         self._session: aiohttp.ClientSession | None = None
         self._webhook_tasks: set[asyncio.Task[None]] = set()
-        self._bound_port: int | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
-
-    @property
-    def url(self) -> str:
-        """The base URL, e.g. ``http://127.0.0.1:8081``; only once started."""
-        if self._bound_port is None:
-            raise RuntimeError("the sandbox is not running; call start() first")
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self._bound_port}"
 
     def make_app(self) -> web.Application:
         """The aiohttp application (routes only; start() also opens the webhook client session)."""
@@ -521,108 +506,33 @@ class SandboxServer:
         app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
         return app
 
-    def start(self) -> SandboxServer:
-        """Start serving in a daemon thread; returns (self) once the socket is listening.
+    thread_name = "whatsapp-sandbox"
+    # A deep backlog so a burst of 1,000+ connections is queued, not refused or SYN-retried.
+    backlog = 4096
 
-        Raises OSError (e.g. the port is taken) or RuntimeError if already started.
-        """
-        if self._thread is not None:
-            raise RuntimeError("the sandbox is already running")
+    def before_start(self) -> None:
         _raise_fd_limit()
-        ready = threading.Event()
-        failure: list[BaseException] = []
 
-        def run() -> None:
-            loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(loop)
-            self._loop = loop
-            try:
-                loop.run_until_complete(self._startup())
-            # Whatever went wrong is re-raised by start() in the caller's thread.
-            except Exception as exc:
-                failure.append(exc)
-                loop.run_until_complete(self._shutdown())
-                loop.close()
-                ready.set()
-                return
-            ready.set()
-            try:
-                loop.run_forever()
-            finally:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        self._thread = threading.Thread(target=run, name="whatsapp-sandbox", daemon=True)
-        self._thread.start()
-        ready.wait()
-        if failure:
-            self._thread.join()
-            self._thread = self._loop = None
-            raise failure[0]
-        return self
-
-    def stop(self, timeout: float = 10.0) -> None:
-        """Stop serving, cancel pending webhooks and join the thread; a no-op when not running."""
-        loop, thread = self._loop, self._thread
-        if loop is None or thread is None:
-            return
-        try:
-            asyncio.run_coroutine_threadsafe(self._shutdown(), loop).result(timeout)
-        except concurrent.futures.TimeoutError:
-            logger.warning("whatsapp sandbox: shutdown took over %.0fs; stopping the loop anyway", timeout)
-        finally:
-            loop.call_soon_threadsafe(loop.stop)
-            thread.join(timeout)
-            self._thread = self._loop = None
-            self._bound_port = None
-
-    def __enter__(self) -> SandboxServer:
-        return self.start()
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
-
-    async def _startup(self) -> None:
+    async def on_startup(self) -> None:
         # One shared client session for every webhook POST; its pool bounds concurrent callbacks.
         self._session = aiohttp.ClientSession(
             timeout=aiohttp.ClientTimeout(total=10),
             connector=aiohttp.TCPConnector(limit=200),
             headers={"User-Agent": "facebookexternalua"},
         )
-        # No access log: at thousands of requests per second it would cost more than the handler.
-        self._runner = web.AppRunner(self.make_app(), access_log=None, handle_signals=False)
-        await self._runner.setup()
-        # A deep backlog so a burst of 1,000+ connections is queued, not refused or SYN-retried.
-        site = web.TCPSite(self._runner, self.host, self.port, backlog=4096, reuse_address=True)
-        await site.start()
-        self._bound_port = self._runner.addresses[0][1]
 
-    async def _shutdown(self) -> None:
+    async def on_shutdown(self) -> None:
         tasks = list(self._webhook_tasks)
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._runner is not None:
-            await self._runner.cleanup()
-            self._runner = None
+
+    async def on_closed(self) -> None:
         if self._session is not None:
             await self._session.close()
             self._session = None
 
     # -- thread-safe helpers --------------------------------------------------------------------
-
-    def _on_loop(self, fn: Callable[[], T]) -> T:
-        """Run ``fn`` on the server's loop (state is only touched there) and return its result."""
-        loop = self._loop
-        if loop is None or not loop.is_running() or self._thread is threading.current_thread():
-            return fn()
-
-        async def call() -> T:
-            return fn()
-
-        return asyncio.run_coroutine_threadsafe(call(), loop).result(HELPER_TIMEOUT)
 
     def add_rule(
         self,

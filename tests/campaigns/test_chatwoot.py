@@ -3,9 +3,7 @@ PostgreSQL, Redis and RQ workers; the mirror must never touch a send."""
 
 from __future__ import annotations
 
-import contextlib
 import socket
-import zlib
 from collections.abc import Iterator
 
 import httpx
@@ -21,6 +19,7 @@ from integrations.chatwoot.client import ChatwootClient, parse_contact_create
 from integrations.chatwoot.sandbox import ChatwootSandbox
 from integrations.errors import IntegrationError
 from integrations.models import ChatwootAccount
+from tests.conftest import redis_keys_holding
 
 S = WhatsappMessage.Status
 ACCOUNT_ID = 7
@@ -241,26 +240,7 @@ def test_the_chatwoot_token_is_never_in_redis_nor_in_the_database_in_clear(
     services.campaign_start(campaign=wa["campaign"](name="Second"))
     run_jobs()
     assert redis_db.zcard("rq:failed:chatwoot-mirror") == 1
-    found = []
-    for key in redis_db.scan_iter(count=1000):
-        kind = redis_db.type(key).decode()
-        if kind == "string":
-            values = [redis_db.get(key)]
-        elif kind == "hash":
-            values = list(redis_db.hgetall(key).values()) + list(redis_db.hkeys(key))
-        elif kind == "list":
-            values = redis_db.lrange(key, 0, -1)
-        elif kind == "zset":
-            values = [m for m, _ in redis_db.zrange(key, 0, -1, withscores=True)]
-        else:
-            values = list(redis_db.smembers(key)) if kind == "set" else []
-        for value in values:
-            raw = value if isinstance(value, bytes) else str(value).encode()
-            with contextlib.suppress(zlib.error):
-                raw += zlib.decompress(raw)
-            if CW_TOKEN.encode() in raw:
-                found.append(key)
-    assert found == []
+    assert redis_keys_holding(redis_db, CW_TOKEN) == []
     with connection.cursor() as cursor:
         cursor.execute("SELECT api_token_encrypted FROM integrations_chatwootaccount")
         stored = cursor.fetchone()[0]
