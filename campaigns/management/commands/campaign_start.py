@@ -3,7 +3,7 @@ from __future__ import annotations
 from django.core.management.base import BaseCommand, CommandError
 
 from campaigns import services
-from campaigns.models import Campaign
+from campaigns.management.commands._campaign import campaign_or_error
 
 
 class Command(BaseCommand):
@@ -13,9 +13,7 @@ class Command(BaseCommand):
         parser.add_argument("campaign_id", type=int)
 
     def handle(self, *args, **options) -> None:
-        campaign = Campaign.objects.filter(pk=options["campaign_id"]).first()
-        if campaign is None:
-            raise CommandError(f"no campaign {options['campaign_id']}")
+        campaign = campaign_or_error(options["campaign_id"])
         try:
             services.campaign_start(campaign=campaign)
         except services.CampaignError as exc:

@@ -2,10 +2,10 @@ from __future__ import annotations
 
 import json
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand
 
 from campaigns import selectors
-from campaigns.models import Campaign
+from campaigns.management.commands._campaign import campaign_or_error
 
 
 class Command(BaseCommand):
@@ -16,9 +16,7 @@ class Command(BaseCommand):
         parser.add_argument("--json", action="store_true")
 
     def handle(self, *args, **options) -> None:
-        campaign = Campaign.objects.filter(pk=options["campaign_id"]).first()
-        if campaign is None:
-            raise CommandError(f"no campaign {options['campaign_id']}")
+        campaign = campaign_or_error(options["campaign_id"])
         data = selectors.campaign_status(campaign=campaign)
         if options["json"]:
             self.stdout.write(json.dumps(data))
