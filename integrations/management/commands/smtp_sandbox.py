@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from integrations.email.smtp_sandbox import SmtpSandbox
+
+
+def user_and_password(value: str) -> tuple[str, str]:
+    """Parse `--require-auth USER:PASSWORD`; argparse reports the ValueError as a bad value."""
+    user, sep, password = value.partition(":")
+    if not sep or not user or not password:
+        raise ValueError(value)
+    return user, password
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the SMTP sandbox (a loopback stand-in for mail servers) in the foreground until Ctrl-C "
+        "or SIGTERM. See integrations/email/smtp_sandbox.py."
+    )
+    # It touches neither the database nor the models: skip the checks so it starts at once.
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=2525, help="0 picks a free port (default 2525)")
+        parser.add_argument(
+            "--require-auth",
+            type=user_and_password,
+            metavar="USER:PASSWORD",
+            help="refuse mail until AUTH with these credentials (default: no AUTH needed, any login works)",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        sandbox = SmtpSandbox(
+            host=options["host"], port=options["port"], require_auth=options["require_auth"]
+        )
+        try:
+            sandbox.start()
+        except OSError as exc:
+            raise CommandError(f"cannot listen on {options['host']}:{options['port']}: {exc}") from None
+        stop = threading.Event()
+
+        def on_signal(signum: int, frame: FrameType | None) -> None:
+            stop.set()
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        host, port = sandbox.address
+        self.stdout.write(f"SMTP sandbox listening on {host}:{port} (Ctrl-C to stop)")
+        self.stdout.flush()
+        try:
+            stop.wait()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            sandbox.stop()
+        self.stdout.write("SMTP sandbox stopped")
