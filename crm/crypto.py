@@ -64,3 +64,36 @@ def decrypt(token: str, *, context: str = "") -> str:
 def needs_rotation(token: str) -> bool:
     """True when the token is not under the current key (re-encrypt it)."""
     return token.split(":", 2)[1:2] != [current_key_id()]
+
+
+# Every encrypted column: (app_label.Model, field name, context). Models register theirs, so
+# `manage.py rotate_secrets` can re-encrypt them all under the current key.
+ENCRYPTED_FIELDS: list[tuple[str, str, str]] = []
+
+
+def register_encrypted_field(model_label: str, field: str, context: str) -> None:
+    if (model_label, field, context) not in ENCRYPTED_FIELDS:
+        ENCRYPTED_FIELDS.append((model_label, field, context))
+
+
+def rotate(*, batch: int = 500) -> dict[str, int]:
+    """Re-encrypt every registered secret not under the current key; returns {field: rows}.
+
+    Safe while the application runs: each row is rewritten with a compare-and-set on its old
+    value, and both keys decrypt until the old one is removed from ENCRYPTION_OLD_KEYS.
+    """
+    from django.apps import apps
+
+    result: dict[str, int] = {}
+    current = current_key_id()
+    for label, field, context in ENCRYPTED_FIELDS:
+        model = apps.get_model(label)
+        done = 0
+        stale = model._default_manager.exclude(**{f"{field}__startswith": f"{PREFIX}:{current}:"}).exclude(
+            **{field: ""}
+        )
+        for pk, token in stale.values_list("pk", field).iterator(chunk_size=batch):
+            fresh = encrypt(decrypt(token, context=context), context=context)
+            done += model._default_manager.filter(pk=pk, **{field: token}).update(**{field: fresh})
+        result[f"{label}.{field}"] = done
+    return result

@@ -121,3 +121,7 @@ class ChatwootAccount(models.Model):
     def get_api_token(self) -> str:
         """Decrypted in memory only."""
         return crypto.decrypt(self.api_token_encrypted, context=_CHATWOOT_CONTEXT)
+
+
+crypto.register_encrypted_field("integrations.WhatsappNumber", "access_token_encrypted", _TOKEN_CONTEXT)
+crypto.register_encrypted_field("integrations.ChatwootAccount", "api_token_encrypted", _CHATWOOT_CONTEXT)

@@ -45,3 +45,27 @@ def test_rotation_keeps_old_tokens_readable_and_says_which_need_re_encrypting(se
     settings.ENCRYPTION_KEYS = [_key(2)]  # old key dropped too early
     with pytest.raises(crypto.DecryptionError, match="ENCRYPTION_OLD_KEYS"):
         crypto.decrypt(old)
+
+
+def test_rotate_secrets_re_encrypts_stored_tokens_under_the_new_key(db, settings):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    from crm.models import Organization
+    from integrations.models import WhatsappNumber
+
+    settings.ENCRYPTION_KEYS = [_key(1)]
+    org = Organization.objects.create(name="Loja", slug="loja")
+    number = WhatsappNumber(organization=org, display_phone_number="+5511940000000", phone_number_id="123")
+    number.set_access_token("EAAG-secret")
+    number.save()
+    settings.ENCRYPTION_KEYS = [_key(2), _key(1)]  # new key deployed, old one still accepted
+    out = StringIO()
+    call_command("rotate_secrets", stdout=out)
+    assert "integrations.WhatsappNumber.access_token_encrypted: 1 re-encrypted" in out.getvalue()
+    call_command("rotate_secrets", stdout=StringIO())  # nothing left to do, nothing broken
+    settings.ENCRYPTION_KEYS = [_key(2)]  # old key dropped
+    number.refresh_from_db()
+    assert number.get_access_token() == "EAAG-secret"
+    assert number.access_token_encrypted.startswith(f"enc1:{crypto.key_id(_key(2))}:")
