@@ -125,3 +125,50 @@ class ChatwootAccount(models.Model):
 
 crypto.register_encrypted_field("integrations.WhatsappNumber", "access_token_encrypted", _TOKEN_CONTEXT)
 crypto.register_encrypted_field("integrations.ChatwootAccount", "api_token_encrypted", _CHATWOOT_CONTEXT)
+
+
+_SMTP_CONTEXT = "integrations.EmailSettings.password"
+
+
+class EmailSettings(models.Model):
+    """How an organization sends email: its own SMTP server (password encrypted at rest)."""
+
+    class Security(models.TextChoices):
+        STARTTLS = "starttls", _("STARTTLS")
+        TLS = "tls", _("implicit TLS")
+        NONE = "none", _("none")
+
+    organization = models.OneToOneField(
+        Organization, on_delete=models.CASCADE, related_name="email_settings", verbose_name=_("organization")
+    )
+    host = models.CharField(_("SMTP host"), max_length=255)
+    port = models.PositiveIntegerField(_("SMTP port"), default=587)
+    security = models.CharField(
+        _("security"), max_length=10, choices=Security.choices, default=Security.STARTTLS
+    )
+    username = models.CharField(_("username"), max_length=255, blank=True, default="")
+    password_encrypted = models.TextField(_("password (encrypted)"), editable=False, default="")
+    sender_name = models.CharField(_("sender name"), max_length=200)
+    sender_email = models.EmailField(_("sender address"))
+    messages_per_minute = models.PositiveIntegerField(
+        _("messages per minute"), default=300, validators=[MinValueValidator(1), MaxValueValidator(100_000)]
+    )
+
+    class Meta:
+        verbose_name = _("email settings")
+        verbose_name_plural = _("email settings")
+
+    def __str__(self) -> str:
+        return f"{self.sender_email} via {self.host}:{self.port}"
+
+    def set_password(self, password: str) -> None:
+        self.password_encrypted = crypto.encrypt(password, context=_SMTP_CONTEXT) if password else ""
+
+    def get_password(self) -> str:
+        """Decrypted in memory only."""
+        return (
+            crypto.decrypt(self.password_encrypted, context=_SMTP_CONTEXT) if self.password_encrypted else ""
+        )
+
+
+crypto.register_encrypted_field("integrations.EmailSettings", "password_encrypted", _SMTP_CONTEXT)

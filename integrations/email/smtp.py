@@ -1,0 +1,145 @@
+"""Sending over an organization's SMTP server: plain values in, the server's answers out.
+
+Timeouts as the seed sets them (connection and greeting 15 s, then 30 s per socket operation),
+and one connection reused for many messages (`SmtpConnection`, a context manager).
+"""
+
+from __future__ import annotations
+
+import smtplib
+import ssl
+from dataclasses import dataclass
+from email import policy
+from email.message import EmailMessage
+from types import TracebackType
+from typing import Self
+
+CONNECT_TIMEOUT = 15.0  # TCP connect and the server's 220 greeting
+SOCKET_TIMEOUT = 30.0  # every later read or write
+
+
+@dataclass(frozen=True)
+class SmtpServer:
+    host: str
+    port: int
+    security: str  # "starttls" | "tls" | "none"
+    username: str = ""
+    password: str = ""  # decrypted by the caller just before use; never in a job payload or log
+
+    def __repr__(self) -> str:  # keep the password out of tracebacks and logs
+        return f"SmtpServer({self.host}:{self.port}, {self.security}, user={self.username!r})"
+
+
+def _reply(code: int, message: bytes | str) -> str:
+    text = message.decode(errors="replace") if isinstance(message, bytes) else message
+    return f"{code} {text}".strip()
+
+
+class SmtpConnection:
+    """One (authenticated) SMTP session: `send` many messages over it, then close."""
+
+    def __init__(self, server: SmtpServer) -> None:
+        self.server = server
+        self.client: smtplib.SMTP | None = None
+        self.login_reply = ""
+
+    def open(self) -> Self:
+        """Connect, greet, STARTTLS/TLS as configured and log in; raises smtplib/ssl/OSError errors."""
+        s = self.server
+        context = ssl.create_default_context()
+        if s.security == "tls":
+            client: smtplib.SMTP = smtplib.SMTP_SSL(s.host, s.port, timeout=CONNECT_TIMEOUT, context=context)
+        else:
+            client = smtplib.SMTP(s.host, s.port, timeout=CONNECT_TIMEOUT)
+        try:
+            if client.sock is not None:
+                client.sock.settimeout(SOCKET_TIMEOUT)
+            client.ehlo()
+            if s.security == "starttls":
+                client.starttls(context=context)
+                client.ehlo()
+            if s.username:
+                code, msg = client.login(s.username, s.password)
+                self.login_reply = _reply(code, msg)
+        except BaseException:
+            client.close()
+            raise
+        self.client = client
+        return self
+
+    def send(self, message: EmailMessage) -> str:
+        """Send one message; returns the server's answer to DATA verbatim ("250 2.0.0 Ok: queued as …").
+
+        Raises smtplib's errors with the server's code and text (SMTPSenderRefused,
+        SMTPRecipientsRefused, SMTPDataError, SMTPServerDisconnected); the session stays usable
+        after a refused message (RSET), as smtplib's sendmail does.
+        """
+        assert self.client is not None, "open() first"
+        client = self.client
+        sender = message["Sender"] or message["From"]
+        from_addr = message["From"].addresses[0].addr_spec if message["From"] else str(sender)
+        recipients = [
+            a.addr_spec
+            for field in ("To", "Cc", "Bcc")
+            for a in (message[field].addresses if message[field] else ())
+        ]
+        code, resp = client.mail(from_addr)
+        if code != 250:
+            self._reset(code)
+            raise smtplib.SMTPSenderRefused(code, resp, from_addr)
+        refused = {}
+        for rcpt in recipients:
+            rcode, rresp = client.rcpt(rcpt)
+            if rcode not in (250, 251):
+                refused[rcpt] = (rcode, rresp)
+            if rcode == 421:
+                break
+        if len(refused) == len(recipients):
+            self._reset(next(iter(refused.values()))[0])
+            raise smtplib.SMTPRecipientsRefused(refused)
+        del message["Bcc"]
+        code, resp = client.data(message.as_bytes(policy=policy.SMTP))
+        if code != 250:
+            self._reset(code)
+            raise smtplib.SMTPDataError(code, resp)
+        return _reply(code, resp)
+
+    def _reset(self, code: int) -> None:
+        assert self.client is not None
+        if code == 421:
+            self.client.close()  # the server is closing the channel
+            self.client = None
+            return
+        try:
+            self.client.rset()
+        except smtplib.SMTPServerDisconnected:
+            self.client = None
+
+    def close(self) -> None:
+        if self.client is not None:
+            try:
+                self.client.quit()
+            except (smtplib.SMTPException, OSError):
+                self.client.close()
+            self.client = None
+
+    def __enter__(self) -> Self:
+        return self.open()
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def send_test_email(server: SmtpServer, *, sender: str, to: str) -> str:
+    """Send a short test email; returns every answer of the server verbatim, or raises."""
+    message = EmailMessage()
+    message["From"], message["To"] = sender, to
+    message["Subject"] = "Teste de envio — CRM"
+    message.set_content(
+        "Se você recebeu esta mensagem, o envio de e-mails da sua organização está funcionando."
+    )
+    with SmtpConnection(server) as connection:
+        answer = connection.send(message)
+        return f"{connection.login_reply}\n{answer}".strip()
