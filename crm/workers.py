@@ -32,11 +32,17 @@ def make_worker(queue_names: Sequence[str]) -> Worker:
     )
 
 
+def _sweep_abandoned(queue_names: Sequence[str]) -> None:
+    """Retry (or fail) jobs whose heartbeat expired: their worker is gone."""
+    for name in queue_names:
+        jobs.get_queue(name).started_job_registry.cleanup()
+
+
 def _active(queue_names: Sequence[str]) -> int:
     connection = jobs.get_connection()
     with connection.pipeline(transaction=False) as pipe:
         for name in queue_names:
-            pipe.zcount(f"rq:wip:{name}", time.time(), "+inf")
+            pipe.zcard(f"rq:wip:{name}")  # expired entries too: the sweep retries them
             pipe.llen(f"rq:queue:{name}")
         return sum(pipe.execute())
 
@@ -46,6 +52,9 @@ def run_burst(queue_names: Sequence[str], *, settle: float = 3.0) -> None:
     while True:
         promote.promote_due(queue_names)
         make_worker(queue_names).work(burst=True, logging_level="WARNING")
+        # A job whose worker died is only retried by a registry sweep: do it before deciding
+        # that nothing is left (a long-running worker sweeps every CRM_MAINTENANCE_INTERVAL).
+        _sweep_abandoned(queue_names)
         promote.promote_due(queue_names)
         wait = promote.seconds_until_next_due(queue_names)
         if _active(queue_names):
