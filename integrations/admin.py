@@ -1,25 +1,62 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from django import forms
 from django.contrib import admin, messages
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
-from integrations.models import EmailSettings, WhatsappNumber, WhatsappPrice
+if TYPE_CHECKING:
+    from django.utils.functional import _StrPromise  # a stub-only name: lazy translated strings
+
+from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, WhatsappPrice
 
 
-class WhatsappNumberForm(forms.ModelForm):
+def write_only_input(label: str | _StrPromise) -> forms.CharField:
+    return forms.CharField(
+        label=label,
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text=_("Stored encrypted. Leave empty to keep the current one."),
+    )
+
+
+class WriteOnlySecretForm(forms.ModelForm):
+    """A model form with one write-only secret: never rendered, encrypted by the model's setter,
+    left as it is when submitted empty. Subclasses name the form field, the setter and the
+    stored (encrypted) column, and declare the field with `write_only_input`."""
+
+    write_only_field = ""
+    write_only_setter = ""
+    write_only_column = ""
+    write_only_required = True
+
+    def clean(self):
+        cleaned = super().clean()
+        stored = getattr(self.instance, self.write_only_column)
+        if self.write_only_required and not stored and not cleaned.get(self.write_only_field):
+            self.add_error(self.write_only_field, _("This field is required."))
+        return cleaned
+
+    def save(self, commit: bool = True):
+        obj = super().save(commit=False)
+        if self.cleaned_data.get(self.write_only_field):
+            getattr(obj, self.write_only_setter)(self.cleaned_data[self.write_only_field])
+        if commit:
+            obj.save()
+        return obj
+
+
+class WhatsappNumberForm(WriteOnlySecretForm):
+    write_only_field, write_only_setter = "access_token", "set_access_token"
+    write_only_column = "access_token_encrypted"
+    access_token = write_only_input(_("access token"))
     graph_url = forms.URLField(
         label=_("Graph API base URL"),
         required=False,
         assume_scheme="https",
         help_text=_("Empty: the deployment's WHATSAPP_GRAPH_URL."),
-    )
-    access_token = forms.CharField(
-        label=_("access token"),
-        required=False,
-        widget=forms.PasswordInput(render_value=False),
-        help_text=_("Stored encrypted. Leave empty to keep the current one."),
     )
 
     class Meta:
@@ -33,20 +70,6 @@ class WhatsappNumberForm(forms.ModelForm):
             "graph_url",
             "messages_per_second",
         ]
-
-    def clean(self):
-        cleaned = super().clean()
-        if not self.instance.access_token_encrypted and not cleaned.get("access_token"):
-            self.add_error("access_token", _("An access token is required."))
-        return cleaned
-
-    def save(self, commit: bool = True) -> WhatsappNumber:
-        number = super().save(commit=False)
-        if self.cleaned_data.get("access_token"):
-            number.set_access_token(self.cleaned_data["access_token"])
-        if commit:
-            number.save()
-        return number
 
 
 @admin.register(WhatsappNumber)
@@ -66,13 +89,10 @@ class WhatsappPriceAdmin(admin.ModelAdmin):
     search_fields = ("country",)
 
 
-class EmailSettingsForm(forms.ModelForm):
-    password = forms.CharField(
-        label=_("password"),
-        required=False,
-        widget=forms.PasswordInput(render_value=False),
-        help_text=_("Stored encrypted. Leave empty to keep the current one."),
-    )
+class EmailSettingsForm(WriteOnlySecretForm):
+    write_only_field, write_only_setter, write_only_column = "password", "set_password", "password_encrypted"
+    write_only_required = False  # a relay that needs no login
+    password = write_only_input(_("password"))
 
     class Meta:
         model = EmailSettings
@@ -86,14 +106,6 @@ class EmailSettingsForm(forms.ModelForm):
             "sender_email",
             "messages_per_minute",
         ]
-
-    def save(self, commit: bool = True) -> EmailSettings:
-        settings_ = super().save(commit=False)
-        if self.cleaned_data.get("password"):
-            settings_.set_password(self.cleaned_data["password"])
-        if commit:
-            settings_.save()
-        return settings_
 
 
 @admin.register(EmailSettings)
@@ -122,3 +134,25 @@ class EmailSettingsAdmin(admin.ModelAdmin):
                 )
             else:
                 messages.success(request, f"{item}: {answer}")
+
+
+class ChatwootAccountForm(WriteOnlySecretForm):
+    write_only_field, write_only_setter, write_only_column = (
+        "api_token",
+        "set_api_token",
+        "api_token_encrypted",
+    )
+    api_token = write_only_input(_("API access token"))
+    base_url = forms.URLField(label=_("Chatwoot URL"), assume_scheme="https")
+
+    class Meta:
+        model = ChatwootAccount
+        fields = ["organization", "base_url", "account_id", "inbox_id", "mode", "enabled"]
+
+
+@admin.register(ChatwootAccount)
+class ChatwootAccountAdmin(admin.ModelAdmin):
+    form = ChatwootAccountForm
+    list_display = ("organization", "base_url", "account_id", "inbox_id", "mode", "enabled")
+    list_select_related = ("organization",)
+    list_filter = ("enabled", "mode")

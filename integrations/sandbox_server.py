@@ -145,3 +145,18 @@ class ThreadedAppServer:
             return fn()
 
         return asyncio.run_coroutine_threadsafe(call(), loop).result(HELPER_TIMEOUT)
+
+
+def wait_for_stop_signal() -> None:
+    """Block until SIGINT or SIGTERM (a sandbox command in the foreground), then restore the handlers."""
+    import signal
+
+    stop = threading.Event()
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+    }
+    try:
+        stop.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from campaigns import services
 from campaigns.models import Campaign
-from crm import jobs, recovery
+from crm import recovery
 from integrations import services as integration_services
 from integrations.models import WhatsappPrice
 
@@ -108,4 +108,3 @@ def test_the_pricing_sync_upserts_rates_and_skips_bad_rows(db, rate_card_server)
     with pytest.raises(IntegrationError) as failure:
         integration_services.whatsapp_prices_sync(url=url)
     assert failure.value.retryable and failure.value.status == 503
-    assert jobs.fetch_job("nothing") is None

@@ -135,9 +135,6 @@ def test_registered_recoverers_requeue_only_what_redis_lost(redis_db, run_jobs):
         assert recovery.recover()["test-messages"] == 3
         run_jobs()
         assert sorted(recorded("rec")) == ["0", "1", "2", "3", "4"]
-        # all finished now: a finished job is not alive, but the recoverer must have stopped
-        # yielding it — here it still does, so it would be requeued; real recoverers yield
-        # only rows the database says are unfinished.
     finally:
         recovery._RECOVERERS.pop("test-messages")
 

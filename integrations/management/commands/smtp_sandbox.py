@@ -1,13 +1,11 @@
 from __future__ import annotations
 
-import signal
-import threading
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from integrations.email.smtp_sandbox import SmtpSandbox
+from integrations.sandbox_server import wait_for_stop_signal
 
 
 def user_and_password(value: str) -> tuple[str, str]:
@@ -44,19 +42,11 @@ class Command(BaseCommand):
             sandbox.start()
         except OSError as exc:
             raise CommandError(f"cannot listen on {options['host']}:{options['port']}: {exc}") from None
-        stop = threading.Event()
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            stop.set()
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         host, port = sandbox.address
         self.stdout.write(f"SMTP sandbox listening on {host}:{port} (Ctrl-C to stop)")
         self.stdout.flush()
         try:
-            stop.wait()
+            wait_for_stop_signal()
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             sandbox.stop()
         self.stdout.write("SMTP sandbox stopped")

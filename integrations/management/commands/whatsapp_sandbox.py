@@ -1,12 +1,10 @@
 from __future__ import annotations
 
-import signal
-import threading
-from types import FrameType
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from integrations.sandbox_server import wait_for_stop_signal
 from integrations.whatsapp.sandbox import SandboxServer
 
 
@@ -71,18 +69,10 @@ class Command(BaseCommand):
             raise CommandError(f"cannot listen on {options['host']}:{options['port']}: {exc}") from None
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        stop = threading.Event()
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            stop.set()
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
         self.stdout.write(f"WhatsApp Cloud API sandbox listening on {server.url} (Ctrl-C to stop)")
         self.stdout.flush()
         try:
-            stop.wait()
+            wait_for_stop_signal()
         finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
             server.stop()
         self.stdout.write("WhatsApp Cloud API sandbox stopped")
