@@ -12,8 +12,6 @@ from integrations.models import ChatwootAccount, WhatsappNumber
 @pytest.fixture
 def staff(client, db):
     user = get_user_model().objects.create_user("ops", password="x-pw-1234", is_staff=True, is_superuser=True)
-        "ops", password="x-pw-12345", is_staff=True, is_superuser=True
-    )
     client.force_login(user)
     return client
 
