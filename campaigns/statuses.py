@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from campaigns import services
 from campaigns.models import OUTCOME_UNKNOWN, CampaignMetric, WhatsappMessage
+from crm import bulk
 from crm.models import Customer, OptOutSource
 from integrations.whatsapp.webhooks import PreferenceEvent, StatusEvent
 
@@ -168,7 +169,7 @@ def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
             if t.settled and _rank(t.message) != 0:
                 counts["settled"] += 1
         if dirty:
-            WhatsappMessage.objects.bulk_update(dirty, FIELDS, batch_size=500)
+            bulk.update_rows(WhatsappMessage, dirty, FIELDS)
         for campaign_id, delta in deltas.items():
             _metric_add(campaign_id, delta)
     for campaign_id in sorted(deltas):
