@@ -389,17 +389,22 @@ def _record(
         # A status webhook may have settled some of these while the batch was in flight (Meta
         # answers statuses fast, a paced batch takes seconds): lock the rows and write only the
         # ones still SENDING, so a delivered/read is never undone nor a send counted twice.
-        pending = set(
+        current = dict(
             WhatsappMessage.objects.select_for_update()
-            .filter(id__in=[m.pk for m in messages], status=Status.SENDING)
-            .values_list("id", flat=True)
+            .filter(id__in=[m.pk for m in messages])
+            .values_list("id", "status")
         )
+        pending = {pk for pk, status in current.items() if status == Status.SENDING}
+        # Accepted by Meta but already moved forward by its status webhook (which counted them as
+        # sent): only what the send alone knows (cost, wa_id, phone) is still to be written.
+        settled = [m for m in sent if current.get(m.pk) in (Status.SENT, Status.DELIVERED, Status.READ)]
         sent = [m for m in sent if m.pk in pending]
         failed = [m for m in failed if m.pk in pending]
         skip_rows = [m for m in skip_rows if m.pk in pending]
         requeue_spent = [pk for pk in requeue_spent if pk in pending]
         requeue_free = [pk for pk in requeue_free if pk in pending]
-        cost = sum((m.cost for m in sent), Decimal("0"))
+        cost = sum((m.cost for m in sent + settled), Decimal("0"))
+        bulk.update_rows(WhatsappMessage, settled, ["wa_id", "cost", "phone"])
         guard = {"status": Status.SENDING}
         bulk.update_rows(
             WhatsappMessage, sent, ["status", "wamid", "wa_id", "sent_at", "cost", "phone"], only_if=guard

@@ -593,3 +593,10 @@ def test_a_status_that_beats_the_send_jobs_record_is_not_undone(wa, sandbox, run
     wait_for(lambda: sandbox.stats()["webhooks_delivered"] == 9, timeout=10, what="every webhook")
     assert _counts(campaign) == {"read": 3}
     assert _metric(campaign) == (3, 3, 3, 0)
+    # the cost is still counted for messages the webhook settled before the send recorded them
+    from decimal import Decimal
+
+    assert CampaignMetric.objects.get(campaign=campaign).cost == Decimal("0.0625") * 3
+    assert set(WhatsappMessage.objects.filter(campaign=campaign).values_list("cost", flat=True)) == {
+        Decimal("0.0625")
+    }
