@@ -8,8 +8,23 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext_lazy as _
 
 from campaigns import selectors, services
-from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
+from campaigns.models import (
+    Campaign,
+    CampaignMetric,
+    Channel,
+    EmailMessage,
+    EmailSuppression,
+    WhatsappMessage,
+)
 from campaigns.sending import _variable
+
+# Labels of every key in campaign_status()["counts"], both channels.
+COUNT_LABELS = {
+    **dict(WhatsappMessage.Status.choices),
+    **dict(EmailMessage.Status.choices),
+    "opened": _("opened"),
+    "clicked": _("clicked"),
+}
 
 
 def _act(request: HttpRequest, queryset: QuerySet[Campaign], fn, done: str) -> None:
@@ -48,6 +63,16 @@ class CampaignAdmin(admin.ModelAdmin):
                     ("redirect_url", "redirect_button_index"),
                     "unsubscribe_button_index",
                 )
+            },
+        ),
+        (
+            _("Email"),
+            {
+                "fields": ("email_subject", "email_body_format", "email_body"),
+                "description": _(
+                    "For email campaigns. The body is MJML (https://mjml.io) or HTML; links are "
+                    "click-tracked and an open pixel is added. Save, then see the preview below."
+                ),
             },
         ),
         (_("Audience"), {"fields": ("audience_store", "audience_purchased_within_days")}),
@@ -103,7 +128,7 @@ class CampaignAdmin(admin.ModelAdmin):
         metric = getattr(obj, "metric", None)
         if metric is None or not metric.queued:
             return "—"
-        done = metric.sent + metric.failed + metric.skipped
+        done = metric.sent + metric.bounced + metric.failed + metric.skipped
         return f"{done}/{metric.queued} ({100 * done // metric.queued}%)"
 
     @admin.display(description=_("live status"))
@@ -114,7 +139,7 @@ class CampaignAdmin(admin.ModelAdmin):
         rows = format_html_join(
             "",
             '<tr><th>{}</th><td data-count="{}">{}</td></tr>',
-            ((WhatsappMessage.Status(k).label, k, v) for k, v in data["counts"].items()),
+            ((COUNT_LABELS.get(k, k), k, v) for k, v in data["counts"].items()),
         )
         return format_html(
             '<div id="live-status" data-url="{}"><progress max="1" value="{}"></progress> '
@@ -139,6 +164,8 @@ class CampaignAdmin(admin.ModelAdmin):
     def preview(self, obj: Campaign) -> str:
         if not obj.pk:
             return "—"
+        if obj.channel == Channel.EMAIL:
+            return self._email_preview(obj)
         customers = selectors.campaign_audience(campaign=obj).order_by("pk")[:5]
         store = obj.whatsapp_number.store.name if obj.whatsapp_number and obj.whatsapp_number.store else ""
         rows = [
@@ -147,6 +174,37 @@ class CampaignAdmin(admin.ModelAdmin):
         ]
         return format_html(
             "<table>{}</table>", format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", rows)
+        )
+
+    def _email_preview(self, obj: Campaign) -> str:
+        """The email as the first recipient will see it (links not yet tracked), or the compile error."""
+        from campaigns import email_render
+        from campaigns.email_sending import compiled_email, variables_for
+
+        customer = selectors.campaign_audience(campaign=obj).order_by("pk").first()
+        if customer is None:
+            return str(_("No recipient in the audience."))
+        try:
+            compiled = compiled_email(obj)
+        except email_render.TemplateError as exc:
+            return format_html('<p class="errornote">{}</p>', exc)
+        store = obj.audience_store.name if obj.audience_store else obj.organization.name
+        rendered = email_render.render_email(
+            compiled,
+            variables=variables_for(customer, store_name=store, unsubscribe_url="#"),
+            click_url="",
+            open_pixel_url=None,
+        )
+        return format_html(
+            "<p><strong>{}</strong> {} &lt;{}&gt;</p><p><strong>{}</strong> {}</p>"
+            '<iframe sandbox srcdoc="{}" style="width:100%;max-width:700px;height:520px;'
+            'border:1px solid #ccc;background:#fff"></iframe>',
+            _("To:"),
+            customer.name,
+            customer.email,
+            _("Subject:"),
+            rendered.subject,
+            rendered.html,
         )
 
     @admin.action(description=_("Start (send now)"))
@@ -194,9 +252,59 @@ class WhatsappMessageAdmin(admin.ModelAdmin):
         return False
 
 
+@admin.register(EmailMessage)
+class EmailMessageAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "campaign",
+        "customer",
+        "email",
+        "status",
+        "bounce_type",
+        "bounce_message",
+        "sent_at",
+        "opened_at",
+        "clicked_at",
+    )
+    list_select_related = ("campaign", "customer")
+    list_filter = ("status", "bounce_type")
+    search_fields = ("=email", "=campaign__id", "=esp_message_id")
+    raw_id_fields = ("campaign", "customer", "organization")
+    show_full_result_count = False
+    readonly_fields = [f.name for f in EmailMessage._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(EmailSuppression)
+class EmailSuppressionAdmin(admin.ModelAdmin):
+    list_display = ("email", "organization", "reason", "detail", "created_at")
+    list_select_related = ("organization",)
+    list_filter = ("reason", "organization")
+    search_fields = ("=email",)
+    show_full_result_count = False
+
+    def save_model(self, request: HttpRequest, obj: EmailSuppression, form, change: bool) -> None:
+        obj.email = obj.email.strip().lower()
+        super().save_model(request, obj, form, change)
+
+
 @admin.register(CampaignMetric)
 class CampaignMetricAdmin(admin.ModelAdmin):
-    list_display = ("campaign", "queued", "sent", "delivered", "read", "failed", "skipped", "clicked", "cost")
+    list_display = (
+        "campaign",
+        "queued",
+        "sent",
+        "delivered",
+        "read",
+        "bounced",
+        "failed",
+        "skipped",
+        "opened",
+        "clicked",
+        "cost",
+    )
     list_select_related = ("campaign",)
     readonly_fields = (
         "campaign",
@@ -206,6 +314,8 @@ class CampaignMetricAdmin(admin.ModelAdmin):
         "read",
         "failed",
         "skipped",
+        "opened",
         "clicked",
+        "bounced",
         "cost",
     )

@@ -1,4 +1,5 @@
-"""Signed links in WhatsApp buttons: the redirect (click tracking) and the unsubscribe endpoint.
+"""Signed links in campaign messages: the redirect (click tracking), the unsubscribe endpoint and,
+for emails, the open pixel.
 
 A link carries the message's random `token` signed with SECRET_KEY, so a made-up or tampered link is
 rejected by an HMAC check before the database is asked anything, and a leaked database dump of tokens
@@ -7,15 +8,21 @@ alone cannot be turned into working links.
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core import signing
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from campaigns.models import CampaignMetric, WhatsappMessage
+from campaigns.models import CampaignMetric, EmailMessage, WhatsappMessage
 from crm.models import Customer, OptOutSource
 
-KINDS = ("r", "u")  # r: redirect (click tracking), u: unsubscribe
+KINDS = ("r", "u", "o")  # r: redirect (click tracking), u: unsubscribe, o: open pixel (emails)
+# An email message's signed value starts with this ("~" is never in a token or a signature), so
+# one lookup finds the message whatever its channel; WhatsApp links carry the bare token.
+EMAIL_PREFIX = "e~"
+
+Message = WhatsappMessage | EmailMessage
 
 
 def _signer() -> signing.Signer:
@@ -25,55 +32,86 @@ def _signer() -> signing.Signer:
     return signing.Signer(salt="campaigns.link", sep=".")
 
 
-def link_token(message: WhatsappMessage) -> str:
+def link_token(message: Message) -> str:
     """The message's token signed for links: URL-safe, unguessable and stable for the message."""
-    return _signer().sign(message.token)
+    value = EMAIL_PREFIX + message.token if isinstance(message, EmailMessage) else message.token
+    return _signer().sign(value)
 
 
-def link_path(kind: str, message: WhatsappMessage) -> str:
-    """The path of the redirect ("r") or unsubscribe ("u") endpoint for a message, e.g. "r/<signed>"."""
+def link_path(kind: str, message: Message) -> str:
+    """The path of a message's endpoint: redirect ("r"), unsubscribe ("u") or open pixel ("o")."""
     if kind not in KINDS:
         raise ValueError(f"unknown link kind {kind!r}")
     return f"{kind}/{link_token(message)}"
 
 
-def message_for(signed: str) -> WhatsappMessage | None:
+def link_url(kind: str, message: Message) -> str:
+    """The absolute URL of `link_path` on this deployment's PUBLIC_URL (for emails)."""
+    return f"{settings.PUBLIC_URL}/{link_path(kind, message)}"
+
+
+def message_for(signed: str) -> Message | None:
     """The message a signed token names, with its campaign and customer; None when the signature is
     wrong (no query is made then) or no message has that token."""
     try:
-        token = _signer().unsign(signed)
+        value = _signer().unsign(signed)
     except signing.BadSignature:
         return None
-    try:
-        return WhatsappMessage.objects.select_related("campaign", "customer").get(token=token)
-    except WhatsappMessage.DoesNotExist:
-        return None
+    model: type[Message] = WhatsappMessage
+    if value.startswith(EMAIL_PREFIX):
+        model, value = EmailMessage, value.removeprefix(EMAIL_PREFIX)
+    return model.objects.select_related("campaign", "customer").filter(token=value).first()
 
 
-def message_click(*, message: WhatsappMessage) -> bool:
+def message_click(*, message: Message) -> bool:
     """Record the message's first click and count it on the campaign; True only for the first click.
 
     Safe to run twice or concurrently: the compare-and-set on clicked_at lets exactly one request count.
+    A click on an email also counts as its open (images are often blocked, clicks are not).
     """
+    model = type(message)
     with transaction.atomic():
-        first = WhatsappMessage.objects.filter(pk=message.pk, clicked_at__isnull=True).update(
-            clicked_at=timezone.now()
-        )
+        first = model.objects.filter(pk=message.pk, clicked_at__isnull=True).update(clicked_at=timezone.now())
         if first:
             CampaignMetric.objects.filter(campaign_id=message.campaign_id).update(clicked=F("clicked") + 1)
+    if first and isinstance(message, EmailMessage):
+        message_open(message=message)
     return bool(first)
 
 
-def message_unsubscribe(*, message: WhatsappMessage) -> bool:
-    """Opt the message's customer out of WhatsApp marketing; True when this call did it.
+def message_open(*, message: EmailMessage) -> bool:
+    """Record the email's first open and count it on the campaign; True only for the first open."""
+    with transaction.atomic():
+        first = EmailMessage.objects.filter(pk=message.pk, opened_at__isnull=True).update(
+            opened_at=timezone.now()
+        )
+        if first:
+            CampaignMetric.objects.filter(campaign_id=message.campaign_id).update(opened=F("opened") + 1)
+    return bool(first)
+
+
+def opted_out(message: Message) -> bool:
+    """Whether the message's customer is already out of this channel's marketing."""
+    customer = message.customer
+    if isinstance(message, EmailMessage):
+        return customer.email_opted_out_at is not None
+    return customer.whatsapp_opted_out_at is not None
+
+
+def message_unsubscribe(*, message: Message) -> bool:
+    """Opt the message's customer out of the message's channel; True when this call did it.
 
     Safe to run twice: an existing opt-out (its time and source) is kept, never overwritten.
     """
     now = timezone.now()
-    changed = Customer.objects.filter(pk=message.customer_id, whatsapp_opted_out_at__isnull=True).update(
-        whatsapp_opted_out_at=now,
-        whatsapp_opt_out_source=OptOutSource.UNSUBSCRIBE_LINK,
-        # .update() skips auto_now; whoever syncs on updated_at must see the opt-out.
-        updated_at=now,
-    )
+    customers = Customer.objects.filter(pk=message.customer_id)
+    # .update() skips auto_now; whoever syncs on updated_at must see the opt-out.
+    if isinstance(message, EmailMessage):
+        changed = customers.filter(email_opted_out_at__isnull=True).update(
+            email_opted_out_at=now, email_opt_out_source=OptOutSource.UNSUBSCRIBE_LINK, updated_at=now
+        )
+    else:
+        changed = customers.filter(whatsapp_opted_out_at__isnull=True).update(
+            whatsapp_opted_out_at=now, whatsapp_opt_out_source=OptOutSource.UNSUBSCRIBE_LINK, updated_at=now
+        )
     return bool(changed)

@@ -26,6 +26,11 @@ class Channel(models.TextChoices):
     EMAIL = "email", _("email")
 
 
+class BodyFormat(models.TextChoices):
+    MJML = "mjml", _("MJML")
+    HTML = "html", _("HTML")
+
+
 class Campaign(models.Model):
     class Status(models.TextChoices):
         DRAFT = "draft", _("draft")
@@ -71,6 +76,26 @@ class Campaign(models.Model):
     unsubscribe_button_index = models.PositiveSmallIntegerField(
         _("unsubscribe button index"), null=True, blank=True
     )
+    # Email
+    email_subject = models.CharField(
+        _("email subject"),
+        max_length=255,
+        blank=True,
+        default="",
+        help_text=_("May use {{ first_name }}, {{ name }}, {{ email }}, {{ store_name }}."),
+    )
+    email_body_format = models.CharField(
+        _("email body format"), max_length=4, choices=BodyFormat.choices, default=BodyFormat.MJML
+    )
+    email_body = models.TextField(
+        _("email body"),
+        blank=True,
+        default="",
+        help_text=_(
+            "MJML (compiled to HTML) or HTML. Variables: {{ first_name }}, {{ name }}, {{ email }}, "
+            "{{ store_name }}, {{ unsubscribe_url }}. Links are click-tracked; an open pixel is added."
+        ),
+    )
     # Audience
     audience_store = models.ForeignKey(
         Store,
@@ -99,6 +124,11 @@ class Campaign(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    @property
+    def message_model(self) -> type[WhatsappMessage] | type[EmailMessage]:
+        """The model holding this campaign's messages (one row per recipient)."""
+        return EmailMessage if self.channel == Channel.EMAIL else WhatsappMessage
+
 
 class CampaignMetric(models.Model):
     """Counters, always updated with F() so concurrent workers never lose an increment."""
@@ -113,6 +143,8 @@ class CampaignMetric(models.Model):
     failed = models.PositiveIntegerField(_("failed"), default=0)
     skipped = models.PositiveIntegerField(_("skipped"), default=0)
     clicked = models.PositiveIntegerField(_("clicked"), default=0)
+    opened = models.PositiveIntegerField(_("opened"), default=0)
+    bounced = models.PositiveIntegerField(_("bounced"), default=0)
     cost = models.DecimalField(_("cost"), max_digits=14, decimal_places=6, default=Decimal("0"))
 
     class Meta:
@@ -195,3 +227,105 @@ class WhatsappMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.campaign_id}/{self.customer_id} {self.status}"
+
+
+class BounceType(models.TextChoices):
+    HARD = "hard", _("hard")
+    SOFT = "soft", _("soft")
+
+
+class EmailMessage(models.Model):
+    """One campaign email to one customer: claimed, sent once, then opened/clicked or bounced."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", _("queued")
+        SENDING = "sending", _("sending")
+        SENT = "sent", _("sent")
+        BOUNCED = "bounced", _("bounced")
+        FAILED = "failed", _("failed")
+        SKIPPED = "skipped", _("skipped")
+        CANCELLED = "cancelled", _("cancelled")
+
+    FINAL = (Status.SENT, Status.BOUNCED, Status.FAILED, Status.SKIPPED, Status.CANCELLED)
+    IN_FLIGHT = (Status.QUEUED, Status.SENDING)
+
+    campaign = models.ForeignKey(
+        Campaign, on_delete=models.CASCADE, related_name="email_messages", verbose_name=_("campaign")
+    )
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="+", verbose_name=_("organization")
+    )
+    customer = models.ForeignKey(
+        Customer, on_delete=models.CASCADE, related_name="email_messages", verbose_name=_("customer")
+    )
+    batch = models.PositiveIntegerField(_("batch"), default=0, help_text=_("The send job that carries it."))
+    status = models.CharField(_("status"), max_length=10, choices=Status.choices, default=Status.QUEUED)
+    attempts = models.PositiveSmallIntegerField(_("attempts"), default=0)
+    email = models.EmailField(_("address"), blank=True, default="")
+    smtp_reply = models.TextField(_("server reply"), blank=True, default="")
+    # Set when sent through an ESP (django-anymail): its tracking webhooks name the message by it.
+    esp_message_id = models.CharField(
+        _("provider message id"), max_length=255, null=True, blank=True, unique=True
+    )
+    bounce_type = models.CharField(
+        _("bounce type"), max_length=4, choices=BounceType.choices, blank=True, default=""
+    )
+    bounce_message = models.TextField(_("bounce message"), blank=True, default="")
+    error_reason = models.TextField(_("error reason"), blank=True, default="")
+    token = models.CharField(_("link token"), max_length=32, unique=True, default=_token)
+    queued_at = models.DateTimeField(_("queued at"), default=dj_timezone.now)
+    sending_at = models.DateTimeField(_("sending since"), null=True, blank=True)
+    sent_at = models.DateTimeField(_("sent at"), null=True, blank=True)
+    failed_at = models.DateTimeField(_("failed at"), null=True, blank=True)
+    opened_at = models.DateTimeField(_("opened at"), null=True, blank=True)
+    clicked_at = models.DateTimeField(_("clicked at"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("email message")
+        verbose_name_plural = _("email messages")
+        constraints = [
+            models.UniqueConstraint(fields=["campaign", "customer"], name="email_message_once_per_campaign"),
+        ]
+        indexes = [
+            models.Index(fields=["campaign", "batch", "status"], name="emmsg_campaign_batch_status"),
+            models.Index(fields=["campaign", "status"], name="emmsg_campaign_status"),
+            models.Index(fields=["organization", "customer", "sent_at"], name="emmsg_org_customer_sent"),
+            models.Index(
+                fields=["status", "sending_at"],
+                name="emmsg_in_flight",
+                condition=Q(status__in=["queued", "sending"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.campaign_id}/{self.customer_id} {self.status}"
+
+
+class EmailSuppression(models.Model):
+    """An address the organization never emails again (a hard bounce, a complaint, an operator)."""
+
+    class Reason(models.TextChoices):
+        HARD_BOUNCE = "hard_bounce", _("hard bounce")
+        COMPLAINT = "complaint", _("spam complaint")
+        MANUAL = "manual", _("added by an operator")
+
+    organization = models.ForeignKey(
+        Organization,
+        on_delete=models.CASCADE,
+        related_name="email_suppressions",
+        verbose_name=_("organization"),
+    )
+    email = models.EmailField(_("address"))  # stored lower-cased
+    reason = models.CharField(_("reason"), max_length=20, choices=Reason.choices)
+    detail = models.TextField(_("detail"), blank=True, default="")
+    created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+
+    class Meta:
+        verbose_name = _("email suppression")
+        verbose_name_plural = _("email suppressions")
+        constraints = [
+            models.UniqueConstraint(fields=["organization", "email"], name="email_suppression_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.email} ({self.reason})"

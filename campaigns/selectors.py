@@ -6,12 +6,22 @@ from datetime import timedelta
 from typing import Any
 
 from django.db.models import Count, Exists, OuterRef, QuerySet
+from django.db.models.functions import Lower
 from django.utils import timezone
 
-from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
+from campaigns.models import (
+    Campaign,
+    CampaignMetric,
+    Channel,
+    EmailMessage,
+    EmailSuppression,
+    WhatsappMessage,
+)
 from crm.models import Customer, Sale
 
-COUNT_KEYS = ("queued", "sending", "sent", "delivered", "read", "failed", "skipped", "cancelled")
+COUNT_KEYS = ("queued", "sending", "sent", "delivered", "read", "bounced", "failed", "skipped", "cancelled")
+# Counted once per message from the metrics, not from the message statuses.
+ENGAGEMENT_KEYS = ("opened", "clicked")
 
 
 def campaign_audience(*, campaign: Campaign) -> QuerySet[Customer]:
@@ -21,6 +31,11 @@ def campaign_audience(*, campaign: Campaign) -> QuerySet[Customer]:
         qs = qs.filter(whatsapp_opted_out_at__isnull=True).exclude(phone="")
     else:
         qs = qs.filter(email_opted_out_at__isnull=True).exclude(email="")
+        # Suppressed addresses (hard bounces, complaints) are stored lower-cased.
+        suppressed = EmailSuppression.objects.filter(
+            organization_id=campaign.organization_id, email=Lower(OuterRef("email"))
+        )
+        qs = qs.filter(~Exists(suppressed))
     sales = Sale.objects.filter(customer_id=OuterRef("pk"))
     if campaign.audience_store_id:
         sales = sales.filter(store_id=campaign.audience_store_id)
@@ -33,28 +48,35 @@ def campaign_audience(*, campaign: Campaign) -> QuerySet[Customer]:
     return qs
 
 
-def campaign_counts(*, campaign_id: int) -> dict[str, int]:
+def campaign_counts(*, campaign_id: int, channel: str = Channel.WHATSAPP) -> dict[str, int]:
     """Messages by status, in one GROUP BY."""
-    rows = (
-        WhatsappMessage.objects.filter(campaign_id=campaign_id)
-        .values("status")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
+    model = EmailMessage if channel == Channel.EMAIL else WhatsappMessage
+    rows = model.objects.filter(campaign_id=campaign_id).values("status").annotate(n=Count("id")).order_by()
     counts = dict.fromkeys(COUNT_KEYS, 0)
     counts.update({r["status"]: r["n"] for r in rows})
     return counts
 
 
+def sending_paused(*, campaign: Campaign) -> str:
+    """Why the organization's sending on the campaign's channel is paused (its provider or mail
+    server refused the account), or "" when it is not."""
+    org = campaign.organization
+    if campaign.channel == Channel.EMAIL:
+        return (org.email_paused_reason or "paused") if org.email_paused_at else ""
+    return (org.whatsapp_paused_reason or "paused") if org.whatsapp_paused_at else ""
+
+
 def campaign_status(*, campaign: Campaign) -> dict[str, Any]:
     """What `campaign_status --json` and the progress page show."""
-    counts = campaign_counts(campaign_id=campaign.pk)
+    counts = campaign_counts(campaign_id=campaign.pk, channel=campaign.channel)
     metric = CampaignMetric.objects.filter(campaign_id=campaign.pk).first()
-    done = sum(counts[k] for k in ("sent", "delivered", "read", "failed", "skipped", "cancelled"))
+    done = sum(counts[k] for k in ("sent", "delivered", "read", "bounced", "failed", "skipped", "cancelled"))
     total = sum(counts.values())
+    for key in ENGAGEMENT_KEYS:
+        counts[key] = getattr(metric, key) if metric else 0
     now = timezone.now()
     window = now - timedelta(seconds=60)
-    recent = WhatsappMessage.objects.filter(campaign_id=campaign.pk, sent_at__gte=window).count()
+    recent = campaign.message_model.objects.filter(campaign_id=campaign.pk, sent_at__gte=window).count()
     elapsed = (
         (min(now, campaign.finished_at or now) - campaign.started_at).total_seconds()
         if campaign.started_at
@@ -79,4 +101,5 @@ def campaign_status(*, campaign: Campaign) -> dict[str, Any]:
         "rate": round(rate, 2),
         "eta_seconds": round(remaining / rate) if rate and remaining else None,
         "stop_reason": campaign.stop_reason,
+        "sending_paused": sending_paused(campaign=campaign),
     }

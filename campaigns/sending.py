@@ -43,7 +43,7 @@ Status = WhatsappMessage.Status
 ATTEMPTS = 2  # the seed: 2 attempts, exponential backoff from 1 s
 RETRY_BACKOFF = 1.0
 THROTTLE_DELAY = 5.0
-PAUSED_DELAY = 30.0
+PAUSED_DELAY = services.PAUSED_DELAY
 
 
 def normalize_phone(raw: str) -> str | None:
@@ -188,16 +188,7 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         "organization", "whatsapp_number", "whatsapp_number__store"
     ).get(pk=campaign_id)
     org: Organization = campaign.organization
-    if campaign.status in (Campaign.Status.CANCELLED, Campaign.Status.STOPPED):
-        WhatsappMessage.objects.filter(campaign_id=campaign_id, batch=batch, status=Status.QUEUED).update(
-            status=Status.CANCELLED
-        )
-        return {}
-    if campaign.status == Campaign.Status.PAUSED:
-        raise Defer(PAUSED_DELAY, "campaign paused")
-    if org.whatsapp_paused_at:
-        raise Defer(PAUSED_DELAY * 2, f"organization's WhatsApp sending paused: {org.whatsapp_paused_reason}")
-    if campaign.status != Campaign.Status.SENDING:
+    if not services.batch_may_send(campaign=campaign, batch=batch):
         return {}
 
     ids = _claim(campaign_id, batch)

@@ -12,7 +12,15 @@ from django.db.models import Count, F
 from django.utils import timezone
 
 from campaigns import selectors
-from campaigns.models import OUTCOME_UNKNOWN, Campaign, CampaignMetric, WhatsappMessage
+from campaigns.models import (
+    OUTCOME_UNKNOWN,
+    BounceType,
+    Campaign,
+    CampaignMetric,
+    Channel,
+    EmailMessage,
+    WhatsappMessage,
+)
 from crm import jobs, promote, queues, recovery
 from crm.checkpoints import jobrun_enqueue
 
@@ -26,18 +34,43 @@ class CampaignError(ValueError):
     """An operator action that does not apply to the campaign as it is."""
 
 
-def _batch_size() -> int:
-    return int(settings.WHATSAPP_BATCH_SIZE)
+Message = WhatsappMessage | EmailMessage
 
 
-def batch_job_id(campaign_id: int, batch: int) -> str:
-    return jobs.make_job_id("wa", campaign_id, batch)
+# How each channel's messages are sent: (message model, send job, queue, job id prefix, batch size).
+def _channel(channel: str) -> tuple[type[Message], str, str, str, int]:
+    if channel == Channel.EMAIL:
+        return (
+            EmailMessage,
+            "campaigns.tasks.email_send_batch",
+            queues.EMAIL_SEND,
+            "em",
+            int(settings.EMAIL_BATCH_SIZE),
+        )
+    return (
+        WhatsappMessage,
+        "campaigns.tasks.whatsapp_send_batch",
+        queues.WHATSAPP_SEND,
+        "wa",
+        int(settings.WHATSAPP_BATCH_SIZE),
+    )
+
+
+def _channel_of(campaign_id: int) -> str:
+    return (
+        Campaign.objects.filter(pk=campaign_id).values_list("channel", flat=True).first() or Channel.WHATSAPP
+    )
+
+
+def batch_job_id(campaign_id: int, batch: int, channel: str = Channel.WHATSAPP) -> str:
+    return jobs.make_job_id(_channel(channel)[3], campaign_id, batch)
 
 
 def campaign_validate(*, campaign: Campaign) -> None:
     """Raise CampaignError when the campaign cannot be sent as configured."""
-    if campaign.channel != "whatsapp":
-        raise CampaignError(f"{campaign.channel} campaigns are not supported yet")
+    if campaign.channel == Channel.EMAIL:
+        _validate_email(campaign)
+        return
     if campaign.whatsapp_number_id is None:
         raise CampaignError("choose the WhatsApp number to send from")
     if not campaign.template_name:
@@ -52,6 +85,20 @@ def campaign_validate(*, campaign: Campaign) -> None:
         )
     if campaign.redirect_button_index is not None and not campaign.redirect_url:
         raise CampaignError("a redirect button needs a redirect URL")
+
+
+def _validate_email(campaign: Campaign) -> None:
+    from campaigns import email_render
+    from integrations.models import EmailSettings
+
+    if not EmailSettings.objects.filter(organization_id=campaign.organization_id).exists():
+        raise CampaignError("the organization has no email settings: add them under Integrations")
+    try:
+        email_render.compile_email(
+            subject=campaign.email_subject, body=campaign.email_body, body_format=campaign.email_body_format
+        )
+    except email_render.TemplateError as exc:
+        raise CampaignError(str(exc)) from None
 
 
 def campaign_start(*, campaign: Campaign) -> Campaign:
@@ -134,13 +181,14 @@ def _scheduled_starts() -> Iterator[jobs.JobSpec]:
         )
 
 
-def _batch_specs(campaign_id: int, batches: list[int]) -> list[jobs.JobSpec]:
+def _batch_specs(campaign_id: int, batches: list[int], channel: str) -> list[jobs.JobSpec]:
+    _, func, queue, _, _ = _channel(channel)
     return [
         jobs.JobSpec(
-            func="campaigns.tasks.whatsapp_send_batch",
-            queue=queues.WHATSAPP_SEND,
+            func=func,
+            queue=queue,
             kwargs={"campaign_id": campaign_id, "batch": b},
-            job_id=batch_job_id(campaign_id, b),
+            job_id=batch_job_id(campaign_id, b, channel),
         )
         for b in batches
     ]
@@ -155,12 +203,12 @@ def campaign_fanout(*, campaign_id: int, chunk: int = 5000) -> int:
     campaign = Campaign.objects.get(pk=campaign_id)
     if campaign.status not in (Status.SENDING, Status.PAUSED):
         return 0
-    size = _batch_size()
+    model, _, _, _, size = _channel(campaign.channel)
     audience = selectors.campaign_audience(campaign=campaign).order_by("pk").values_list("pk", flat=True)
-    rows: list[WhatsappMessage] = []
+    rows: list[Message] = []
     for position, customer_id in enumerate(audience.iterator(chunk_size=chunk)):
         rows.append(
-            WhatsappMessage(
+            model(
                 campaign_id=campaign.pk,
                 organization_id=campaign.organization_id,
                 customer_id=customer_id,
@@ -168,24 +216,19 @@ def campaign_fanout(*, campaign_id: int, chunk: int = 5000) -> int:
             )
         )
         if len(rows) >= chunk:
-            WhatsappMessage.objects.bulk_create(rows, ignore_conflicts=True)
+            model.objects.bulk_create(rows, ignore_conflicts=True)  # type: ignore[arg-type]
             rows = []
     if rows:
-        WhatsappMessage.objects.bulk_create(rows, ignore_conflicts=True)
-    total = WhatsappMessage.objects.filter(campaign_id=campaign.pk).count()
+        model.objects.bulk_create(rows, ignore_conflicts=True)  # type: ignore[arg-type]
+    total = model.objects.filter(campaign_id=campaign.pk).count()
     if total >= 10_000 and connection.vendor == "postgresql":
         # Tens of thousands of fresh rows: refresh the planner's statistics now, or until
         # autovacuum gets to it the send batches' limit checks pick plans 200x slower.
         with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE {WhatsappMessage._meta.db_table}")
+            cursor.execute(f"ANALYZE {model._meta.db_table}")
     CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=total)
-    batches = list(
-        WhatsappMessage.objects.filter(campaign_id=campaign.pk, status=MsgStatus.QUEUED)
-        .order_by("batch")
-        .values_list("batch", flat=True)
-        .distinct()
-    )
-    recovery.requeue_missing(_batch_specs(campaign.pk, batches))
+    batches = _queued_batches(model, campaign.pk)
+    recovery.requeue_missing(_batch_specs(campaign.pk, batches, campaign.channel))
     logger.info(
         "campaign %s fanned out: %s recipients in %s batches",
         campaign.pk,
@@ -198,11 +241,42 @@ def campaign_fanout(*, campaign_id: int, chunk: int = 5000) -> int:
     return total
 
 
-def campaign_complete_if_done(*, campaign_id: int) -> bool:
+def _queued_batches(model: type[Message], campaign_id: int) -> list[int]:
+    return list(
+        model.objects.filter(campaign_id=campaign_id, status=MsgStatus.QUEUED)
+        .order_by("batch")
+        .values_list("batch", flat=True)
+        .distinct()
+    )
+
+
+PAUSED_DELAY = 30.0  # how often a paused campaign's batch looks again (twice that for a paused organization)
+
+
+def batch_may_send(*, campaign: Campaign, batch: int) -> bool:
+    """What every send batch checks first, with the campaign and its organization loaded.
+
+    False when there is nothing to send: a cancelled or stopped campaign (the batch's queued
+    messages are cancelled) or one not sending. Raises Defer (no attempt spent) while the campaign
+    is paused or the organization's sending on the channel is paused."""
+    model = _channel(campaign.channel)[0]
+    if campaign.status in (Status.CANCELLED, Status.STOPPED):
+        model.objects.filter(campaign_id=campaign.pk, batch=batch, status=MsgStatus.QUEUED).update(
+            status=MsgStatus.CANCELLED
+        )
+        return False
+    if campaign.status == Status.PAUSED:
+        raise jobs.Defer(PAUSED_DELAY, "campaign paused")
+    paused = selectors.sending_paused(campaign=campaign)
+    if paused:
+        raise jobs.Defer(PAUSED_DELAY * 2, f"organization's {campaign.channel} sending paused: {paused}")
+    return campaign.status == Status.SENDING
+
+
+def campaign_complete_if_done(*, campaign_id: int, channel: str | None = None) -> bool:
     """SENDING -> SENT when no message is queued or in flight. Safe to call any time, twice."""
-    busy = WhatsappMessage.objects.filter(
-        campaign_id=campaign_id, status__in=WhatsappMessage.IN_FLIGHT
-    ).exists()
+    model = _channel(channel or _channel_of(campaign_id))[0]
+    busy = model.objects.filter(campaign_id=campaign_id, status__in=model.IN_FLIGHT).exists()
     if busy:
         return False
     return bool(
@@ -213,8 +287,11 @@ def campaign_complete_if_done(*, campaign_id: int) -> bool:
 
 
 def _cancel_queued(campaign_id: int) -> int:
-    return WhatsappMessage.objects.filter(campaign_id=campaign_id, status=MsgStatus.QUEUED).update(
-        status=MsgStatus.CANCELLED
+    return sum(
+        model.objects.filter(campaign_id=campaign_id, status=MsgStatus.QUEUED).update(
+            status=MsgStatus.CANCELLED
+        )
+        for model in (WhatsappMessage, EmailMessage)
     )
 
 
@@ -261,16 +338,31 @@ def campaign_resume(*, campaign: Campaign) -> None:
 def campaign_retry_failed(*, campaign: Campaign) -> int:
     """Queue the failed messages again (fresh attempts) and reopen the campaign. Returns how many."""
     with transaction.atomic():
-        # Not the ones Meta may have accepted: an outcome unknown, or a wamid already assigned.
-        retried = (
-            WhatsappMessage.objects.filter(
-                campaign_id=campaign.pk, status=MsgStatus.FAILED, wamid__isnull=True
+        if campaign.channel == Channel.EMAIL:
+            # Failed ones and soft bounces (hard bounces are suppressed); never an outcome unknown.
+            mail = EmailMessage.objects.filter(campaign_id=campaign.pk).exclude(error_reason=OUTCOME_UNKNOWN)
+            reset = {"status": MsgStatus.QUEUED, "attempts": 0, "error_reason": "", "failed_at": None}
+            failed = mail.filter(status=EmailMessage.Status.FAILED).update(**reset)
+            soft = mail.filter(status=EmailMessage.Status.BOUNCED, bounce_type=BounceType.SOFT).update(
+                **reset, bounce_type="", bounce_message=""
             )
-            .exclude(error_reason=OUTCOME_UNKNOWN)
-            .update(status=MsgStatus.QUEUED, attempts=0, error_code=None, error_reason="", failed_at=None)
-        )
+            retried = failed + soft
+            if retried:
+                CampaignMetric.objects.filter(campaign_id=campaign.pk).update(
+                    failed=F("failed") - failed, bounced=F("bounced") - soft
+                )
+        else:
+            # Not the ones Meta may have accepted: an outcome unknown, or a wamid already assigned.
+            retried = (
+                WhatsappMessage.objects.filter(
+                    campaign_id=campaign.pk, status=MsgStatus.FAILED, wamid__isnull=True
+                )
+                .exclude(error_reason=OUTCOME_UNKNOWN)
+                .update(status=MsgStatus.QUEUED, attempts=0, error_code=None, error_reason="", failed_at=None)
+            )
+            if retried:
+                CampaignMetric.objects.filter(campaign_id=campaign.pk).update(failed=F("failed") - retried)
         if retried:
-            CampaignMetric.objects.filter(campaign_id=campaign.pk).update(failed=F("failed") - retried)
             Campaign.objects.filter(pk=campaign.pk, status__in=[Status.SENT, Status.STOPPED]).update(
                 status=Status.SENDING, finished_at=None, stop_reason=""
             )
@@ -283,30 +375,35 @@ def campaign_retry_failed(*, campaign: Campaign) -> int:
 def requeue_unfinished_batches(*, campaign_id: int) -> int:
     """Run now the batches that still have queued messages: waiting ones are pulled forward and
     the ones without a live job are enqueued. Returns how many were (re)started."""
-    batches = list(
-        WhatsappMessage.objects.filter(campaign_id=campaign_id, status=MsgStatus.QUEUED)
-        .order_by("batch")
-        .values_list("batch", flat=True)
-        .distinct()
-    )
-    specs = _batch_specs(campaign_id, batches)
-    pulled = promote.promote_now(queues.WHATSAPP_SEND, [s.job_id or "" for s in specs])
+    channel = _channel_of(campaign_id)
+    model, _, queue, _, _ = _channel(channel)
+    specs = _batch_specs(campaign_id, _queued_batches(model, campaign_id), channel)
+    pulled = promote.promote_now(queue, [s.job_id or "" for s in specs])
     return pulled + recovery.requeue_missing(specs)
 
 
-@recovery.register("whatsapp-batches")
-def _unfinished_batches() -> Iterator[jobs.JobSpec]:
-    """Every batch of a sending campaign that still has queued messages."""
+def _unfinished(channel: str) -> Iterator[jobs.JobSpec]:
+    model = _channel(channel)[0]
     pairs = (
-        WhatsappMessage.objects.filter(
-            status=MsgStatus.QUEUED, campaign__status__in=[Status.SENDING, Status.PAUSED]
-        )
+        model.objects.filter(status=MsgStatus.QUEUED, campaign__status__in=[Status.SENDING, Status.PAUSED])
         .order_by("campaign_id", "batch")
         .values_list("campaign_id", "batch")
         .distinct()
     )
     for campaign_id, batch in pairs.iterator(chunk_size=2000):
-        yield from _batch_specs(campaign_id, [batch])
+        yield from _batch_specs(campaign_id, [batch], channel)
+
+
+@recovery.register("whatsapp-batches")
+def _unfinished_batches() -> Iterator[jobs.JobSpec]:
+    """Every batch of a sending WhatsApp campaign that still has queued messages."""
+    return _unfinished(Channel.WHATSAPP)
+
+
+@recovery.register("email-batches")
+def _unfinished_email_batches() -> Iterator[jobs.JobSpec]:
+    """Every batch of a sending email campaign that still has queued messages."""
+    return _unfinished(Channel.EMAIL)
 
 
 def reconcile_in_flight(*, older_than_seconds: int | None = None) -> int:
@@ -318,21 +415,17 @@ def reconcile_in_flight(*, older_than_seconds: int | None = None) -> int:
     """
     limit = older_than_seconds if older_than_seconds is not None else settings.WHATSAPP_IN_FLIGHT_TIMEOUT
     cutoff = timezone.now() - timedelta(seconds=limit)
-    stuck = WhatsappMessage.objects.filter(status=MsgStatus.SENDING, sending_at__lt=cutoff)
-    per_campaign: dict[int, int] = {}
-    for campaign_id, n in stuck.values_list("campaign_id").annotate(n=Count("id")).order_by():
-        per_campaign[campaign_id] = n
     settled = 0
-    for campaign_id in per_campaign:
-        with transaction.atomic():
-            n = WhatsappMessage.objects.filter(
-                campaign_id=campaign_id, status=MsgStatus.SENDING, sending_at__lt=cutoff
-            ).update(
-                status=MsgStatus.FAILED,
-                failed_at=timezone.now(),
-                error_reason=OUTCOME_UNKNOWN,
-            )
-            CampaignMetric.objects.filter(campaign_id=campaign_id).update(failed=F("failed") + n)
-        settled += n
-        campaign_complete_if_done(campaign_id=campaign_id)
+    for channel in (Channel.WHATSAPP, Channel.EMAIL):
+        model = _channel(channel)[0]
+        stuck = model.objects.filter(status=MsgStatus.SENDING, sending_at__lt=cutoff)
+        campaign_ids = [c for c, _ in stuck.values_list("campaign_id").annotate(n=Count("id")).order_by()]
+        for campaign_id in campaign_ids:
+            with transaction.atomic():
+                n = model.objects.filter(
+                    campaign_id=campaign_id, status=MsgStatus.SENDING, sending_at__lt=cutoff
+                ).update(status=MsgStatus.FAILED, failed_at=timezone.now(), error_reason=OUTCOME_UNKNOWN)
+                CampaignMetric.objects.filter(campaign_id=campaign_id).update(failed=F("failed") + n)
+            settled += n
+            campaign_complete_if_done(campaign_id=campaign_id, channel=channel)
     return settled

@@ -51,6 +51,13 @@ def whatsapp_send_batch(campaign_id: int, batch: int) -> dict[str, int]:
     return sending.whatsapp_send_batch(campaign_id=campaign_id, batch=batch)
 
 
+def email_send_batch(campaign_id: int, batch: int) -> dict[str, int]:
+    """Send one batch of emails; safe to run any number of times (only queued messages are claimed)."""
+    from campaigns import email_sending
+
+    return email_sending.email_send_batch(campaign_id=campaign_id, batch=batch)
+
+
 def whatsapp_reconcile() -> int:
     """Every 15 minutes: settle messages stuck in flight."""
     return services.reconcile_in_flight()

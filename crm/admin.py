@@ -27,6 +27,8 @@ class OrganizationAdmin(admin.ModelAdmin):
         "message_limit_days",
         "block_multiple_campaigns",
         "whatsapp_paused_at",
+        "email_paused_at",
+        "survey_channel",
         "created_at",
     )
     search_fields = ("name", "slug")
@@ -47,6 +49,29 @@ class OrganizationAdmin(admin.ModelAdmin):
                     "Set when Meta rejects the account itself (expired token, locked or unpaid account). "
                     "Fix the cause, then clear both fields and save: waiting campaigns resume in a minute."
                 ),
+            },
+        ),
+        (
+            _("Email sending"),
+            {
+                "fields": ("email_paused_at", "email_paused_reason"),
+                "description": _(
+                    "Set when the organization's mail server refuses the account (login, TLS, relay, "
+                    "connection). Recipients are left untouched meanwhile. Fix the email settings (the "
+                    "'send a test email' action shows the server's answer), then clear both fields and "
+                    "save: waiting campaigns resume in a minute."
+                ),
+            },
+        ),
+        (
+            _("Post-sale surveys"),
+            {
+                "fields": (
+                    "survey_channel",
+                    "survey_delay_days",
+                    "survey_cooldown_days",
+                    "survey_whatsapp_template",
+                )
             },
         ),
     )

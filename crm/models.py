@@ -56,6 +56,32 @@ class Organization(models.Model):
     # every send of the organization on that channel waits until an operator clears it.
     whatsapp_paused_at = models.DateTimeField(_("WhatsApp sending paused at"), null=True, blank=True)
     whatsapp_paused_reason = models.TextField(_("WhatsApp pause reason"), blank=True, default="")
+    # Set when the organization's mail server refuses us (login, TLS, relay): no email goes out
+    # until an operator fixes the settings and clears it; recipients are left untouched meanwhile.
+    email_paused_at = models.DateTimeField(_("email sending paused at"), null=True, blank=True)
+    email_paused_reason = models.TextField(_("email pause reason"), blank=True, default="")
+    # Post-sale surveys
+    survey_channel = models.CharField(
+        _("post-sale survey channel"),
+        max_length=10,
+        choices=[("off", _("off")), ("email", _("email")), ("whatsapp", _("WhatsApp"))],
+        default="off",
+    )
+    survey_delay_days = models.PositiveSmallIntegerField(
+        _("survey delay (days after the sale)"), default=3, validators=[MinValueValidator(0)]
+    )
+    survey_cooldown_days = models.PositiveSmallIntegerField(
+        _("survey cool-down (days)"),
+        default=90,
+        help_text=_("A customer surveyed within this many days is not surveyed again."),
+    )
+    survey_whatsapp_template = models.CharField(
+        _("survey WhatsApp template"),
+        max_length=512,
+        blank=True,
+        default="",
+        help_text=_("An approved template whose URL button 0 ends in {{1}}: it receives the survey link."),
+    )
     created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
 
     class Meta:

@@ -191,6 +191,20 @@ WHATSAPP_MAX_IN_FLIGHT = env.int("WHATSAPP_MAX_IN_FLIGHT", default=500)
 # A message claimed this long ago with no outcome is settled by the reconciliation job.
 WHATSAPP_IN_FLIGHT_TIMEOUT = env.int("WHATSAPP_IN_FLIGHT_TIMEOUT", default=600)
 
+# --- Email ----------------------------------------------------------------------------------
+# Absolute base of the public links in emails (tracking pixel, click redirects, one-click
+# unsubscribe, survey pages): the address recipients reach this deployment at.
+PUBLIC_URL = env.str("PUBLIC_URL", default="http://127.0.0.1:8000").rstrip("/")
+if not PUBLIC_URL.startswith(("http://", "https://")):
+    raise config.setting_error("PUBLIC_URL", "must start with http:// or https://")
+# Messages per email-send job, and per claim (a killed worker leaves at most this many unknown).
+EMAIL_BATCH_SIZE = env.int("EMAIL_BATCH_SIZE", default=200)
+EMAIL_CLAIM_SIZE = env.int("EMAIL_CLAIM_SIZE", default=20)
+# An open SMTP connection idle longer than this is checked with NOOP before it is reused.
+EMAIL_CONNECTION_IDLE_CHECK = env.int("EMAIL_CONNECTION_IDLE_CHECK", default=15)
+# Seconds before the first retry of a soft bounce (doubling for the next): the seed's 60 s.
+EMAIL_RETRY_BACKOFF = env.float("EMAIL_RETRY_BACKOFF", default=60.0)
+
 # --- Logging ------------------------------------------------------------------------------------
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()
 LOG_FORMAT = env.str("LOG_FORMAT", default="text")

@@ -7,6 +7,8 @@ from crm import views
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
     path("r/<str:signed>", link_views.redirect, name="campaign-redirect"),
+    path("r/<str:signed>/<int:index>", link_views.redirect, name="campaign-redirect-link"),
+    path("o/<str:signed>", link_views.open_pixel, name="campaign-open"),
     path("u/<str:signed>", link_views.unsubscribe, name="campaign-unsubscribe"),
     # Staff only: admin_view sends anyone else to the admin login.
     path("admin/metrics", admin.site.admin_view(views.metrics), name="admin-metrics"),

@@ -32,10 +32,14 @@ def make_worker(queue_names: Sequence[str]) -> Worker:
     )
 
 
-def _sweep_abandoned(queue_names: Sequence[str]) -> None:
-    """Retry (or fail) jobs whose heartbeat expired: their worker is gone."""
+def _sweep_abandoned(queue_names: Sequence[str], worker: Worker) -> None:
+    """Retry (or fail) jobs whose worker is gone: their heartbeat expired, or they were dequeued by
+    a worker killed before it registered them as started (RQ's intermediate list; retried once
+    they have been seen there for a minute)."""
     for name in queue_names:
-        jobs.get_queue(name).started_job_registry.cleanup()
+        queue = jobs.get_queue(name)
+        queue.started_job_registry.cleanup()
+        queue.intermediate_queue.cleanup(worker, queue)
 
 
 def _active(queue_names: Sequence[str]) -> int:
@@ -44,6 +48,7 @@ def _active(queue_names: Sequence[str]) -> int:
         for name in queue_names:
             pipe.zcard(f"rq:wip:{name}")  # expired entries too: the sweep retries them
             pipe.llen(f"rq:queue:{name}")
+            pipe.llen(f"rq:queue:{name}:intermediate")
         return sum(pipe.execute())
 
 
@@ -51,10 +56,11 @@ def run_burst(queue_names: Sequence[str], *, settle: float = 3.0) -> None:
     """Work until every queue is empty, nothing runs elsewhere and nothing is due within `settle` s."""
     while True:
         promote.promote_due(queue_names)
-        make_worker(queue_names).work(burst=True, logging_level="WARNING")
+        worker = make_worker(queue_names)
+        worker.work(burst=True, logging_level="WARNING")
         # A job whose worker died is only retried by a registry sweep: do it before deciding
         # that nothing is left (a long-running worker sweeps every CRM_MAINTENANCE_INTERVAL).
-        _sweep_abandoned(queue_names)
+        _sweep_abandoned(queue_names, worker)
         promote.promote_due(queue_names)
         wait = promote.seconds_until_next_due(queue_names)
         if _active(queue_names):

@@ -133,6 +133,13 @@ _SMTP_CONTEXT = "integrations.EmailSettings.password"
 class EmailSettings(models.Model):
     """How an organization sends email: its own SMTP server (password encrypted at rest)."""
 
+    class Provider(models.TextChoices):
+        SMTP = "smtp", _("SMTP server")
+        POSTMARK = "postmark", "Postmark"
+        SENDGRID = "sendgrid", "SendGrid"
+        MAILGUN = "mailgun", "Mailgun"
+        BREVO = "brevo", "Brevo"
+
     class Security(models.TextChoices):
         STARTTLS = "starttls", _("STARTTLS")
         TLS = "tls", _("implicit TLS")
@@ -141,7 +148,7 @@ class EmailSettings(models.Model):
     organization = models.OneToOneField(
         Organization, on_delete=models.CASCADE, related_name="email_settings", verbose_name=_("organization")
     )
-    host = models.CharField(_("SMTP host"), max_length=255)
+    host = models.CharField(_("SMTP host"), max_length=255, blank=True, default="")
     port = models.PositiveIntegerField(_("SMTP port"), default=587)
     security = models.CharField(
         _("security"), max_length=10, choices=Security.choices, default=Security.STARTTLS
@@ -151,7 +158,27 @@ class EmailSettings(models.Model):
     sender_name = models.CharField(_("sender name"), max_length=200)
     sender_email = models.EmailField(_("sender address"))
     messages_per_minute = models.PositiveIntegerField(
-        _("messages per minute"), default=300, validators=[MinValueValidator(1), MaxValueValidator(100_000)]
+        _("messages per minute"),
+        default=300,
+        validators=[MinValueValidator(0), MaxValueValidator(100_000)],
+        help_text=_("Enforced across every worker. 0 = no limit."),
+    )
+    unsubscribe_mailto = models.EmailField(
+        _("unsubscribe mailbox"),
+        blank=True,
+        default="",
+        help_text=_("Optional: also offered as a mailto: in the List-Unsubscribe header."),
+    )
+    provider = models.CharField(
+        _("sent through"),
+        max_length=20,
+        choices=Provider.choices,
+        default=Provider.SMTP,
+        help_text=_("The SMTP server above, or an email service provider's API (django-anymail)."),
+    )
+    esp_api_key_encrypted = models.TextField(_("provider API key (encrypted)"), editable=False, default="")
+    esp_api_url = models.URLField(
+        _("provider API URL"), blank=True, default="", help_text=_("Empty: the provider's default.")
     )
 
     class Meta:
@@ -170,5 +197,18 @@ class EmailSettings(models.Model):
             crypto.decrypt(self.password_encrypted, context=_SMTP_CONTEXT) if self.password_encrypted else ""
         )
 
+    def set_esp_api_key(self, key: str) -> None:
+        self.esp_api_key_encrypted = crypto.encrypt(key, context=_ESP_CONTEXT) if key else ""
 
+    def get_esp_api_key(self) -> str:
+        """Decrypted in memory only."""
+        return (
+            crypto.decrypt(self.esp_api_key_encrypted, context=_ESP_CONTEXT)
+            if self.esp_api_key_encrypted
+            else ""
+        )
+
+
+_ESP_CONTEXT = "integrations.EmailSettings.esp_api_key"
 crypto.register_encrypted_field("integrations.EmailSettings", "password_encrypted", _SMTP_CONTEXT)
+crypto.register_encrypted_field("integrations.EmailSettings", "esp_api_key_encrypted", _ESP_CONTEXT)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from crm.models import Organization
-from integrations.models import WhatsappNumber, WhatsappPrice
+from integrations.models import EmailSettings, WhatsappNumber, WhatsappPrice
 
 DEMO_PHONE_NUMBER_ID = "100000000000001"
 DEMO_ACCESS_TOKEN = "demo-access-token"  # noqa: S105 - the sandbox's token, not a real credential
@@ -26,6 +26,30 @@ def whatsapp_number_demo(*, organization: Organization, graph_url: str) -> Whats
             category="marketing", country=country, defaults={"price": price}
         )
     return number
+
+
+def email_settings_demo(*, organization: Organization, host: str, port: int) -> EmailSettings:
+    """Point the demo organization's email at an SMTP server with no TLS and no login (the sandbox).
+
+    Safe to run twice. The rate is high so the demo finishes quickly; set it in the admin."""
+    email_settings, _ = EmailSettings.objects.update_or_create(
+        organization=organization,
+        defaults={
+            "provider": EmailSettings.Provider.SMTP,
+            "host": host,
+            "port": port,
+            "security": EmailSettings.Security.NONE,
+            "username": "",
+            "password_encrypted": "",
+            "sender_name": organization.name,
+            "sender_email": "ofertas@loja-demo.example.com.br",
+            "unsubscribe_mailto": "descadastro@loja-demo.example.com.br",
+            "messages_per_minute": 6000,
+        },
+    )
+    if organization.email_paused_at:
+        Organization.objects.filter(pk=organization.pk).update(email_paused_at=None, email_paused_reason="")
+    return email_settings
 
 
 def whatsapp_prices_sync(*, url: str) -> dict[str, int]:

@@ -6,14 +6,17 @@ and one connection reused for many messages (`SmtpConnection`, a context manager
 
 from __future__ import annotations
 
+import re
 import smtplib
 import ssl
+import time
 from dataclasses import dataclass
 from email import policy
 from email.message import EmailMessage
 from types import TracebackType
 from typing import Self
 
+_DOT_AT_LINE_START = re.compile(rb"(?m)^\.")
 CONNECT_TIMEOUT = 15.0  # TCP connect and the server's 220 greeting
 SOCKET_TIMEOUT = 30.0  # every later read or write
 
@@ -30,6 +33,11 @@ class SmtpServer:
         return f"SmtpServer({self.host}:{self.port}, {self.security}, user={self.username!r})"
 
 
+class OutcomeUnknown(Exception):
+    """The connection broke after the message was handed over (after DATA's 354): the server may
+    or may not have accepted it, so it must not be sent again."""
+
+
 def _reply(code: int, message: bytes | str) -> str:
     text = message.decode(errors="replace") if isinstance(message, bytes) else message
     return f"{code} {text}".strip()
@@ -42,6 +50,8 @@ class SmtpConnection:
         self.server = server
         self.client: smtplib.SMTP | None = None
         self.login_reply = ""
+        self.last_used = 0.0  # time.monotonic() of the last command
+        self.sent = 0
 
     def open(self) -> Self:
         """Connect, greet, STARTTLS/TLS as configured and log in; raises smtplib/ssl/OSError errors."""
@@ -65,7 +75,26 @@ class SmtpConnection:
             client.close()
             raise
         self.client = client
+        self.last_used = time.monotonic()
         return self
+
+    @property
+    def is_open(self) -> bool:
+        return self.client is not None
+
+    def alive(self) -> bool:
+        """NOOP the server: False (and closed) when the connection is gone."""
+        if self.client is None:
+            return False
+        try:
+            code, _ = self.client.noop()
+        except (smtplib.SMTPException, OSError):
+            code = 0
+        if code != 250:
+            self.close()
+            return False
+        self.last_used = time.monotonic()
+        return True
 
     def send(self, message: EmailMessage) -> str:
         """Send one message; returns the server's answer to DATA verbatim ("250 2.0.0 Ok: queued as …").
@@ -98,11 +127,33 @@ class SmtpConnection:
             self._reset(next(iter(refused.values()))[0])
             raise smtplib.SMTPRecipientsRefused(refused)
         del message["Bcc"]
-        code, resp = client.data(message.as_bytes(policy=policy.SMTP))
+        code, resp = self._data(message.as_bytes(policy=policy.SMTP))
+        self.last_used = time.monotonic()
         if code != 250:
             self._reset(code)
             raise smtplib.SMTPDataError(code, resp)
+        self.sent += 1
         return _reply(code, resp)
+
+    def _data(self, payload: bytes) -> tuple[int, bytes]:
+        """smtplib's data(), split so a failure after the hand-over is told apart (OutcomeUnknown)."""
+        assert self.client is not None
+        client = self.client
+        client.putcmd("data")
+        code, repl = client.getreply()
+        if code != 354:
+            self._reset(code)
+            raise smtplib.SMTPDataError(code, repl)
+        body = _DOT_AT_LINE_START.sub(b"..", payload)
+        if not body.endswith(b"\r\n"):
+            body += b"\r\n"
+        try:
+            client.send(body + b".\r\n")
+            return client.getreply()
+        except (smtplib.SMTPServerDisconnected, OSError) as exc:
+            self.client = None
+            client.close()
+            raise OutcomeUnknown(f"{type(exc).__name__}: {exc}") from exc
 
     def _reset(self, code: int) -> None:
         assert self.client is not None

@@ -13,6 +13,8 @@ Test controls (thread-safe, callable from any thread):
 - ``reply_for_all(535, "5.7.8 Authentication credentials invalid", at="AUTH")`` - the same for every
   session, at AUTH, MAIL, RCPT or DATA. A recipient's own replies come before global ones, oldest
   first. Any 421 reply also closes the connection, as real servers do.
+- ``hang_up_after_data(rcpt)`` - store that recipient's next message, then drop the connection
+  without answering: the client cannot know whether it was accepted.
 - ``messages(to=...)``, ``connections()``, ``messages_per_connection()``, ``wait_for_messages(n)``,
   ``reset()``.
 
@@ -130,6 +132,9 @@ class _Handler:
             envelope=envelope,
             queue_id=queue_id,
         )
+        if self.sandbox._take_hang_up(envelope.rcpt_tos) and server.transport is not None:
+            # Accepted, but the client never hears it: its outcome is unknown to the sender.
+            server.transport.close()
         return f"250 2.0.0 Ok: queued as {queue_id}"
 
 
@@ -173,6 +178,7 @@ class SmtpSandbox:
         self._per_connection: dict[int, int] = {}
         self._messages: list[dict[str, Any]] = []
         self._replies: list[Reply] = []
+        self._hang_ups: dict[str, int] = {}
 
     @property
     def address(self) -> tuple[str, int]:
@@ -249,6 +255,12 @@ class SmtpSandbox:
             raise ValueError(f"at must be one of {STAGES}, not {at!r}")
         return self._add_reply(Reply(code, message, at, None, times))
 
+    def hang_up_after_data(self, rcpt: str, *, times: int = 1) -> None:
+        """Accept (store) ``rcpt``'s next ``times`` messages, then drop the connection instead of
+        answering 250: the client cannot know whether the message was accepted."""
+        with self._lock:
+            self._hang_ups[_normalise(rcpt)] = self._hang_ups.get(_normalise(rcpt), 0) + times
+
     def replies(self) -> list[Reply]:
         """The scripted replies still pending, oldest first."""
         with self._lock:
@@ -291,6 +303,7 @@ class SmtpSandbox:
             self._messages.clear()
             self._replies.clear()
             self._per_connection.clear()
+            self._hang_ups.clear()
             self._connections = 0
 
     # Called from the server's loop ----------------------------------------------------------------
@@ -320,6 +333,14 @@ class SmtpSandbox:
                 if match.times == 0:
                     self._replies.remove(match)
             return match
+
+    def _take_hang_up(self, rcpts: list[str]) -> bool:
+        with self._lock:
+            for rcpt in (_normalise(r) for r in rcpts):
+                if self._hang_ups.get(rcpt):
+                    self._hang_ups[rcpt] -= 1
+                    return True
+        return False
 
     def _authenticate(
         self, server: SMTP, session: Session, envelope: Envelope, mechanism: str, auth_data: Any

@@ -1,23 +1,63 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
 
-from campaigns.models import Campaign
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from campaigns.models import BodyFormat, Campaign, Channel
 from crm.models import Organization
 from crm.services import DEMO_SLUG
+
+DEMO_EMAIL_SUBJECT = "{{ first_name }}, ofertas da semana na {{ store_name }}"
+DEMO_EMAIL_BODY = """<mjml>
+  <mj-head>
+    <mj-title>Ofertas da semana</mj-title>
+    <mj-preview>Até 40% de desconto só esta semana</mj-preview>
+  </mj-head>
+  <mj-body background-color="#f4f4f4">
+    <mj-section background-color="#ffffff">
+      <mj-column>
+        <mj-text font-size="20px" font-family="Helvetica, Arial, sans-serif">Olá, {{ first_name }}!</mj-text>
+        <mj-text font-family="Helvetica, Arial, sans-serif">
+          Separamos ofertas de até 40% para você na {{ store_name }}.
+        </mj-text>
+        <mj-button background-color="#0b7a3e" href="https://example.com.br/ofertas">Ver ofertas</mj-button>
+        <mj-text font-size="11px" color="#777777" font-family="Helvetica, Arial, sans-serif">
+          Não quer mais receber nossos e-mails? <a href="{{ unsubscribe_url }}">Descadastre-se</a>.
+        </mj-text>
+      </mj-column>
+    </mj-section>
+  </mj-body>
+</mjml>
+"""
 
 
 class Command(BaseCommand):
     help = "Create (not start) a campaign for the demo organization's whole audience; prints its id."
 
-    def add_arguments(self, parser) -> None:
-        parser.add_argument("--channel", choices=["whatsapp"], default="whatsapp")
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--channel", choices=[c.value for c in Channel], default=Channel.WHATSAPP)
         parser.add_argument("--name", default="Campanha demo")
 
-    def handle(self, *args, **options) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         org = Organization.objects.filter(slug=DEMO_SLUG).first()
         if org is None:
-            raise CommandError("no demo organization: run `manage.py demo --graph-url URL` first")
+            raise CommandError("no demo organization: run `manage.py demo` first")
+        if options["channel"] == Channel.EMAIL:
+            if not hasattr(org, "email_settings"):
+                raise CommandError(
+                    "the demo organization has no email settings: run `manage.py demo --smtp HOST:PORT`"
+                )
+            campaign = Campaign.objects.create(
+                organization=org,
+                name=options["name"],
+                channel=Channel.EMAIL,
+                email_subject=DEMO_EMAIL_SUBJECT,
+                email_body_format=BodyFormat.MJML,
+                email_body=DEMO_EMAIL_BODY,
+            )
+            self.stdout.write(str(campaign.pk))
+            return
         number = org.whatsapp_numbers.first()
         if number is None:
             raise CommandError(
@@ -26,7 +66,7 @@ class Command(BaseCommand):
         campaign = Campaign.objects.create(
             organization=org,
             name=options["name"],
-            channel=options["channel"],
+            channel=Channel.WHATSAPP,
             whatsapp_number=number,
             template_name="promo_demo",
             template_language="pt_BR",

@@ -1,20 +1,35 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
 from crm import services
 
 
+def host_port(value: str) -> tuple[str, int]:
+    """Parse `--smtp HOST:PORT`; argparse reports the ValueError as an invalid value."""
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(value)
+    return host, int(port)
+
+
 class Command(BaseCommand):
     help = "Create or update (idempotently) the demo organization (slug 'demo'), its stores and customers."
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--customers", type=int, default=50, help="number of customers (default 50)")
         parser.add_argument(
             "--graph-url",
             default="",
             help="point the demo WhatsApp number at this Graph API (e.g. the sandbox)",
+        )
+        parser.add_argument(
+            "--smtp",
+            type=host_port,
+            metavar="HOST:PORT",
+            help="point the demo organization's email at this SMTP server (no TLS, no login), "
+            "e.g. the sandbox",
         )
 
     def handle(self, *args, **options) -> None:
@@ -28,6 +43,12 @@ class Command(BaseCommand):
 
             number = whatsapp_number_demo(organization=org, graph_url=options["graph_url"])
             self.stdout.write(f"demo WhatsApp number {number.phone_number_id} -> {options['graph_url']}")
+        if options["smtp"]:
+            from integrations.services import email_settings_demo
+
+            host, port = options["smtp"]
+            email_settings_demo(organization=org, host=host, port=port)
+            self.stdout.write(f"demo email via SMTP {host}:{port} (no TLS, no login)")
         self.stdout.write(
             f"demo organization '{org.slug}' (id {org.pk}): {org.stores.count()} stores, "
             f"{org.customers.count()} customers"

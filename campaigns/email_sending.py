@@ -1,0 +1,402 @@
+"""Sending one batch of campaign emails: the seed's email-send job, for many messages at once.
+
+1 settings read fresh, password decrypted in memory only · 2 timeouts 15 s / 15 s / 30 s
+(integrations.email.smtp) · 3 List-Unsubscribe (https one-click + mailto) and
+List-Unsubscribe-Post · 4 SENT, metrics sent+1 and delivered+1 · 5 failures classified
+(integrations.email.bounces): hard bounces suppress the address, soft ones are retried, sender-side
+failures pause the organization's email and leave the recipients untouched · 6 3 attempts,
+exponential from 60 s; completion check · 7 the organization's rate enforced by a limiter in Redis
+(crm.ratelimit) shared by every worker, and one SMTP connection per process reused across messages
+and jobs (integrations.email.pool) · 8 exactly once: messages are claimed (QUEUED -> SENDING) a few
+at a time before they are handed to the server, so a retry, a second worker or a re-run after a
+crash only ever sees the ones still QUEUED; a connection that breaks after the hand-over leaves the
+message FAILED with "outcome unknown", never sent again.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import smtplib
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from email.headerregistry import Address
+from email.message import EmailMessage as MimeMessage
+from email.utils import format_datetime, make_msgid
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from django.db import transaction
+from django.db.models import Count, F
+from django.utils import timezone
+
+from campaigns import email_render, links, services
+from campaigns.models import (
+    OUTCOME_UNKNOWN,
+    BounceType,
+    Campaign,
+    CampaignMetric,
+    Channel,
+    EmailMessage,
+    EmailSuppression,
+)
+from crm import bulk, ratelimit
+from crm.jobs import Defer
+from crm.models import Customer, Organization
+from integrations.email import pool
+from integrations.email.bounces import Failure, SmtpFailure, classify_exception
+from integrations.email.smtp import OutcomeUnknown, SmtpServer
+from integrations.models import EmailSettings
+
+logger = logging.getLogger(__name__)
+
+Status = EmailMessage.Status
+ATTEMPTS = 3  # the seed: 3 attempts, exponential backoff from 60 s (EMAIL_RETRY_BACKOFF)
+PAUSED_DELAY = services.PAUSED_DELAY
+# A job sends for at most this long, then yields its worker and continues as a new run (a slow
+# organization's rate must not hold a worker past the queue's timeout).
+JOB_BUDGET = 60.0
+
+
+@functools.lru_cache(maxsize=64)
+def _compile(subject: str, body: str, body_format: str) -> email_render.CompiledEmail:
+    return email_render.compile_email(subject=subject, body=body, body_format=body_format)
+
+
+def compiled_email(campaign: Campaign) -> email_render.CompiledEmail:
+    """The campaign's subject and body compiled once per process (and again only when edited)."""
+    return _compile(campaign.email_subject, campaign.email_body, campaign.email_body_format)
+
+
+def smtp_server(email_settings: EmailSettings) -> SmtpServer:
+    """The organization's server with its password decrypted in memory (never in a payload or log)."""
+    return SmtpServer(
+        host=email_settings.host,
+        port=email_settings.port,
+        security=email_settings.security,
+        username=email_settings.username,
+        password=email_settings.get_password(),
+    )
+
+
+def variables_for(customer: Customer, *, store_name: str, unsubscribe_url: str = "") -> dict[str, str]:
+    return {
+        "first_name": (customer.name or "").split(" ")[0],
+        "name": customer.name or "",
+        "email": customer.email or "",
+        "store_name": store_name,
+        "unsubscribe_url": unsubscribe_url,
+    }
+
+
+def build_message(
+    *,
+    email_settings: EmailSettings,
+    to_name: str,
+    to_address: str,
+    rendered: email_render.RenderedEmail,
+    unsubscribe_url: str = "",
+) -> MimeMessage:
+    """A multipart/alternative message (text + HTML) with the RFC 8058 one-click headers."""
+    message = MimeMessage()
+    message["From"] = Address(email_settings.sender_name, addr_spec=email_settings.sender_email)
+    message["To"] = Address(to_name, addr_spec=to_address)
+    message["Subject"] = rendered.subject
+    message["Date"] = format_datetime(timezone.now())
+    message["Message-ID"] = make_msgid(domain=email_settings.sender_email.rpartition("@")[2] or None)
+    if unsubscribe_url:
+        targets = [f"<{unsubscribe_url}>"]
+        if email_settings.unsubscribe_mailto:
+            targets.append(f"<mailto:{email_settings.unsubscribe_mailto}?subject=unsubscribe>")
+        message["List-Unsubscribe"] = ", ".join(targets)
+        message["List-Unsubscribe-Post"] = "List-Unsubscribe=One-Click"
+    message.set_content(rendered.text)
+    message.add_alternative(rendered.html, subtype="html")
+    return message
+
+
+def pause_organization_email(*, organization_id: int, reason: str) -> bool:
+    """Stop every email of the organization until an operator clears it; True when this call did."""
+    paused = Organization.objects.filter(pk=organization_id, email_paused_at__isnull=True).update(
+        email_paused_at=timezone.now(), email_paused_reason=reason[:2000]
+    )
+    if paused:
+        logger.error(
+            "organization %s: email sending paused: %s",
+            organization_id,
+            reason,
+            extra={"organization_id": organization_id},
+        )
+    return bool(paused)
+
+
+@dataclass
+class Delivery:
+    """What happened to one message handed to the server."""
+
+    reply: str = ""
+    failure: SmtpFailure | None = None
+    unknown: str = ""  # the connection broke after the hand-over
+
+
+def deliver(server: SmtpServer, build: Callable[[], MimeMessage]) -> Delivery:
+    """Send over the process's pooled connection and classify what the server said."""
+    try:
+        return Delivery(reply=pool.send(server, build, idle_check=settings.EMAIL_CONNECTION_IDLE_CHECK))
+    except OutcomeUnknown as exc:
+        return Delivery(unknown=str(exc))
+    except (smtplib.SMTPException, OSError) as exc:
+        failure = classify_exception(exc)
+        if failure.kind is Failure.SENDER:
+            pool.discard(server)
+        return Delivery(failure=failure)
+
+
+@dataclass
+class _Chunk:
+    sent: list[EmailMessage] = field(default_factory=list)
+    bounced: list[EmailMessage] = field(default_factory=list)
+    failed: list[EmailMessage] = field(default_factory=list)
+    skipped: list[EmailMessage] = field(default_factory=list)
+    retry: list[EmailMessage] = field(default_factory=list)  # soft bounce with attempts left
+    release: list[int] = field(default_factory=list)  # not handed over: back to QUEUED, attempt not spent
+    suppress: list[tuple[str, str]] = field(default_factory=list)
+    sender_failure: str = ""
+
+
+def _claim(campaign_id: int, batch: int, limit: int, exclude: set[int]) -> list[int]:
+    with transaction.atomic():
+        ids = list(
+            EmailMessage.objects.select_for_update(skip_locked=True)
+            .filter(campaign_id=campaign_id, batch=batch, status=Status.QUEUED)
+            .exclude(id__in=exclude)
+            .order_by("id")
+            .values_list("id", flat=True)[:limit]
+        )
+        if ids:
+            EmailMessage.objects.filter(id__in=ids).update(
+                status=Status.SENDING, attempts=F("attempts") + 1, sending_at=timezone.now()
+            )
+    return ids
+
+
+def _claim_size(per_second: float) -> int:
+    """Messages per claim: CLAIM_SIZE, fewer when the rate is slow, so a claim spans a few seconds."""
+    size = int(settings.EMAIL_CLAIM_SIZE)
+    return max(1, min(size, int(per_second * 5))) if per_second > 0 else size
+
+
+def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
+    """Send every still-queued message of one batch. Returns counts by outcome.
+
+    Raises Defer (no attempt spent) while the campaign or the organization's email is paused, when
+    soft bounces wait for their retry, and to yield the worker after JOB_BUDGET seconds.
+    """
+    campaign = Campaign.objects.select_related("organization", "audience_store").get(pk=campaign_id)
+    org: Organization = campaign.organization
+    if not services.batch_may_send(campaign=campaign, batch=batch):
+        return {}
+    email_settings = EmailSettings.objects.filter(organization_id=org.pk).first()  # 1: fresh
+    if email_settings is None:
+        pause_organization_email(organization_id=org.pk, reason="no email settings")
+        raise Defer(PAUSED_DELAY * 2, "organization has no email settings")
+
+    compiled = compiled_email(campaign)
+    server = smtp_server(email_settings)
+    per_second = email_settings.messages_per_minute / 60
+    store_name = campaign.audience_store.name if campaign.audience_store else org.name
+    counts: Counter[str] = Counter()
+    retrying: dict[int, int] = {}  # soft-bounced message id -> attempts so far
+    started = time.monotonic()
+    while True:
+        ids = _claim(campaign_id, batch, _claim_size(per_second), set(retrying))
+        if not ids:
+            break
+        chunk = _send_chunk(campaign, org, email_settings, server, compiled, store_name, ids, per_second)
+        _record(campaign, chunk, counts)
+        retrying.update({m.pk: m.attempts for m in chunk.retry})
+        if chunk.sender_failure:
+            pause_organization_email(organization_id=org.pk, reason=chunk.sender_failure)
+            raise Defer(PAUSED_DELAY * 2, f"email sending paused: {chunk.sender_failure}")
+        if time.monotonic() - started > JOB_BUDGET:
+            raise Defer(0, "yielding the worker; the batch continues")
+    if retrying:
+        backoff = float(settings.EMAIL_RETRY_BACKOFF) * 2 ** (max(retrying.values()) - 1)
+        raise Defer(backoff, "soft bounces wait for a retry")
+    services.campaign_complete_if_done(campaign_id=campaign_id, channel=Channel.EMAIL)
+    return dict(counts)
+
+
+def _send_chunk(
+    campaign: Campaign,
+    org: Organization,
+    email_settings: EmailSettings,
+    server: SmtpServer,
+    compiled: email_render.CompiledEmail,
+    store_name: str,
+    ids: list[int],
+    per_second: float,
+) -> _Chunk:
+    chunk = _Chunk()
+    messages = list(EmailMessage.objects.filter(id__in=ids).select_related("customer").order_by("id"))
+    addresses = {m.customer.email.strip().lower() for m in messages}
+    suppressed = set(
+        EmailSuppression.objects.filter(organization_id=org.pk, email__in=addresses).values_list(
+            "email", flat=True
+        )
+    )
+    since = timezone.now() - timedelta(days=org.message_limit_days)
+    recent = dict(
+        EmailMessage.objects.filter(
+            organization_id=org.pk,
+            customer_id__in=[m.customer_id for m in messages],
+            sent_at__gte=since,
+            status=Status.SENT,
+        )
+        .exclude(campaign_id=campaign.pk)
+        .values_list("customer_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    ready: list[EmailMessage] = []
+    for m in messages:
+        customer = m.customer
+        m.email = customer.email.strip()
+        reason = ""
+        if not customer.can_receive_email:
+            reason = "customer opted out or has no consent"
+        elif m.email.lower() in suppressed:
+            reason = "address suppressed (an earlier hard bounce or complaint)"
+        elif recent.get(m.customer_id, 0) >= org.message_limit_count:
+            reason = f"message limit: {recent[m.customer_id]} in the last {org.message_limit_days} days"
+        else:
+            try:
+                validate_email(m.email)
+            except ValidationError:
+                reason = f"invalid address {m.email!r}"
+        if reason:
+            m.error_reason = reason
+            chunk.skipped.append(m)
+        else:
+            ready.append(m)
+    if not ready:
+        return chunk
+
+    slots = ratelimit.reserve(f"email:{org.pk}", len(ready), per_second)  # 7: shared by every worker
+    reserved_at = time.monotonic()
+    for i, m in enumerate(ready):
+        if chunk.sender_failure:
+            chunk.release.append(m.pk)
+            continue
+        wait = slots.offset(i) - (time.monotonic() - reserved_at)
+        if wait > 0:
+            time.sleep(wait)
+        unsubscribe_url = links.link_url("u", m)
+        rendered = email_render.render_email(
+            compiled,
+            variables=variables_for(m.customer, store_name=store_name, unsubscribe_url=unsubscribe_url),
+            click_url=links.link_url("r", m),
+            open_pixel_url=links.link_url("o", m),
+        )
+        outcome = deliver(
+            server,
+            functools.partial(
+                build_message,
+                email_settings=email_settings,
+                to_name=m.customer.name,
+                to_address=m.email,
+                rendered=rendered,
+                unsubscribe_url=unsubscribe_url,
+            ),
+        )
+        now = timezone.now()
+        if outcome.unknown:
+            m.error_reason, m.failed_at = OUTCOME_UNKNOWN, now
+            chunk.failed.append(m)
+        elif outcome.failure is None:
+            m.status, m.smtp_reply, m.sent_at = Status.SENT, outcome.reply[:2000], now
+            chunk.sent.append(m)
+        elif outcome.failure.kind is Failure.SENDER:
+            chunk.sender_failure = _describe(outcome.failure)
+            chunk.release.append(m.pk)
+        elif outcome.failure.kind is Failure.SOFT_BOUNCE and m.attempts < ATTEMPTS:
+            m.bounce_message = _describe(outcome.failure)
+            chunk.retry.append(m)
+        else:
+            m.bounce_type = (
+                BounceType.HARD if outcome.failure.kind is Failure.HARD_BOUNCE else BounceType.SOFT
+            )
+            m.bounce_message, m.failed_at = _describe(outcome.failure), now
+            chunk.bounced.append(m)
+            if m.bounce_type == BounceType.HARD:
+                chunk.suppress.append((m.email.lower(), m.bounce_message))
+    return chunk
+
+
+def _describe(failure: SmtpFailure) -> str:
+    parts = [str(failure.code) if failure.code else "", failure.enhanced or "", failure.message]
+    return " ".join(p for p in parts if p)[:2000]
+
+
+def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
+    """Write the chunk's outcomes in a few bulk statements (only over rows still SENDING)."""
+    guard = {"status": Status.SENDING}
+    for m in chunk.failed:
+        m.status = Status.FAILED
+    for m in chunk.bounced:
+        m.status = Status.BOUNCED
+    for m in chunk.skipped:
+        m.status = Status.SKIPPED
+    with transaction.atomic():
+        bulk.update_rows(
+            EmailMessage, chunk.sent, ["status", "email", "smtp_reply", "sent_at"], only_if=guard
+        )
+        bulk.update_rows(
+            EmailMessage,
+            chunk.bounced,
+            ["status", "email", "bounce_type", "bounce_message", "failed_at"],
+            only_if=guard,
+        )
+        bulk.update_rows(
+            EmailMessage, chunk.failed, ["status", "email", "error_reason", "failed_at"], only_if=guard
+        )
+        bulk.update_rows(EmailMessage, chunk.skipped, ["status", "email", "error_reason"], only_if=guard)
+        for m in chunk.retry:
+            m.status = Status.QUEUED
+        bulk.update_rows(EmailMessage, chunk.retry, ["status", "email", "bounce_message"], only_if=guard)
+        if chunk.release:
+            EmailMessage.objects.filter(id__in=chunk.release, status=Status.SENDING).update(
+                status=Status.QUEUED, sending_at=None, attempts=F("attempts") - 1
+            )
+        CampaignMetric.objects.filter(campaign_id=campaign.pk).update(
+            sent=F("sent") + len(chunk.sent),
+            delivered=F("delivered") + len(chunk.sent),
+            bounced=F("bounced") + len(chunk.bounced),
+            failed=F("failed") + len(chunk.failed),
+            skipped=F("skipped") + len(chunk.skipped),
+        )
+        if chunk.suppress:
+            EmailSuppression.objects.bulk_create(
+                [
+                    EmailSuppression(
+                        organization_id=campaign.organization_id,
+                        email=address,
+                        reason=EmailSuppression.Reason.HARD_BOUNCE,
+                        detail=detail,
+                    )
+                    for address, detail in chunk.suppress
+                ],
+                ignore_conflicts=True,
+            )
+    counts.update(
+        sent=len(chunk.sent),
+        bounced=len(chunk.bounced),
+        failed=len(chunk.failed),
+        skipped=len(chunk.skipped),
+        retry=len(chunk.retry),
+        released=len(chunk.release),
+    )

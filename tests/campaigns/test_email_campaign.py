@@ -1,0 +1,466 @@
+"""Email campaigns end to end against the loopback SMTP server: real PostgreSQL, Redis, workers, SMTP."""
+
+from __future__ import annotations
+
+import json
+import re
+import smtplib
+import socket
+from collections.abc import Iterator
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+
+from campaigns import links, selectors, services
+from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage, EmailSuppression
+from crm.models import Customer, Organization, Store
+from integrations.email import pool
+from integrations.email.smtp_sandbox import SmtpSandbox
+from integrations.models import EmailSettings
+from tests.conftest import redis_keys_holding
+
+S = EmailMessage.Status
+PASSWORD = "s3nha-SMTP-n40-vaza"
+
+BODY = """<mjml><mj-body><mj-section><mj-column>
+<mj-text>Olá {{ first_name }}, ofertas na {{ store_name }}!</mj-text>
+<mj-button href="https://loja.example.com.br/bf?utm=email&amp;x=1">Ver ofertas</mj-button>
+<mj-text><a href="https://loja.example.com.br/bf?utm=email&amp;x=1">de novo</a>
+<a href="{{ unsubscribe_url }}">Descadastrar</a></mj-text>
+</mj-column></mj-section></mj-body></mjml>"""
+
+
+@pytest.fixture
+def smtp() -> Iterator[SmtpSandbox]:
+    with SmtpSandbox(require_auth=("loja", PASSWORD)) as server:
+        yield server
+    pool.close_all()
+
+
+@pytest.fixture
+def em(transactional_db, smtp, settings) -> dict:
+    """An organization whose email goes to the sandbox (with login), and a campaign factory."""
+    settings.EMAIL_BATCH_SIZE = 50
+    settings.EMAIL_RETRY_BACKOFF = 0.5
+    settings.PUBLIC_URL = "https://crm.example.com.br"
+    org = Organization.objects.create(name="Loja Teste", slug="teste")
+    store = Store.objects.create(organization=org, erp_code="001", name="Centro")
+    email_settings = EmailSettings(
+        organization=org,
+        host=smtp.address[0],
+        port=smtp.address[1],
+        security=EmailSettings.Security.NONE,
+        username="loja",
+        sender_name="Loja Teste",
+        sender_email="ofertas@loja.example.com.br",
+        unsubscribe_mailto="sair@loja.example.com.br",
+        messages_per_minute=0,
+    )
+    email_settings.set_password(PASSWORD)
+    email_settings.save()
+
+    def customers(n: int, start: int = 0, **fields) -> list[Customer]:
+        return Customer.objects.bulk_create(
+            [
+                Customer(
+                    organization=org,
+                    erp_id=f"C{i}",
+                    name=fields.get("name", f"Cliente{i} Silva"),
+                    email=fields.get("email", f"c{i}@example.com.br"),
+                )
+                for i in range(start, start + n)
+            ]
+        )
+
+    def campaign(**fields) -> Campaign:
+        defaults = dict(
+            organization=org,
+            name="Black Friday",
+            channel=Channel.EMAIL,
+            email_subject="{{ first_name }}, a Black Friday chegou",
+            email_body_format=BodyFormat.MJML,
+            email_body=BODY,
+        )
+        return Campaign.objects.create(**{**defaults, **fields})
+
+    return {
+        "org": org,
+        "store": store,
+        "settings": email_settings,
+        "customers": customers,
+        "campaign": campaign,
+    }
+
+
+def _statuses(campaign: Campaign) -> dict[str, int]:
+    counts = selectors.campaign_counts(campaign_id=campaign.pk, channel=Channel.EMAIL)
+    return {k: v for k, v in counts.items() if v}
+
+
+def test_an_email_campaign_sends_once_to_each_recipient_over_one_connection(em, smtp, run_jobs):
+    people = em["customers"](30)
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    run_jobs()
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.SENT
+    assert _statuses(campaign) == {"sent": 30}
+    received = smtp.messages()
+    assert sorted(m["rcpt_tos"][0] for m in received) == sorted(p.email for p in people)
+    assert smtp.connections() == 1  # one connection reused for all of them
+    assert {m["auth_login"] for m in received} == {"loja"}
+    metric = CampaignMetric.objects.get(campaign=campaign)
+    assert (metric.queued, metric.sent, metric.delivered, metric.bounced) == (30, 30, 30, 0)
+
+    msg = EmailMessage.objects.get(customer=people[0])
+    mail = smtp.messages(to=people[0].email)[0]
+    headers = mail["headers"]
+    assert mail["subject"] == "Cliente0, a Black Friday chegou"
+    assert headers["From"] == "Loja Teste <ofertas@loja.example.com.br>"
+    assert headers["To"] == f"Cliente0 Silva <{people[0].email}>"
+    unsubscribe = f"https://crm.example.com.br/{links.link_path('u', msg)}"
+    assert headers["List-Unsubscribe"] == (
+        f"<{unsubscribe}>, <mailto:sair@loja.example.com.br?subject=unsubscribe>"
+    )
+    assert headers["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    html = mail["html"]
+    assert "Olá Cliente0, ofertas na Loja Teste!" in html
+    click = f"https://crm.example.com.br/{links.link_path('r', msg)}/0"
+    assert html.count(click) == 2  # the button and the link share one tracked target
+    assert "loja.example.com.br/bf" not in html  # every link goes through the redirect
+    assert f"https://crm.example.com.br/{links.link_path('o', msg)}" in html
+    assert unsubscribe in html
+    assert "Olá Cliente0" in mail["text"] and "<" not in mail["text"].replace(f"<{click}>", "")
+    assert msg.smtp_reply.startswith("250 2.0.0 Ok: queued as ")
+    assert msg.email == people[0].email and msg.sent_at
+
+
+def test_the_fan_out_and_the_send_are_bulk(em, smtp, run_jobs, settings):
+    settings.EMAIL_BATCH_SIZE = 100
+    em["customers"](600)
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    with CaptureQueriesContext(connection) as queries:
+        services.campaign_fanout(campaign_id=campaign.pk, chunk=1000)
+    assert len(queries) < 25
+    from campaigns.email_sending import email_send_batch
+
+    with CaptureQueriesContext(connection) as queries:
+        email_send_batch(campaign_id=campaign.pk, batch=0)
+    # 100 emails in 5 claims of 20: a dozen statements per claim, none per email
+    assert len(queries) <= 5 * 14, len(queries)
+    assert len(smtp.messages()) == 100
+
+
+def test_a_hard_bounce_suppresses_the_address_for_future_campaigns(em, smtp, run_jobs):
+    good, dead = em["customers"](2)
+    smtp.reply_for(dead.email, 550, "5.1.1 <x>: Recipient address rejected: User unknown")
+    first = services.campaign_start(campaign=em["campaign"]())
+    run_jobs()
+    msg = EmailMessage.objects.get(campaign=first, customer=dead)
+    assert (msg.status, msg.bounce_type, msg.attempts) == (S.BOUNCED, "hard", 1)
+    assert "5.1.1" in msg.bounce_message and "User unknown" in msg.bounce_message
+    suppression = EmailSuppression.objects.get(organization=em["org"])
+    assert (suppression.email, suppression.reason) == (dead.email.lower(), "hard_bounce")
+    assert CampaignMetric.objects.get(campaign=first).bounced == 1
+    first.refresh_from_db()
+    assert first.status == Campaign.Status.SENT
+
+    second = services.campaign_start(campaign=em["campaign"](name="Natal"))
+    run_jobs()
+    assert list(EmailMessage.objects.filter(campaign=second).values_list("customer_id", flat=True)) == [
+        good.pk
+    ]
+    assert len(smtp.messages(to=dead.email)) == 0
+
+
+def test_a_soft_bounce_is_retried_with_backoff_then_bounces_soft(em, smtp, run_jobs):
+    flaky, full, _fine = em["customers"](3)
+    smtp.reply_for(flaky.email, 450, "4.7.1 Greylisted, please try again later", times=1)
+    smtp.reply_for(full.email, 552, "5.2.2 Mailbox full")
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    run_jobs(settle=5)
+    flaky_msg = EmailMessage.objects.get(customer=flaky)
+    full_msg = EmailMessage.objects.get(customer=full)
+    assert (flaky_msg.status, flaky_msg.attempts) == (S.SENT, 2)
+    assert (full_msg.status, full_msg.bounce_type, full_msg.attempts) == (S.BOUNCED, "soft", 3)
+    assert "mailbox full" in full_msg.bounce_message.lower()
+    assert not EmailSuppression.objects.exists()  # a soft bounce does not suppress
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.SENT
+    assert _statuses(campaign) == {"sent": 2, "bounced": 1}
+
+    # "Retry failed" gives soft bounces fresh attempts
+    smtp.reset()
+    assert services.campaign_retry_failed(campaign=campaign) == 1
+    run_jobs()
+    full_msg.refresh_from_db()
+    assert full_msg.status == S.SENT
+    assert CampaignMetric.objects.get(campaign=campaign).bounced == 0
+
+
+@pytest.mark.parametrize(
+    ("setup", "reason"),
+    [
+        (lambda smtp: smtp.reply_for_all(535, "5.7.8 Authentication credentials invalid", at="AUTH"), "535"),
+        (lambda smtp: smtp.reply_for_all(421, "4.3.2 Service shutting down", at="MAIL"), "421"),
+        (lambda smtp: smtp.reply_for_all(454, "4.7.0 TLS not available", at="RCPT"), "454"),
+    ],
+)
+def test_a_sender_side_failure_pauses_the_organization_and_bounces_nobody(em, smtp, run_jobs, setup, reason):
+    em["customers"](5)
+    setup(smtp)
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    run_jobs()
+    org = Organization.objects.get(pk=em["org"].pk)
+    assert org.email_paused_at is not None and reason in org.email_paused_reason
+    # recipients untouched: queued again with no attempt spent, nothing bounced or suppressed
+    assert _statuses(campaign) == {"queued": 5}
+    assert set(EmailMessage.objects.values_list("attempts", flat=True)) == {0}
+    assert not EmailSuppression.objects.exists()
+    status = selectors.campaign_status(campaign=campaign)
+    assert reason in status["sending_paused"]
+
+    # the operator fixes it and clears the pause: the deferred batch goes out
+    smtp.reset()
+    Organization.objects.filter(pk=org.pk).update(email_paused_at=None, email_paused_reason="")
+    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    run_jobs()
+    assert _statuses(campaign) == {"sent": 5}
+
+
+def test_an_unreachable_server_pauses_and_a_wrong_password_is_a_sender_failure(em, smtp, run_jobs):
+    em["customers"](2)
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    EmailSettings.objects.filter(pk=em["settings"].pk).update(port=closed_port)
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    run_jobs()
+    org = Organization.objects.get(pk=em["org"].pk)
+    assert "ConnectionRefusedError" in org.email_paused_reason
+    assert _statuses(campaign) == {"queued": 2}
+
+    settings_row = EmailSettings.objects.get(pk=em["settings"].pk)
+    settings_row.port = smtp.address[1]
+    settings_row.set_password("wrong")
+    settings_row.save()
+    Organization.objects.filter(pk=org.pk).update(email_paused_at=None, email_paused_reason="")
+    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    run_jobs()
+    org.refresh_from_db()
+    assert "535" in org.email_paused_reason
+    assert _statuses(campaign) == {"queued": 2} and not smtp.messages()
+
+
+def test_a_connection_lost_after_the_hand_over_is_never_resent(em, smtp, run_jobs):
+    people = em["customers"](4)
+    smtp.hang_up_after_data(people[1].email)
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    run_jobs()
+    lost = EmailMessage.objects.get(customer=people[1])
+    assert lost.status == S.FAILED and "outcome unknown" in lost.error_reason
+    assert len(smtp.messages(to=people[1].email)) == 1  # the server has it once
+    assert _statuses(campaign) == {"sent": 3, "failed": 1}
+    assert services.campaign_retry_failed(campaign=campaign) == 0  # not even on request
+    assert smtp.connections() == 2  # the broken connection was replaced for the rest
+
+
+def test_one_click_unsubscribe_needs_no_cookie_and_never_redirects(em, smtp, run_jobs):
+    person = em["customers"](1)[0]
+    services.campaign_start(campaign=em["campaign"]())
+    run_jobs()
+    msg = EmailMessage.objects.get(customer=person)
+    header = smtp.messages()[0]["headers"]["List-Unsubscribe"]
+    found = re.search(r"<(https://[^>]+)>", header)
+    assert found is not None
+    url = found.group(1)
+    path = url.removeprefix("https://crm.example.com.br")
+
+    page = Client().get(path)
+    assert page.status_code == 200 and "e-mails de marketing" in page.content.decode()
+    person.refresh_from_db()
+    assert person.email_opted_out_at is None  # a GET changes nothing
+
+    client = Client(enforce_csrf_checks=True)  # as a mail client: no cookie, no CSRF token
+    response = client.post(
+        path, data="List-Unsubscribe=One-Click", content_type="application/x-www-form-urlencoded"
+    )
+    assert response.status_code == 200 and not response.cookies
+    person.refresh_from_db()
+    assert person.email_opted_out_at is not None and person.email_opt_out_source == "unsubscribe_link"
+    assert person.whatsapp_opted_out_at is None  # only email
+    assert Client().post(path).status_code == 200  # twice is harmless
+    assert msg.campaign_id
+
+
+def test_opens_and_clicks_are_counted_once_per_message(em, smtp, run_jobs):
+    a, b = em["customers"](2)
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    run_jobs()
+    msg_a = EmailMessage.objects.get(customer=a)
+    msg_b = EmailMessage.objects.get(customer=b)
+    client = Client()
+    pixel = client.get(f"/{links.link_path('o', msg_a)}")
+    assert pixel.status_code == 200 and pixel["Content-Type"] == "image/gif"
+    client.get(f"/{links.link_path('o', msg_a)}")
+    click = client.get(f"/{links.link_path('r', msg_b)}/0")
+    assert click.status_code == 302
+    assert click["Location"] == "https://loja.example.com.br/bf?utm=email&x=1"
+    client.get(f"/{links.link_path('r', msg_b)}/0")
+    assert client.head(f"/{links.link_path('r', msg_a)}/0").status_code == 302  # a preview bot
+    assert client.get(f"/{links.link_path('r', msg_b)}/7").status_code == 404  # no such link
+    assert client.get(f"/{links.link_path('r', msg_b)}").status_code == 404  # emails name a link
+    assert client.get("/o/forged.token").status_code == 200  # the pixel never tells
+    metric = CampaignMetric.objects.get(campaign=campaign)
+    assert (metric.opened, metric.clicked) == (2, 1)  # b's click counts as its open
+    data = selectors.campaign_status(campaign=campaign)
+    assert (data["counts"]["opened"], data["counts"]["clicked"], data["counts"]["bounced"]) == (2, 1, 0)
+
+
+def test_the_password_is_encrypted_at_rest_and_never_in_redis(em, smtp, run_jobs, redis_db):
+    em["customers"](3)
+    services.campaign_start(campaign=em["campaign"]())
+    run_jobs()
+    assert len(smtp.messages()) == 3  # the login worked
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT password_encrypted FROM integrations_emailsettings")
+        (stored,) = cursor.fetchone()
+    assert PASSWORD not in stored and stored
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM integrations_emailsettings WHERE password_encrypted LIKE %s",
+            [f"%{PASSWORD}%"],
+        )
+        assert cursor.fetchone()[0] == 0
+    assert redis_keys_holding(redis_db, PASSWORD) == []
+
+
+def test_the_rate_limit_holds_across_worker_processes(em, smtp, worker_process):
+    em["customers"](40)
+    EmailSettings.objects.filter(pk=em["settings"].pk).update(messages_per_minute=1200)  # 20/s
+    from tests.conftest import child_env
+
+    env = child_env(EMAIL_BATCH_SIZE="10")
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    one = worker_process("--queues", "campaign-trigger,email-send", "--burst", env=env)
+    two = worker_process("--queues", "campaign-trigger,email-send", "--burst", env=env)
+    assert one.wait(timeout=60) == 0 and two.wait(timeout=60) == 0
+    received = sorted(m["received_at"] for m in smtp.messages())
+    assert len(received) == 40
+    span = (received[-1] - received[0]).total_seconds()
+    # 40 sends at 20/s need 39 intervals of 50 ms: at least ~1.95 s whatever the number of workers
+    assert span >= 1.8, span
+    assert _statuses(campaign) == {"sent": 40}
+    assert smtp.connections() <= 2  # one per worker process
+
+
+def test_cancel_pause_and_resume_work_for_email(em, smtp, run_jobs):
+    em["customers"](5)
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    services.campaign_pause(campaign=campaign)
+    run_jobs(settle=0.5)
+    assert len(smtp.messages()) == 0
+    services.campaign_resume(campaign=campaign)
+    run_jobs()
+    assert len(smtp.messages()) == 5
+
+    other = services.campaign_start(campaign=em["campaign"](name="Outra"))
+    assert services.campaign_cancel(campaign=other) == 0  # not fanned out yet
+    run_jobs()
+    assert EmailMessage.objects.filter(campaign=other).count() == 0 or _statuses(other) == {}
+    other.refresh_from_db()
+    assert other.status == Campaign.Status.CANCELLED
+
+
+def test_an_invalid_template_or_missing_settings_is_refused_at_start(em):
+    with pytest.raises(services.CampaignError, match="unknown variable"):
+        services.campaign_start(campaign=em["campaign"](email_subject="{{ cpf }}"))
+    with pytest.raises(services.CampaignError, match=r"(?i)mjml"):
+        services.campaign_start(campaign=em["campaign"](email_body="<mjml><mj-body><mj-nope>"))
+    EmailSettings.objects.all().delete()
+    with pytest.raises(services.CampaignError, match="no email settings"):
+        services.campaign_start(campaign=em["campaign"]())
+
+
+def test_the_commands_run_an_email_campaign_for_the_demo(transactional_db, run_jobs, settings):
+    settings.EMAIL_BATCH_SIZE = 20
+    with SmtpSandbox() as smtp:  # as `manage.py smtp_sandbox`: no TLS, no login
+        _run_demo(smtp, run_jobs)
+
+
+def _run_demo(smtp: SmtpSandbox, run_jobs) -> None:
+    out = StringIO()
+    host, port = smtp.address
+    call_command("demo", "--customers", "25", "--smtp", f"{host}:{port}", stdout=out)
+    assert f"demo email via SMTP {host}:{port}" in out.getvalue()
+    out = StringIO()
+    call_command("demo_campaign", "--channel", "email", stdout=out)
+    campaign_id = int(out.getvalue().strip())
+    call_command("campaign_start", str(campaign_id), stdout=StringIO())
+    run_jobs()
+    out = StringIO()
+    call_command("campaign_status", str(campaign_id), "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    assert data["status"] == "sent" and data["channel"] == "email"
+    assert data["counts"]["sent"] == 25
+    assert {"bounced", "opened", "clicked"} <= set(data["counts"])
+    first = smtp.messages()[0]
+    assert first["headers"]["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    assert "ofertas da semana na Loja Demo" in first["subject"]
+
+
+def test_a_bad_smtp_argument_is_a_clear_error(transactional_db):
+    with pytest.raises(Exception, match="smtp"):
+        call_command("demo", "--smtp", "nohostport", stdout=StringIO())
+
+
+def test_smtplib_sees_the_same_session_reused(em, smtp):
+    """The pool hands back the same authenticated session while it is alive."""
+    from campaigns.email_sending import smtp_server
+
+    server = smtp_server(EmailSettings.objects.get(pk=em["settings"].pk))
+    first = pool.connection(server)
+    assert pool.connection(server) is first
+    assert first.client is not None
+    first.client.close()  # the server went away while idle
+    assert isinstance(first.client, smtplib.SMTP)
+    assert pool.connection(server, idle_check=0) is not first  # NOOP failed: a new one
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_campaign_loses_nothing_and_emails_nobody_twice(
+    em, smtp, worker_process, run_jobs
+):
+    import signal
+    from collections import Counter
+
+    from tests.conftest import child_env, wait_for
+
+    em["customers"](600)
+    EmailSettings.objects.filter(pk=em["settings"].pk).update(messages_per_minute=3000)  # 50/s
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    env = child_env(EMAIL_BATCH_SIZE="100")
+    victim = worker_process("--queues", "campaign-trigger,email-send", env=env)
+    wait_for(lambda: len(smtp.messages()) >= 150, timeout=60, what="emails to start")
+    victim.kill(signal.SIGKILL)
+    assert len(smtp.messages()) < 600, "the worker finished before it could be killed"
+
+    survivor = worker_process("--queues", "campaign-trigger,email-send", "--burst", env=env)
+    assert survivor.wait(timeout=240) == 0
+    # The dead worker's batch is retried after email-send's 60 s backoff; pull it forward, as
+    # "resume" does, rather than wait.
+    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    run_jobs()
+    settled = services.reconcile_in_flight(older_than_seconds=0)
+    statuses = _statuses(campaign)
+    assert set(statuses) <= {"sent", "failed"}, statuses
+    assert sum(statuses.values()) == 600
+    per_recipient = Counter(m["rcpt_tos"][0] for m in smtp.messages())
+    assert max(per_recipient.values()) == 1  # nobody twice
+    assert statuses.get("failed", 0) == settled <= 20  # at most one claim was in flight
+    # the server has every email recorded as sent, plus some of the unknown-outcome ones
+    assert 0 <= len(per_recipient) - statuses["sent"] <= settled
+    wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT, timeout=5)
