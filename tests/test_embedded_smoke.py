@@ -4,6 +4,8 @@ Ctrl-C stops everything and leaves nothing running."""
 
 from __future__ import annotations
 
+import email
+import email.policy
 import http.cookiejar
 import json
 import os
@@ -82,6 +84,8 @@ def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
             "--port",
             str(port),
             "--meta-port",
+            str(_free_port()),
+            "--smtp-port",
             str(_free_port()),
             "--workers",
             "1",
@@ -163,6 +167,25 @@ def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
         counts = json.loads(manage("campaign_status", campaign_id, "--json"))["counts"]
         # The sandbox posts signed status webhooks back to the web server: sent, delivered, read.
         assert counts["sent"] + counts["delivered"] + counts["read"] == 5
+
+        # An email campaign through the SMTP sandbox that `up` started; it saves what it receives.
+        campaign_id = manage("demo_campaign", "--channel", "email").strip()
+        manage("campaign_start", campaign_id)
+        wait_for(
+            lambda: json.loads(manage("campaign_status", campaign_id, "--json"))["status"] == "sent",
+            timeout=60,
+            interval=1,
+            what="the demo email campaign to be sent",
+        )
+        saved = sorted((var / "mail").glob("*.eml"))
+        assert len(saved) == 5
+        received = email.message_from_bytes(saved[0].read_bytes(), policy=email.policy.default)
+        one_click = re.search(r"<(http://[^>]+)>", str(received["List-Unsubscribe"])).group(1)
+        assert one_click.startswith(base)  # PUBLIC_URL follows --port
+        # RFC 8058: the mail client POSTs with no cookie; the answer is a page, never a redirect.
+        request = urllib.request.Request(one_click, data=b"List-Unsubscribe=One-Click", method="POST")
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200 and response.url == one_click
 
         # The same checkout cannot start a second embedded Redis.
         second = subprocess.run(

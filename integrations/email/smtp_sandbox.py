@@ -41,6 +41,7 @@ import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.message import EmailMessage
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal, Self, cast, get_args
 
@@ -165,8 +166,14 @@ class SmtpSandbox:
         *,
         require_auth: tuple[str, str] | None = None,
         starttls_context: ssl.SSLContext | None = None,
+        save_dir: Path | None = None,
+        keep: int | None = None,
     ) -> None:
         self.host = host
+        # Long-running use (`manage.py smtp_sandbox`): write each accepted message to save_dir as
+        # <queue id>.eml for a person to open, and keep only the last `keep` in memory.
+        self.save_dir = save_dir
+        self.keep = keep
         self.port = port
         self.require_auth = require_auth
         self.starttls_context = starttls_context
@@ -390,8 +397,12 @@ class SmtpSandbox:
             "html": _body(parsed, "html"),
             "received_at": datetime.now(UTC),
         }
+        if self.save_dir is not None:
+            (self.save_dir / f"{queue_id}.eml").write_bytes(raw)
         with self._changed:
             self._messages.append(record)
+            if self.keep is not None and len(self._messages) > self.keep:
+                del self._messages[: len(self._messages) - self.keep]
             if connection_id is not None:
                 self._per_connection[connection_id] = self._per_connection.get(connection_id, 0) + 1
             self._changed.notify_all()

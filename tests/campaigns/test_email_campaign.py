@@ -464,3 +464,28 @@ def test_a_worker_killed_mid_campaign_loses_nothing_and_emails_nobody_twice(
     # the server has every email recorded as sent, plus some of the unknown-outcome ones
     assert 0 <= len(per_recipient) - statuses["sent"] <= settled
     wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT, timeout=5)
+
+
+def test_the_admin_previews_the_email_and_shows_live_counts(em, smtp, run_jobs):
+    from django.contrib.auth.models import User
+
+    User.objects.create_user("ops", password="x-pw-12345", is_staff=True, is_superuser=True)
+    client = Client()
+    client.login(username="ops", password="x-pw-12345")
+    em["customers"](2, name="Ana Souza")
+    campaign = em["campaign"]()
+    page = client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
+    assert "Ana, a Black Friday chegou" in page  # the subject with the first recipient's values
+    assert "<iframe sandbox srcdoc=" in page
+    assert "Olá Ana, ofertas na Loja Teste!" in page
+    broken = em["campaign"](email_body="<p>{{ cpf }}</p>", email_body_format=BodyFormat.HTML)
+    page = client.get(f"/admin/campaigns/campaign/{broken.pk}/change/").content.decode()
+    assert "unknown variable &#x27;cpf&#x27;" in page
+
+    services.campaign_start(campaign=campaign)
+    run_jobs()
+    status = client.get(f"/admin/campaigns/campaign/{campaign.pk}/status/").json()
+    assert status["counts"]["sent"] == 2 and status["progress"] == 1.0
+    listing = client.get("/admin/campaigns/emailmessage/").content.decode()
+    assert listing.count("c0@example.com.br") == 1
+    assert client.get("/admin/campaigns/emailsuppression/").status_code == 200

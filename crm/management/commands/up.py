@@ -29,10 +29,11 @@ class Command(BaseCommand):
         parser.add_argument("--demo-customers", type=int, default=50)
         parser.add_argument("--no-demo", action="store_true")
         parser.add_argument("--meta-port", type=int, default=8081, help="port of the Meta Graph sandbox")
+        parser.add_argument("--smtp-port", type=int, default=2525, help="port of the SMTP sandbox")
         parser.add_argument(
             "--no-sandboxes",
             action="store_true",
-            help="do not start the sandboxes of the external systems (Meta)",
+            help="do not start the sandboxes of the external systems (Meta, SMTP)",
         )
 
     def handle(self, *args, **options) -> None:
@@ -40,6 +41,9 @@ class Command(BaseCommand):
         _check_port(options["host"], options["port"], "--port")
         if not options["no_sandboxes"]:
             _check_port(options["host"], options["meta_port"], "--meta-port")
+            _check_port(options["host"], options["smtp_port"], "--smtp-port")
+        # Links in emails (pixel, clicks, unsubscribe) point at this server unless set otherwise.
+        os.environ.setdefault("PUBLIC_URL", f"http://{options['host']}:{options['port']}")
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         supervisor = Supervisor()
         if settings.EMBEDDED_REDIS:
@@ -68,6 +72,20 @@ class Command(BaseCommand):
         supervisor.add("scheduler", [*manage, "scheduler"])
         if not options["no_sandboxes"]:
             supervisor.add("meta", self._meta_sandbox_argv(manage, options))
+            mail_dir = Path(settings.VAR_DIR) / "mail"
+            supervisor.add(
+                "smtp",
+                [
+                    *manage,
+                    "smtp_sandbox",
+                    "--host",
+                    options["host"],
+                    "--port",
+                    str(options["smtp_port"]),
+                    "--save-dir",
+                    str(mail_dir),
+                ],
+            )
         supervisor.say(
             f"admin: http://{options['host']}:{options['port']}/admin/   "
             f"health: http://{options['host']}:{options['port']}/healthz   (Ctrl-C stops everything)"
@@ -86,7 +104,14 @@ class Command(BaseCommand):
         else:
             supervisor.say(f"admin login: {username} (password unchanged; set ADMIN_PASSWORD to reset it)")
         if not options["no_demo"]:
-            extra = {} if options["no_sandboxes"] else {"graph_url": self._meta_url(options)}
+            extra = (
+                {}
+                if options["no_sandboxes"]
+                else {
+                    "graph_url": self._meta_url(options),
+                    "smtp": (options["host"], options["smtp_port"]),
+                }
+            )
             call_command("demo", customers=options["demo_customers"], stdout=_Say(supervisor), **extra)
 
     @staticmethod

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -33,17 +34,30 @@ class Command(BaseCommand):
             metavar="USER:PASSWORD",
             help="refuse mail until AUTH with these credentials (default: no AUTH needed, any login works)",
         )
+        parser.add_argument(
+            "--save-dir",
+            type=Path,
+            help="write every accepted message there as <queue id>.eml (open it in a mail client)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
+        save_dir = options["save_dir"]
+        if save_dir is not None:
+            save_dir.mkdir(parents=True, exist_ok=True)
         sandbox = SmtpSandbox(
-            host=options["host"], port=options["port"], require_auth=options["require_auth"]
+            host=options["host"],
+            port=options["port"],
+            require_auth=options["require_auth"],
+            save_dir=save_dir,
+            keep=1000,  # memory stays bounded however long it runs
         )
         try:
             sandbox.start()
         except OSError as exc:
             raise CommandError(f"cannot listen on {options['host']}:{options['port']}: {exc}") from None
         host, port = sandbox.address
-        self.stdout.write(f"SMTP sandbox listening on {host}:{port} (Ctrl-C to stop)")
+        saving = f", saving messages to {save_dir}" if save_dir else ""
+        self.stdout.write(f"SMTP sandbox listening on {host}:{port}{saving} (Ctrl-C to stop)")
         self.stdout.flush()
         try:
             wait_for_stop_signal()
