@@ -1,15 +1,18 @@
-"""Operational endpoints: health and the seed's per-queue metrics."""
+"""Operational endpoints: health, the seed's per-queue metrics and the cron schedules page."""
 
 from __future__ import annotations
 
 import time
 
+from django.contrib import admin, messages
 from django.db import connection
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
+from django.template.response import TemplateResponse
+from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from redis.exceptions import RedisError
 
-from crm import jobs, stats
+from crm import cron, jobs, stats
 
 
 def _check(fn) -> dict:
@@ -47,3 +50,33 @@ def metrics(request: HttpRequest) -> JsonResponse:
         return JsonResponse(stats.queue_stats())
     except RedisError as exc:
         return JsonResponse({"error": f"redis unavailable: {exc}"}, status=503)
+
+
+@never_cache
+def schedules(request: HttpRequest) -> HttpResponse:
+    """The cron table with each entry's next run; POST name=… runs one now (staff only, in the admin)."""
+    if request.method == "POST":
+        name = request.POST.get("name", "")
+        if name not in cron.cron_table():
+            messages.error(request, _("No cron entry %(name)s.") % {"name": name})
+        else:
+            job_id = cron.cron_fire(name, manual=True)
+            messages.success(request, _("%(name)s enqueued as %(job)s.") % {"name": name, "job": job_id})
+        return HttpResponseRedirect(request.path)
+    try:
+        rows = cron.cron_schedule()
+        scheduler_error = ""
+    except RedisError as exc:
+        rows = [{**vars(e), "next_run": None} for e in cron.cron_table().values()]
+        scheduler_error = str(exc)
+    table = cron.cron_table()
+    for row in rows:
+        # What the expression says, whether or not a scheduler has registered the entry yet.
+        row["next_by_cron"] = table[row["name"]].next_runs(1)[0]
+    context = {
+        **admin.site.each_context(request),
+        "title": _("Schedules"),
+        "rows": rows,
+        "scheduler_error": scheduler_error,
+    }
+    return TemplateResponse(request, "admin/schedules.html", context)

@@ -229,3 +229,29 @@ def test_admin_lists_answer_with_a_bounded_number_of_queries(
     with django_assert_max_num_queries(12):
         response = staff_client.get(url, {"q": "Cliente 1"})
     assert response.status_code == 200
+
+
+def test_the_schedules_page_lists_every_entry_and_runs_one_now(staff_client, redis_db):
+    from django.test import Client
+
+    from crm import cron
+
+    plain_client = Client()
+    plain_client.force_login(get_user_model().objects.create_user("seller", password="pw-seller-123"))
+
+    cron.cron_register()
+    page = staff_client.get("/admin/schedules/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    for name, entry in cron.cron_table().items():
+        assert f'data-name="{name}"' in html and entry.cron in html
+    assert "(not registered)" not in html  # registered above: the scheduler's own next run is shown
+
+    response = staff_client.post("/admin/schedules/", {"name": "whatsapp-reconcile"})
+    assert response.status_code == 302
+    queued = jobs.get_queue("maintenance").get_job_ids()
+    assert any(j.startswith("whatsapp-reconcile-manual-") for j in queued), queued
+    assert staff_client.post("/admin/schedules/", {"name": "nope"}).status_code == 302
+    assert plain_client.get("/admin/schedules/").status_code == 302  # to the login page
+    assert plain_client.post("/admin/schedules/", {"name": "recover"}).status_code == 302
+    assert not any(j.startswith("recover-manual-") for j in jobs.get_queue("maintenance").get_job_ids())
