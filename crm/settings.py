@@ -101,6 +101,7 @@ INSTALLED_APPS = [
     "campaigns",
     "integrations",
     "erp",
+    "surveys",
 ]
 
 MIDDLEWARE = [

@@ -3,6 +3,7 @@ from django.urls import include, path
 
 from campaigns import link_views, webhook_views
 from crm import views
+from surveys import views as survey_views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
@@ -10,6 +11,7 @@ urlpatterns = [
     path("r/<str:signed>/<int:index>", link_views.redirect, name="campaign-redirect-link"),
     path("o/<str:signed>", link_views.open_pixel, name="campaign-open"),
     path("u/<str:signed>", link_views.unsubscribe, name="campaign-unsubscribe"),
+    path("s/<str:signed>", survey_views.survey, name="survey"),
     # Staff only: admin_view sends anyone else to the admin login.
     path("admin/metrics", admin.site.admin_view(views.metrics), name="admin-metrics"),
     path("admin/schedules/", admin.site.admin_view(views.schedules), name="admin-schedules"),

@@ -1,0 +1,535 @@
+"""Every write on post-sale surveys: scheduling, dispatch, sending and answers.
+
+The database is the source of truth: a survey is a row before it is a job, every job has the
+deterministic id `survey-<id>`, and the dispatch cron (every minute) enqueues the send of every due
+survey whose job Redis does not hold, so a Redis flush loses nothing. Sending is exactly once: a
+survey is claimed (SCHEDULED -> SENDING) before the provider is called and goes back to SCHEDULED
+only when nothing was handed over; one stuck in SENDING is settled as failed, never resent.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from django.db import transaction
+from django.db.models import F, Q, QuerySet, Value
+from django.db.models.functions import Coalesce
+from django.template.loader import render_to_string
+from django.utils import timezone, translation
+
+from campaigns.models import EmailSuppression
+from campaigns.sending import _graph_client, normalize_phone
+from crm import aio, jobs, queues, ratelimit, recovery
+from crm.jobs import Defer
+from crm.models import Customer, OptOutSource, Organization, Sale
+from integrations.email.bounces import Failure, SmtpFailure
+from integrations.models import EmailSettings, WhatsappNumber
+from integrations.whatsapp.client import TemplateMessage, UrlButton
+from integrations.whatsapp.errors import Action
+from surveys import links
+from surveys.models import COMMENT_MAX, OUTCOME_UNKNOWN, SCORE_MAX, SCORE_MIN, Survey
+
+if TYPE_CHECKING:
+    from campaigns.email_render import RenderedEmail
+
+logger = logging.getLogger(__name__)
+
+Status = Survey.Status
+Channel = Survey.Channel
+
+SEND_FUNC = "surveys.tasks.survey_send"
+ATTEMPTS = queues.get_spec(queues.POST_SALE_SURVEY).attempts  # 3, backoff from 60 s
+SCHEDULE_CHUNK = 2000
+# A sale whose survey would have been due this long ago gets none: an ERP backfill of last
+# year's sales must not survey every customer about a purchase they have forgotten.
+STALE_AFTER = timedelta(days=7)
+# Longer than the queue's job timeout (120 s): a survey claimed this long ago lost its worker.
+STUCK_AFTER = timedelta(minutes=15)
+PAUSED_DELAY = 60.0
+THROTTLE_DELAY = 5.0
+# A send waits for its rate slot inside the job only this long; a longer wait gives the worker back.
+MAX_SLOT_WAIT = 20.0
+LANGUAGE = "pt-br"
+WHATSAPP_LANGUAGE = "pt_BR"
+FIRST_NAME_FALLBACK = "cliente"
+
+
+class SurveyRetry(Exception):
+    """A send that may work later (soft bounce, provider hiccup): RQ retries it, spending an attempt."""
+
+
+def survey_job_id(survey_id: int) -> str:
+    return jobs.make_job_id("survey", survey_id)
+
+
+def _send_spec(survey_id: int) -> jobs.JobSpec:
+    return jobs.JobSpec(
+        func=SEND_FUNC,
+        queue=queues.POST_SALE_SURVEY,
+        kwargs={"survey_id": survey_id},
+        job_id=survey_job_id(survey_id),
+    )
+
+
+# --- Scheduling ----------------------------------------------------------------------------------
+
+
+def surveys_schedule(*, sale_ids: Iterable[int]) -> int:
+    """Create the survey of each sale that should have one; returns how many were created.
+
+    Once per sale (a unique sale column, ON CONFLICT DO NOTHING): safe to run twice or concurrently.
+    Two queries per 2,000 sales, none per sale. No survey for a sale without a customer, of an
+    organization whose surveys are off, or whose survey would be due more than STALE_AFTER ago.
+    """
+    ids = sorted(set(sale_ids))
+    now = timezone.now()
+    created = 0
+    for start in range(0, len(ids), SCHEDULE_CHUNK):
+        rows = (
+            Sale.objects.filter(
+                pk__in=ids[start : start + SCHEDULE_CHUNK],
+                customer__isnull=False,
+                organization__survey_channel__in=Channel.values,
+                survey__isnull=True,
+            )
+            .order_by()
+            .values_list(
+                "pk",
+                "organization_id",
+                "store_id",
+                "customer_id",
+                "sold_at",
+                "organization__survey_channel",
+                "organization__survey_delay_days",
+            )
+        )
+        surveys = []
+        for sale_id, organization_id, store_id, customer_id, sold_at, channel, delay_days in rows:
+            due_at = sold_at + timedelta(days=delay_days)
+            if due_at < now - STALE_AFTER:
+                continue
+            surveys.append(
+                Survey(
+                    organization_id=organization_id,
+                    sale_id=sale_id,
+                    customer_id=customer_id,
+                    store_id=store_id,
+                    channel=channel,
+                    due_at=due_at,
+                )
+            )
+        Survey.objects.bulk_create(surveys, ignore_conflicts=True, batch_size=SCHEDULE_CHUNK)
+        created += len(surveys)
+    return created
+
+
+def sale_saved(sender: type[Sale], instance: Sale, created: bool, raw: bool = False, **kwargs: Any) -> None:
+    """post_save of Sale: a sale created one by one (admin, ORM) gets its survey scheduled.
+
+    Bulk writers (the ERP sync's upserts send no signal) call surveys_schedule themselves."""
+    if created and not raw:
+        surveys_schedule(sale_ids=[instance.pk])
+
+
+# --- Dispatch ------------------------------------------------------------------------------------
+
+
+def _due(now: datetime) -> QuerySet[Survey]:
+    return (
+        Survey.objects.filter(status=Status.SCHEDULED, due_at__lte=now)
+        # A paused channel would only have its jobs defer again and again: they wait in the table.
+        .exclude(
+            Q(channel=Channel.EMAIL, organization__email_paused_at__isnull=False)
+            | Q(channel=Channel.WHATSAPP, organization__whatsapp_paused_at__isnull=False)
+        )
+    )
+
+
+def surveys_dispatch(*, limit: int = 5000) -> int:
+    """Enqueue the send of each due survey (oldest first, at most `limit`) whose job Redis does not
+    hold; returns how many were enqueued. Also settles surveys stuck in SENDING.
+
+    Safe to run twice or concurrently: a job id is enqueued only when no live job has it, and a
+    second run of a send finds its survey already claimed.
+    """
+    surveys_settle_stuck()
+    ids = list(_due(timezone.now()).order_by("due_at").values_list("pk", flat=True)[:limit])
+    return recovery.requeue_missing(_send_spec(pk) for pk in ids)
+
+
+@recovery.register("post-sale-surveys")
+def _due_surveys() -> Iterator[jobs.JobSpec]:
+    """Due surveys whose send job Redis no longer holds (the dispatch cron does the same each minute)."""
+    for pk in _due(timezone.now()).values_list("pk", flat=True).iterator(chunk_size=2000):
+        yield _send_spec(pk)
+
+
+def surveys_settle_stuck(*, older_than: timedelta = STUCK_AFTER) -> int:
+    """Surveys claimed long ago whose worker died: FAILED as "outcome unknown", never resent."""
+    settled = Survey.objects.filter(status=Status.SENDING, sending_at__lt=timezone.now() - older_than).update(
+        status=Status.FAILED, reason=OUTCOME_UNKNOWN
+    )
+    if settled:
+        logger.warning("%s surveys stuck in sending settled as failed (outcome unknown)", settled)
+    return settled
+
+
+def surveys_send_now(*, survey_ids: Iterable[int]) -> int:
+    """Make the given scheduled surveys due now and enqueue their sends; returns how many."""
+    ids = list(
+        Survey.objects.filter(pk__in=list(survey_ids), status=Status.SCHEDULED).values_list("pk", flat=True)
+    )
+    if not ids:
+        return 0
+    Survey.objects.filter(pk__in=ids, status=Status.SCHEDULED).update(due_at=timezone.now())
+    recovery.requeue_missing(_send_spec(pk) for pk in ids)
+    return len(ids)
+
+
+def surveys_cancel(*, survey_ids: Iterable[int]) -> int:
+    """Cancel scheduled surveys (a queued send of one then does nothing); returns how many."""
+    return Survey.objects.filter(pk__in=list(survey_ids), status=Status.SCHEDULED).update(
+        status=Status.CANCELLED, reason="cancelled by an operator"
+    )
+
+
+# --- Answers -------------------------------------------------------------------------------------
+
+
+def survey_answer(*, survey: Survey, score: int, comment: str) -> bool:
+    """Record the answer; True only for the first one (a compare-and-set on answered_at), so a sale's
+    survey is answered once even with two submissions at the same moment."""
+    if not SCORE_MIN <= score <= SCORE_MAX:
+        raise ValueError(f"score {score} is not between {SCORE_MIN} and {SCORE_MAX}")
+    now = timezone.now()
+    answered = Survey.objects.filter(pk=survey.pk, answered_at__isnull=True).update(
+        status=Status.ANSWERED,
+        answered_at=now,
+        score=score,
+        comment=comment.strip()[:COMMENT_MAX],
+        # Answered before its send was recorded (a very quick tap): it still counts as surveyed.
+        sent_at=Coalesce(F("sent_at"), Value(now)),
+    )
+    return bool(answered)
+
+
+# --- Sending -------------------------------------------------------------------------------------
+
+
+def _first_name(customer: Customer) -> str:
+    # Any whitespace splits: Meta refuses a template parameter with a tab or a newline (132018).
+    words = (customer.name or "").split()
+    return words[0] if words else ""
+
+
+def render_survey_email(survey: Survey) -> RenderedEmail:
+    """The survey email (Portuguese): subject, HTML and text bodies with the survey's https link."""
+    from campaigns.email_render import RenderedEmail
+
+    context = {
+        "first_name": _first_name(survey.customer),
+        "organization": survey.organization.name,
+        "store": survey.store.name,
+        "url": links.survey_url(survey),
+    }
+    with translation.override(LANGUAGE):
+        subject = render_to_string("surveys/email_subject.txt", context)
+        text = render_to_string("surveys/email.txt", context)
+        html = render_to_string("surveys/email.html", context)
+    return RenderedEmail(subject=" ".join(subject.split()), html=html, text=text)
+
+
+def survey_send(*, survey_id: int) -> str:
+    """Send one due survey on its channel; returns the outcome (sent, skipped, failed, cancelled...).
+
+    Safe to run twice or on two workers: only a SCHEDULED survey is claimed, and it goes back to
+    SCHEDULED only when nothing was handed to the provider. Raises Defer (no attempt spent) while
+    the organization's channel is paused or the rate limit is far ahead, and SurveyRetry on a soft
+    bounce or a retryable provider error (an attempt spent: RQ retries with its backoff).
+    """
+    survey = Survey.objects.select_related("organization").filter(pk=survey_id).first()
+    if survey is None or survey.status != Status.SCHEDULED:
+        return "nothing to do"
+    org = survey.organization
+    now = timezone.now()
+    if survey.due_at > now:
+        return "not due"  # made later since it was dispatched; the dispatch cron sends it when due
+    if org.survey_channel not in Channel.values:
+        Survey.objects.filter(pk=survey_id, status=Status.SCHEDULED).update(
+            status=Status.CANCELLED, reason="post-sale surveys were turned off for the organization"
+        )
+        return "cancelled"
+    _defer_if_paused(org, survey.channel)
+    if survey.channel == Channel.EMAIL:
+        # Imported before the claim: a broken deploy fails the job while the survey is still
+        # SCHEDULED, so the dispatch sends it once fixed.
+        from campaigns import email_render, email_sending  # noqa: F401
+
+    with transaction.atomic():
+        # One survey of a customer at a time: a second one waits here, then sees the first as
+        # sending (or sent) and is skipped by the cool-down.
+        list(Customer.objects.select_for_update().filter(pk=survey.customer_id).values_list("pk"))
+        claimed = Survey.objects.filter(pk=survey_id, status=Status.SCHEDULED).update(
+            status=Status.SENDING, attempts=F("attempts") + 1, sending_at=now
+        )
+        if not claimed:
+            return "nothing to do"
+        survey = Survey.objects.select_related("organization", "customer", "store").get(pk=survey_id)
+        reason = _skip_reason(survey, now)
+        if reason:
+            Survey.objects.filter(pk=survey_id, status=Status.SENDING).update(
+                status=Status.SKIPPED, reason=reason
+            )
+    if reason:
+        logger.info("survey %s skipped: %s", survey_id, reason, extra={"organization_id": org.pk})
+        return "skipped"
+    if survey.channel == Channel.EMAIL:
+        return _send_email(survey)
+    return _send_whatsapp(survey)
+
+
+def _defer_if_paused(org: Organization, channel: str) -> None:
+    if channel == Channel.EMAIL and org.email_paused_at:
+        raise Defer(PAUSED_DELAY, f"organization's email sending paused: {org.email_paused_reason}")
+    if channel == Channel.WHATSAPP and org.whatsapp_paused_at:
+        raise Defer(PAUSED_DELAY, f"organization's WhatsApp sending paused: {org.whatsapp_paused_reason}")
+
+
+def _skip_reason(survey: Survey, now: datetime) -> str:
+    """Why this customer must not get this survey, or ""."""
+    customer = survey.customer
+    org = survey.organization
+    if survey.channel == Channel.EMAIL:
+        if customer.email_opted_out_at is not None:
+            return "customer opted out of email"
+        if not customer.marketing_consent:
+            return "customer has no marketing consent"
+        address = customer.email.strip()
+        if not address:
+            return "customer has no email address"
+        try:
+            validate_email(address)
+        except ValidationError:
+            return f"invalid email address {address!r}"
+        if EmailSuppression.objects.filter(organization_id=org.pk, email=address.lower()).exists():
+            return "address suppressed (an earlier hard bounce or complaint)"
+    else:
+        if customer.whatsapp_opted_out_at is not None:
+            return "customer opted out of WhatsApp"
+        if not customer.marketing_consent:
+            return "customer has no marketing consent"
+        if not customer.phone.strip():
+            return "customer has no phone number"
+        if normalize_phone(customer.phone) is None:
+            return f"invalid phone number {customer.phone!r}"
+    if org.survey_cooldown_days:
+        since = now - timedelta(days=org.survey_cooldown_days)
+        last = (
+            Survey.objects.filter(customer_id=customer.pk)
+            .filter(Q(status__in=Survey.SURVEYED, sent_at__gte=since) | Q(status=Status.SENDING))
+            .exclude(pk=survey.pk)
+            .order_by(F("sent_at").desc(nulls_first=True))
+            .values_list("sent_at", flat=True)[:1]
+        )
+        if last:
+            when = last[0]
+            if when is None:
+                return "another survey is being sent to this customer"
+            return (
+                f"surveyed on {timezone.localtime(when):%Y-%m-%d}, within the "
+                f"{org.survey_cooldown_days}-day cool-down"
+            )
+    return ""
+
+
+def _release(survey: Survey) -> None:
+    """Nothing was handed over: back to SCHEDULED without spending the attempt (a Defer follows)."""
+    Survey.objects.filter(pk=survey.pk, status=Status.SENDING).update(
+        status=Status.SCHEDULED, sending_at=None, attempts=F("attempts") - 1
+    )
+
+
+def _retry_or_fail(survey: Survey, reason: str) -> bool:
+    """An attempt that may work later: back to SCHEDULED while attempts are left (True), else FAILED."""
+    if survey.attempts < ATTEMPTS:
+        Survey.objects.filter(pk=survey.pk, status=Status.SENDING).update(
+            status=Status.SCHEDULED, sending_at=None, reason=reason[:2000]
+        )
+        return True
+    _fail(survey, reason)
+    return False
+
+
+def _fail(survey: Survey, reason: str) -> None:
+    Survey.objects.filter(pk=survey.pk, status=Status.SENDING).update(
+        status=Status.FAILED, reason=reason[:2000]
+    )
+    logger.warning(
+        "survey %s failed: %s", survey.pk, reason, extra={"organization_id": survey.organization_id}
+    )
+
+
+def _mark_sent(survey: Survey, reference: str) -> None:
+    now = timezone.now()
+    sent = Survey.objects.filter(pk=survey.pk, status=Status.SENDING).update(
+        status=Status.SENT, sent_at=now, provider_reference=reference[:255], reason=""
+    )
+    if not sent:  # answered while its send was in flight: the answer stays, the send is recorded
+        Survey.objects.filter(pk=survey.pk, sent_at__isnull=True).update(
+            sent_at=now, provider_reference=reference[:255]
+        )
+
+
+def _wait_for_slot(key: str, per_second: float, survey: Survey) -> None:
+    """Take a slot of the organization's (or number's) rate shared with campaigns, or Defer."""
+    slots = ratelimit.reserve(key, 1, per_second)
+    if slots.start > MAX_SLOT_WAIT:
+        _release(survey)
+        raise Defer(slots.start, f"rate limit: next slot in {slots.start:.0f}s")
+    if slots.start > 0:
+        time.sleep(slots.start)
+
+
+def _describe(failure: SmtpFailure) -> str:
+    parts = [str(failure.code) if failure.code else "", failure.enhanced or "", failure.message]
+    return " ".join(p for p in parts if p)
+
+
+def _send_email(survey: Survey) -> str:
+    from campaigns import email_sending
+
+    org = survey.organization
+    address = survey.customer.email.strip()
+    try:
+        email_settings = EmailSettings.objects.filter(organization_id=org.pk).first()
+        if email_settings is None:
+            email_sending.pause_organization_email(organization_id=org.pk, reason="no email settings")
+            _release(survey)
+            raise Defer(PAUSED_DELAY, "organization has no email settings")
+        server = email_sending.smtp_server(email_settings)
+        rendered = render_survey_email(survey)
+        _wait_for_slot(f"email:{org.pk}", email_settings.messages_per_minute / 60, survey)
+    except Defer:
+        raise
+    except Exception as exc:
+        # Nothing was handed over: retry like any failed attempt (FAILED once attempts run out).
+        _retry_or_fail(survey, f"{type(exc).__name__}: {exc}")
+        raise
+
+    outcome = email_sending.deliver(
+        server,
+        lambda: email_sending.build_message(
+            email_settings=email_settings,
+            to_name=survey.customer.name,
+            to_address=address,
+            rendered=rendered,
+        ),
+    )
+    if outcome.unknown:
+        _fail(survey, f"{OUTCOME_UNKNOWN} ({outcome.unknown})")
+        return "failed"
+    if outcome.failure is None:
+        _mark_sent(survey, outcome.reply)
+        return "sent"
+    failure = outcome.failure
+    text = _describe(failure)
+    if failure.kind is Failure.SENDER:
+        # Our side is broken (login, relay, TLS): the customer is left alone until an operator fixes it.
+        email_sending.pause_organization_email(organization_id=org.pk, reason=text)
+        _release(survey)
+        raise Defer(PAUSED_DELAY, f"email sending paused: {text}")
+    if failure.kind is Failure.SOFT_BOUNCE and _retry_or_fail(survey, f"soft bounce: {text}"):
+        raise SurveyRetry(f"soft bounce: {text}")
+    if failure.kind is Failure.HARD_BOUNCE:
+        _fail(survey, f"hard bounce: {text}")
+        EmailSuppression.objects.bulk_create(
+            [
+                EmailSuppression(
+                    organization_id=org.pk,
+                    email=address.lower(),
+                    reason=EmailSuppression.Reason.HARD_BOUNCE,
+                    detail=text[:2000],
+                )
+            ],
+            ignore_conflicts=True,
+        )
+    return "failed"
+
+
+def _whatsapp_number(survey: Survey) -> WhatsappNumber | None:
+    """The number of the sale's store, else the organization's first one."""
+    numbers = list(WhatsappNumber.objects.filter(organization_id=survey.organization_id).order_by("pk"))
+    return next((n for n in numbers if n.store_id == survey.store_id), numbers[0] if numbers else None)
+
+
+def _send_whatsapp(survey: Survey) -> str:
+    org = survey.organization
+    template = org.survey_whatsapp_template.strip()
+    number = _whatsapp_number(survey)
+    if not template or number is None:
+        _fail(
+            survey,
+            "the organization has no WhatsApp survey template" if not template else "no WhatsApp number",
+        )
+        return "failed"
+    phone = normalize_phone(survey.customer.phone)
+    assert phone is not None  # checked by _skip_reason
+    try:
+        token = number.get_access_token()  # fresh, decrypted in memory only
+        client = _graph_client(number.graph_url or settings.WHATSAPP_GRAPH_URL)
+        _wait_for_slot(f"wa:{number.pk}", number.messages_per_second, survey)
+    except Defer:
+        raise
+    except Exception as exc:
+        _retry_or_fail(survey, f"{type(exc).__name__}: {exc}")
+        raise
+
+    message = TemplateMessage(
+        to=phone.lstrip("+"),
+        template=template,
+        language=WHATSAPP_LANGUAGE,
+        body=[_first_name(survey.customer) or FIRST_NAME_FALLBACK],
+        # The template's URL button is "https://<our host>/{{1}}": its suffix is the survey's path.
+        buttons=[UrlButton(0, links.survey_path(survey))],
+        biz_opaque_callback_data=f"s:{survey.pk}",
+    )
+    result = aio.run(
+        client.send_template(phone_number_id=number.phone_number_id, access_token=token, message=message)
+    )
+    del token
+    if result.ok:
+        _mark_sent(survey, result.wamid)
+        return "sent"
+    assert result.error is not None
+    error = result.error
+    text = str(error) + (f" — {error.details}" if error.details else "")
+    if result.action == Action.THROTTLED:
+        _release(survey)
+        raise Defer(THROTTLE_DELAY, f"WhatsApp throttled: {text}")
+    if result.action == Action.STOP_ORGANIZATION:
+        Organization.objects.filter(pk=org.pk, whatsapp_paused_at__isnull=True).update(
+            whatsapp_paused_at=timezone.now(), whatsapp_paused_reason=text[:2000]
+        )
+        logger.error(
+            "organization %s: WhatsApp sending paused: %s", org.pk, text, extra={"organization_id": org.pk}
+        )
+        _release(survey)
+        raise Defer(PAUSED_DELAY, f"WhatsApp sending paused: {text}")
+    if result.action == Action.RETRY:
+        if _retry_or_fail(survey, text):
+            raise SurveyRetry(text)
+        return "failed"
+    if result.action == Action.OPT_OUT:
+        now = timezone.now()
+        Customer.objects.filter(pk=survey.customer_id, whatsapp_opted_out_at__isnull=True).update(
+            whatsapp_opted_out_at=now, whatsapp_opt_out_source=OptOutSource.PROVIDER, updated_at=now
+        )
+    _fail(survey, text)
+    return "failed"

@@ -1,0 +1,155 @@
+"""WhatsApp surveys end to end against the Meta sandbox: real PostgreSQL, Redis, workers and HTTP."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+from django.utils import timezone
+
+from crm import jobs, queues
+from crm.models import Organization
+from integrations.whatsapp.sandbox import SandboxServer
+from surveys import links, services
+from surveys.models import Survey
+from tests.surveys.conftest import ORG_NUMBER_ID, PHONE_NUMBER_ID, Shop, reload
+
+S = Survey.Status
+
+
+def _send_due(run_jobs) -> int:
+    enqueued = services.surveys_dispatch()
+    run_jobs([queues.POST_SALE_SURVEY], settle=1)
+    return enqueued
+
+
+def _components(sent: dict) -> dict[str, dict]:
+    return {c["type"] + c.get("index", ""): c for c in sent["template"]["components"]}
+
+
+def test_a_due_survey_goes_out_as_the_template_with_the_survey_link_from_the_store_number(
+    whatsapp_shop: Shop, meta: SandboxServer, run_jobs
+):
+    shop = whatsapp_shop
+    survey = shop.due_survey(shop.ana, store=shop.shopping)
+    assert survey.channel == Survey.Channel.WHATSAPP
+
+    assert _send_due(run_jobs) == 1
+
+    [sent] = meta.messages()
+    assert sent["to"] == "5511999990001"
+    assert sent["phone_number_id"] == PHONE_NUMBER_ID  # the Shopping store's own number
+    assert sent["template"]["name"] == "pesquisa_pos_venda"
+    assert sent["template"]["language"] == {"code": "pt_BR"}
+    components = _components(sent)
+    assert components["body"]["parameters"] == [{"type": "text", "text": "Ana"}]
+    [button] = components["button0"]["parameters"]
+    assert button["text"] == links.survey_path(survey)
+    assert button["text"].startswith("s/")
+    assert links.survey_for(button["text"].removeprefix("s/")) == survey
+    survey = reload(survey)
+    assert survey.status == S.SENT and survey.provider_reference == sent["wamid"]
+    # again: nothing more is sent
+    assert _send_due(run_jobs) == 0
+    assert services.survey_send(survey_id=survey.pk) == "nothing to do"
+    assert len(meta.messages()) == 1
+
+
+def test_a_store_without_a_number_uses_the_organization_s_first_number(
+    whatsapp_shop: Shop, meta: SandboxServer, run_jobs
+):
+    whatsapp_shop.due_survey(whatsapp_shop.bruno, store=whatsapp_shop.centro)
+
+    _send_due(run_jobs)
+
+    [sent] = meta.messages()
+    assert (sent["to"], sent["phone_number_id"]) == ("5521999990002", ORG_NUMBER_ID)
+
+
+def test_opted_out_and_phoneless_customers_are_skipped(whatsapp_shop: Shop, meta: SandboxServer, run_jobs):
+    shop = whatsapp_shop
+    shop.ana.whatsapp_opted_out_at = timezone.now()
+    shop.ana.save()
+    phoneless = shop.customer("Carla", "carla@example.com.br", "")
+    surveys = [shop.due_survey(c) for c in (shop.ana, phoneless)]
+
+    _send_due(run_jobs)
+
+    assert meta.messages() == []
+    assert [(reload(s).status, reload(s).reason) for s in surveys] == [
+        (S.SKIPPED, "customer opted out of WhatsApp"),
+        (S.SKIPPED, "customer has no phone number"),
+    ]
+
+
+def test_the_cool_down_counts_surveys_of_either_channel(whatsapp_shop: Shop, meta: SandboxServer, run_jobs):
+    shop = whatsapp_shop
+    by_email = shop.due_survey(shop.ana)
+    Survey.objects.filter(pk=by_email.pk).update(
+        channel=Survey.Channel.EMAIL, status=S.SENT, sent_at=timezone.now() - timedelta(days=30)
+    )
+    survey = shop.due_survey(shop.ana)
+
+    _send_due(run_jobs)
+
+    assert reload(survey).status == S.SKIPPED
+    assert "cool-down" in reload(survey).reason
+    assert meta.messages() == []
+
+
+def test_an_expired_token_pauses_the_organization_s_whatsapp_and_keeps_the_survey(
+    whatsapp_shop: Shop, meta: SandboxServer, run_jobs
+):
+    meta.add_rule(to="*", code=190)
+    survey = whatsapp_shop.due_survey(whatsapp_shop.ana)
+
+    _send_due(run_jobs)
+
+    org = Organization.objects.get(pk=whatsapp_shop.org.pk)
+    assert org.whatsapp_paused_at is not None and "190" in org.whatsapp_paused_reason
+    assert (reload(survey).status, reload(survey).attempts) == (S.SCHEDULED, 0)
+    assert meta.messages() == []
+
+
+def test_a_customer_who_stopped_marketing_messages_fails_the_survey_and_is_opted_out(
+    whatsapp_shop: Shop, meta: SandboxServer, run_jobs
+):
+    meta.add_rule(to="5511999990001", code=131050)
+    survey = whatsapp_shop.due_survey(whatsapp_shop.ana)
+
+    _send_due(run_jobs)
+
+    survey = reload(survey)
+    assert survey.status == S.FAILED and "131050" in survey.reason
+    whatsapp_shop.ana.refresh_from_db()
+    assert whatsapp_shop.ana.whatsapp_opted_out_at is not None
+    assert whatsapp_shop.ana.whatsapp_opt_out_source == "provider"
+
+
+def test_a_missing_template_fails_the_survey_without_calling_meta(
+    whatsapp_shop: Shop, meta: SandboxServer, run_jobs
+):
+    Organization.objects.filter(pk=whatsapp_shop.org.pk).update(survey_whatsapp_template="")
+    survey = whatsapp_shop.due_survey(whatsapp_shop.ana)
+
+    _send_due(run_jobs)
+
+    assert reload(survey).status == S.FAILED
+    assert "template" in reload(survey).reason
+    assert meta.stats()["accepted"] + meta.stats()["rejected"] == 0
+
+
+def test_a_graph_outage_spends_an_attempt_and_rq_retries_the_survey(
+    whatsapp_shop: Shop, meta: SandboxServer, run_jobs
+):
+    meta.add_rule(to="5511999990001", http_status=503, times=1)
+    survey = whatsapp_shop.due_survey(whatsapp_shop.ana)
+
+    _send_due(run_jobs)
+
+    assert (reload(survey).status, reload(survey).attempts) == (S.SCHEDULED, 1)
+    job = jobs.fetch_job(f"survey-{survey.pk}")
+    assert job is not None and job.get_status() == "scheduled"  # RQ's retry, 60 s later
+    # the retry, run now
+    assert services.survey_send(survey_id=survey.pk) == "sent"
+    assert (reload(survey).status, reload(survey).attempts) == (S.SENT, 2)
+    assert len(meta.messages()) == 1
