@@ -71,7 +71,22 @@ def run_burst(queue_names: Sequence[str], *, settle: float = 3.0) -> None:
         time.sleep(min(wait, 0.5) + 0.01)
 
 
-def run(queue_names: Sequence[str], *, burst: bool, processes: int, settle: float) -> int:
+def _recover_at_start() -> None:
+    """A long-running pool starts with a recovery pass, like the scheduler: work the database knows
+    of but Redis lost (a flushed or replaced Redis) is back on the queues before the first job."""
+    from crm import recovery
+
+    try:
+        recovery.recover()
+    except Exception:  # the periodic pass will try again; never keep the workers from starting
+        logger.exception("recovery pass at worker start failed")
+
+
+def run(
+    queue_names: Sequence[str], *, burst: bool, processes: int, settle: float, recover: bool = True
+) -> int:
+    if recover and not burst:
+        _recover_at_start()
     if processes <= 1:
         if burst:
             run_burst(queue_names, settle=settle)
@@ -91,6 +106,7 @@ def run(queue_names: Sequence[str], *, burst: bool, processes: int, settle: floa
         ",".join(queue_names),
         "--settle",
         str(settle),
+        "--no-recover",  # the pool's parent did it
     ]
     if burst:
         argv.append("--burst")

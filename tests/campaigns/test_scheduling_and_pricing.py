@@ -55,6 +55,23 @@ def test_a_scheduled_start_lost_with_redis_is_put_back(wa, redis_db):
     assert recovery.recover()["campaign-triggers"] == 0
 
 
+@pytest.mark.slow
+def test_a_worker_pool_started_after_redis_was_lost_recovers_and_sends(wa, sandbox, redis_db, worker_process):
+    from tests.conftest import wait_for
+
+    wa["customers"](3)
+    campaign = services.campaign_schedule(campaign=wa["campaign"](), at=timezone.now() + timedelta(seconds=2))
+    redis_db.flushdb()  # the delayed start is gone; the database still says "scheduled"
+    worker = worker_process("--queues", "campaign-trigger,whatsapp-send")  # long-running: recovers at start
+    wait_for(
+        lambda: Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT,
+        timeout=30,
+        what="the recovered scheduled campaign to be sent",
+    )
+    worker.kill()
+    assert sandbox.stats()["accepted"] == 3
+
+
 def test_the_admin_shows_live_progress_as_json(wa, client, sandbox, run_jobs):
     wa["customers"](5)
     campaign = services.campaign_start(campaign=wa["campaign"]())

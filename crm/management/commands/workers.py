@@ -23,6 +23,12 @@ class Command(BaseCommand):
             help="with --burst: wait for delayed jobs due within this many seconds (default 3)",
         )
 
+        parser.add_argument(
+            "--no-recover",
+            action="store_true",
+            help="skip the recovery pass a long-running pool makes at start",
+        )
+
     def handle(self, *args, **options) -> None:
         try:
             names = workers.parse_queue_names(options["queues"])
@@ -31,7 +37,11 @@ class Command(BaseCommand):
         if options["processes"] < 1:
             raise CommandError("--processes must be at least 1")
         code = workers.run(
-            names, burst=options["burst"], processes=options["processes"], settle=options["settle"]
+            names,
+            burst=options["burst"],
+            processes=options["processes"],
+            settle=options["settle"],
+            recover=not options["no_recover"],
         )
         if code:
             raise CommandError(f"a worker exited with status {code}")
