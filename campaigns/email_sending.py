@@ -10,7 +10,10 @@ exponential from 60 s; completion check · 7 the organization's rate enforced by
 and jobs (integrations.email.pool) · 8 exactly once: messages are claimed (QUEUED -> SENDING) a few
 at a time before they are handed to the server, so a retry, a second worker or a re-run after a
 crash only ever sees the ones still QUEUED; a connection that breaks after the hand-over leaves the
-message FAILED with "outcome unknown", never sent again.
+message FAILED with "outcome unknown", never sent again · 9 or through the organization's ESP
+(EmailSettings.provider, integrations.email.esp with django-anymail): the same claims, limiter and
+outcomes, the ESP's message id stored for its tracking webhooks (campaigns.esp_tracking); an ESP that
+cannot take messages now (429, 5xx, unreachable) releases them and defers the batch, unpaused.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from campaigns.models import (
 from crm import bulk, ratelimit
 from crm.jobs import Defer
 from crm.models import Customer, Organization
-from integrations.email import pool
+from integrations.email import esp, pool
 from integrations.email.bounces import Failure, SmtpFailure, classify_exception
 from integrations.email.smtp import OutcomeUnknown, SmtpServer
 from integrations.models import EmailSettings
@@ -81,6 +84,22 @@ def smtp_server(email_settings: EmailSettings) -> SmtpServer:
         username=email_settings.username,
         password=email_settings.get_password(),
     )
+
+
+def esp_account(email_settings: EmailSettings) -> esp.EspAccount:
+    """The organization's ESP account with its API key decrypted in memory (never in a payload or log)."""
+    return esp.EspAccount(
+        provider=email_settings.provider,
+        api_key=email_settings.get_esp_api_key(),
+        api_url=email_settings.esp_api_url,
+    )
+
+
+def email_transport(email_settings: EmailSettings) -> SmtpServer | esp.EspAccount:
+    """Where `deliver` hands the organization's messages: its SMTP server or its ESP account."""
+    if email_settings.provider == EmailSettings.Provider.SMTP:
+        return smtp_server(email_settings)
+    return esp_account(email_settings)
 
 
 def variables_for(customer: Customer, *, store_name: str, unsubscribe_url: str = "") -> dict[str, str]:
@@ -141,10 +160,30 @@ class Delivery:
     reply: str = ""
     failure: SmtpFailure | None = None
     unknown: str = ""  # the connection broke after the hand-over
+    message_id: str = ""  # the ESP's id for the message (its tracking webhooks name it so)
+    transient: str = ""  # the ESP cannot take it now (429, 5xx, unreachable): nothing was sent
 
 
-def deliver(server: SmtpServer, build: Callable[[], MimeMessage]) -> Delivery:
-    """Send over the process's pooled connection and classify what the server said."""
+def deliver(
+    server: SmtpServer | esp.EspAccount, build: Callable[[], MimeMessage], *, bulk: bool = True
+) -> Delivery:
+    """Send over the process's pooled connection (or the ESP's API) and classify what was answered.
+    `bulk`: marketing mail (the ESP's broadcast stream); False for a one-off message."""
+    if isinstance(server, esp.EspAccount):
+        result = esp.send(
+            provider=server.provider,
+            api_key=server.api_key,
+            api_url=server.api_url,
+            message=build(),
+            bulk=bulk,
+        )
+        return Delivery(
+            reply=result.reply,
+            failure=result.failure,
+            unknown=result.unknown,
+            message_id=result.message_id,
+            transient=result.transient,
+        )
     try:
         return Delivery(reply=pool.send(server, build, idle_check=settings.EMAIL_CONNECTION_IDLE_CHECK))
     except OutcomeUnknown as exc:
@@ -166,6 +205,7 @@ class _Chunk:
     release: list[int] = field(default_factory=list)  # not handed over: back to QUEUED, attempt not spent
     suppress: list[tuple[str, str]] = field(default_factory=list)
     sender_failure: str = ""
+    transient: str = ""  # the ESP cannot take messages now: the rest are released, the batch deferred
 
 
 def _claim(campaign_id: int, batch: int, limit: int, exclude: set[int]) -> list[int]:
@@ -206,7 +246,7 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         raise Defer(PAUSED_DELAY * 2, "organization has no email settings")
 
     compiled = compiled_email(campaign)
-    server = smtp_server(email_settings)
+    server = email_transport(email_settings)
     per_second = email_settings.messages_per_minute / 60
     store_name = campaign.audience_store.name if campaign.audience_store else org.name
     counts: Counter[str] = Counter()
@@ -222,6 +262,8 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         if chunk.sender_failure:
             pause_organization_email(organization_id=org.pk, reason=chunk.sender_failure)
             raise Defer(PAUSED_DELAY * 2, f"email sending paused: {chunk.sender_failure}")
+        if chunk.transient:
+            raise Defer(settings.EMAIL_RETRY_BACKOFF, f"email provider unavailable: {chunk.transient}")
         if time.monotonic() - started > JOB_BUDGET:
             raise Defer(0, "yielding the worker; the batch continues")
     if retrying:
@@ -235,7 +277,7 @@ def _send_chunk(
     campaign: Campaign,
     org: Organization,
     email_settings: EmailSettings,
-    server: SmtpServer,
+    server: SmtpServer | esp.EspAccount,
     compiled: email_render.CompiledEmail,
     store_name: str,
     ids: list[int],
@@ -289,7 +331,7 @@ def _send_chunk(
     slots = ratelimit.reserve(f"email:{org.pk}", len(ready), per_second)  # 7: shared by every worker
     reserved_at = time.monotonic()
     for i, m in enumerate(ready):
-        if chunk.sender_failure:
+        if chunk.sender_failure or chunk.transient:
             chunk.release.append(m.pk)
             continue
         wait = slots.offset(i) - (time.monotonic() - reserved_at)
@@ -317,8 +359,12 @@ def _send_chunk(
         if outcome.unknown:
             m.error_reason, m.failed_at = OUTCOME_UNKNOWN, now
             chunk.failed.append(m)
+        elif outcome.transient:
+            chunk.transient = outcome.transient
+            chunk.release.append(m.pk)
         elif outcome.failure is None:
             m.status, m.smtp_reply, m.sent_at = Status.SENT, outcome.reply[:2000], now
+            m.esp_message_id = outcome.message_id or None
             chunk.sent.append(m)
         elif outcome.failure.kind is Failure.SENDER:
             chunk.sender_failure = _describe(outcome.failure)
@@ -353,7 +399,10 @@ def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
         m.status = Status.SKIPPED
     with transaction.atomic():
         bulk.update_rows(
-            EmailMessage, chunk.sent, ["status", "email", "smtp_reply", "sent_at"], only_if=guard
+            EmailMessage,
+            chunk.sent,
+            ["status", "email", "smtp_reply", "sent_at", "esp_message_id"],
+            only_if=guard,
         )
         bulk.update_rows(
             EmailMessage,

@@ -6,6 +6,7 @@ Redis that `manage.py up` starts on a socket inside the checkout.
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
 import environ
@@ -97,6 +98,7 @@ INSTALLED_APPS = [
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
     "django_rq",
+    "anymail",  # the ESPs' tracking webhooks (campaigns.esp_tracking) and its system checks
     "crm",
     "campaigns",
     "integrations",
@@ -205,6 +207,15 @@ EMAIL_CLAIM_SIZE = env.int("EMAIL_CLAIM_SIZE", default=20)
 EMAIL_CONNECTION_IDLE_CHECK = env.int("EMAIL_CONNECTION_IDLE_CHECK", default=15)
 # Seconds before the first retry of a soft bounce (doubling for the next): the seed's 60 s.
 EMAIL_RETRY_BACKOFF = env.float("EMAIL_RETRY_BACKOFF", default=60.0)
+# "user:password" the ESPs' tracking webhooks (/anymail/<esp>/tracking/) must send as HTTP basic auth;
+# give the ESP https://user:password@<host>/anymail/postmark/tracking/ (or sendgrid, mailgun, brevo).
+# Unset, anymail would accept webhooks from anyone, so a random secret nobody knows is used instead
+# and every webhook is refused (400).
+ANYMAIL_WEBHOOK_SECRET = env.str("ANYMAIL_WEBHOOK_SECRET", default="")
+if ANYMAIL_WEBHOOK_SECRET and ":" not in ANYMAIL_WEBHOOK_SECRET:
+    raise config.setting_error("ANYMAIL_WEBHOOK_SECRET", 'must be "user:password"')
+ANYMAIL = {"WEBHOOK_SECRET": ANYMAIL_WEBHOOK_SECRET or f"refused:{secrets.token_urlsafe(32)}"}
+
 
 # --- Logging ------------------------------------------------------------------------------------
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()

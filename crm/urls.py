@@ -18,4 +18,5 @@ urlpatterns = [
     path("admin/rq/", include("django_rq.urls")),
     path("admin/", admin.site.urls),
     path("webhooks/whatsapp/", webhook_views.whatsapp_webhook, name="whatsapp-webhook"),
+    path("anymail/", include("anymail.urls")),  # ESP tracking webhooks: campaigns.esp_tracking
 ]

@@ -90,28 +90,74 @@ class WhatsappPriceAdmin(admin.ModelAdmin):
 
 
 class EmailSettingsForm(WriteOnlySecretForm):
+    """The SMTP password and the ESP's API key, both write-only: an SMTP server needs a host, an
+    ESP an API key (a stored one is kept when the field is left empty)."""
+
     write_only_field, write_only_setter, write_only_column = "password", "set_password", "password_encrypted"
     write_only_required = False  # a relay that needs no login
     password = write_only_input(_("password"))
+    esp_api_key = write_only_input(_("provider API key"))
+    esp_api_url = forms.URLField(
+        label=_("provider API URL"),
+        required=False,
+        assume_scheme="https",
+        help_text=_("Empty: the provider's default."),
+    )
 
     class Meta:
         model = EmailSettings
         fields = [
             "organization",
+            "provider",
             "host",
             "port",
             "security",
             "username",
+            "esp_api_url",
             "sender_name",
             "sender_email",
             "messages_per_minute",
         ]
 
+    def clean(self):
+        cleaned = super().clean()
+        provider = cleaned.get("provider")
+        if provider == EmailSettings.Provider.SMTP:
+            if not cleaned.get("host"):
+                self.add_error("host", _("An SMTP server needs a host."))
+        elif provider and not self.instance.esp_api_key_encrypted and not cleaned.get("esp_api_key"):
+            self.add_error("esp_api_key", _("An email service provider needs an API key."))
+        return cleaned
+
+    def save(self, commit: bool = True):
+        obj = super().save(commit=False)
+        if self.cleaned_data.get("esp_api_key"):
+            obj.set_esp_api_key(self.cleaned_data["esp_api_key"])
+        if commit:
+            obj.save()
+        return obj
+
 
 @admin.register(EmailSettings)
 class EmailSettingsAdmin(admin.ModelAdmin):
     form = EmailSettingsForm
-    list_display = ("organization", "sender_email", "host", "port", "security", "messages_per_minute")
+    fieldsets = (
+        (
+            None,
+            {"fields": ("organization", "sender_name", "sender_email", "messages_per_minute", "provider")},
+        ),
+        (_("SMTP server"), {"fields": ("host", "port", "security", "username", "password")}),
+        (_("Email service provider (django-anymail)"), {"fields": ("esp_api_key", "esp_api_url")}),
+    )
+    list_display = (
+        "organization",
+        "sender_email",
+        "provider",
+        "host",
+        "port",
+        "security",
+        "messages_per_minute",
+    )
     list_select_related = ("organization",)
     search_fields = ("sender_email", "host", "organization__name")
     actions = ["send_test_email"]
@@ -120,10 +166,29 @@ class EmailSettingsAdmin(admin.ModelAdmin):
     def send_test_email(self, request, queryset):
         import smtplib
 
+        from integrations.email import esp
         from integrations.email.bounces import classify_exception
         from integrations.email.smtp import SmtpServer, send_test_email
 
         for item in queryset.select_related("organization"):
+            if item.provider != EmailSettings.Provider.SMTP:
+                label = f"{item.sender_email} via {item.get_provider_display()}"
+                result = esp.send_test_email(
+                    provider=item.provider,
+                    api_key=item.get_esp_api_key(),
+                    api_url=item.esp_api_url,
+                    sender=item.sender_email,
+                    to=item.sender_email,
+                )
+                if result.failure is not None:
+                    failure = result.failure
+                    text = f"{failure.kind} — {failure.code or ''} {failure.message}".strip()
+                    messages.error(request, f"{label}: {text}")
+                elif result.transient or result.unknown:
+                    messages.error(request, f"{label}: {result.transient or result.unknown}")
+                else:
+                    messages.success(request, f"{label}: {result.reply}")
+                continue
             server = SmtpServer(item.host, item.port, item.security, item.username, item.get_password())
             try:
                 answer = send_test_email(server, sender=item.sender_email, to=item.sender_email)

@@ -413,7 +413,7 @@ def _send_email(survey: Survey) -> str:
             email_sending.pause_organization_email(organization_id=org.pk, reason="no email settings")
             _release(survey)
             raise Defer(PAUSED_DELAY, "organization has no email settings")
-        server = email_sending.smtp_server(email_settings)
+        server = email_sending.email_transport(email_settings)  # its SMTP server or its ESP
         rendered = render_survey_email(survey)
         _wait_for_slot(f"email:{org.pk}", email_settings.messages_per_minute / 60, survey)
     except Defer:
@@ -431,10 +431,15 @@ def _send_email(survey: Survey) -> str:
             to_address=address,
             rendered=rendered,
         ),
+        bulk=False,  # one message about the customer's purchase, not a broadcast
     )
     if outcome.unknown:
         _fail(survey, f"{OUTCOME_UNKNOWN} ({outcome.unknown})")
         return "failed"
+    if outcome.transient:
+        # The ESP cannot take it now (429, 5xx, unreachable): nothing was sent, no attempt spent.
+        _release(survey)
+        raise Defer(settings.EMAIL_RETRY_BACKOFF, f"email provider unavailable: {outcome.transient}")
     if outcome.failure is None:
         _mark_sent(survey, outcome.reply)
         return "sent"

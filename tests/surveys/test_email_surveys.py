@@ -313,3 +313,31 @@ def test_a_rate_slot_far_ahead_defers_the_survey_without_spending_an_attempt(
     job = jobs.fetch_job(f"survey-{survey.pk}")
     assert job is not None and job.get_status() == "scheduled"
     assert smtp.messages() == []
+
+
+def test_an_organization_on_an_esp_surveys_through_its_api(shop: Shop, run_jobs, settings):
+    from integrations.email.esp_sandbox import PostmarkSandbox
+
+    settings.EMAIL_RETRY_BACKOFF = 0.5
+    token = "pm-survey-token-0123456789"
+    with PostmarkSandbox(server_tokens=[token]) as postmark:
+        email_settings = EmailSettings(
+            organization=shop.org,
+            provider=EmailSettings.Provider.POSTMARK,
+            esp_api_url=postmark.url,
+            sender_name="Loja Teste",
+            sender_email=SENDER,
+            messages_per_minute=0,
+        )
+        email_settings.set_esp_api_key(token)
+        email_settings.save()
+        survey = shop.due_survey(shop.ana)
+        postmark.fail(503, times=1)  # the ESP is briefly down: released, deferred, no attempt spent
+        _send_due(run_jobs)
+        assert [r["status"] for r in postmark.requests()] == [503, 200]
+        [received] = postmark.messages()
+    survey = reload(survey)
+    assert survey.status == S.SENT and survey.attempts == 1
+    assert received["To"].endswith("<ana@example.com.br>")
+    assert f"{PUBLIC_URL}/{links.survey_path(survey)}" in received["TextBody"]
+    assert "MessageStream" not in received  # one-off mail: the transactional stream, not broadcast

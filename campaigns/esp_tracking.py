@@ -1,0 +1,147 @@
+"""ESP tracking webhooks (django-anymail's views under /anymail/, basic auth) feeding the statuses that
+SMTP sends and our own links feed.
+
+anymail normalizes every ESP's events and sends its `tracking` signal; `on_tracking` (connected in
+CampaignsConfig.ready) finds the message by `event.message_id` = EmailMessage.esp_message_id with one
+indexed lookup and applies the event:
+
+delivered: nothing (sending already counted sent and delivered) · bounced, rejected: BOUNCED hard, only
+from SENT, metric bounced+1 delivered-1, the address suppressed (a soft bounce, which some ESPs report
+as "bounced" too, is only noted) · deferred: noted in bounce_message · complained: the address
+suppressed ("complaint") and the customer opted out of email · unsubscribed: opted out · opened,
+clicked: counted once (campaigns.links).
+
+Every transition is a compare-and-set, so an event the ESP posts twice counts once. Events for ids we
+never sent (another system on the same ESP account) are logged and ignored, not refused, so the ESP
+does not retry them forever.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from anymail.signals import AnymailTrackingEvent, EventType
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from campaigns import links
+from campaigns.models import BounceType, CampaignMetric, EmailMessage, EmailSuppression
+from crm.models import Customer, OptOutSource
+
+logger = logging.getLogger(__name__)
+
+Status = EmailMessage.Status
+# Raw event types some ESPs report as "bounced" although the address may still work.
+_SOFT_BOUNCES = {"Type": {"SoftBounce"}, "event": {"soft_bounce"}}  # Postmark, Brevo
+
+
+def on_tracking(sender: Any, event: AnymailTrackingEvent, esp_name: str, **kwargs: Any) -> None:
+    """Receiver of anymail's `tracking` signal: apply one ESP event to its campaign message."""
+    handler = _HANDLERS.get(event.event_type)
+    if handler is None:
+        return
+    if not event.message_id:
+        logger.info("%s %s event without a message id: ignored", esp_name, event.event_type)
+        return
+    message = (
+        EmailMessage.objects.filter(esp_message_id=str(event.message_id))
+        .only("id", "status", "campaign_id", "organization_id", "customer_id", "email")
+        .first()
+    )
+    if message is None:
+        logger.info(
+            "%s %s event for unknown message id %s: ignored", esp_name, event.event_type, event.message_id
+        )
+        return
+    handler(message, event, esp_name)
+
+
+def message_bounced(*, message: EmailMessage, detail: str) -> bool:
+    """A sent message bounced hard: BOUNCED, counted, its address suppressed. True only the first time."""
+    with transaction.atomic():
+        changed = EmailMessage.objects.filter(pk=message.pk, status=Status.SENT).update(
+            status=Status.BOUNCED,
+            bounce_type=BounceType.HARD,
+            bounce_message=detail[:2000],
+            failed_at=timezone.now(),
+        )
+        if changed:
+            CampaignMetric.objects.filter(campaign_id=message.campaign_id).update(
+                bounced=F("bounced") + 1, delivered=F("delivered") - 1
+            )
+            _suppress(message, EmailSuppression.Reason.HARD_BOUNCE, detail)
+    return bool(changed)
+
+
+def message_deferred(*, message: EmailMessage, detail: str) -> bool:
+    """Note a delay the ESP reported on a sent message (it may still be delivered)."""
+    return bool(
+        EmailMessage.objects.filter(pk=message.pk, status=Status.SENT).update(bounce_message=detail[:2000])
+    )
+
+
+def message_complained(*, message: EmailMessage, detail: str) -> bool:
+    """The recipient marked it as spam: suppress the address and opt the customer out of email."""
+    with transaction.atomic():
+        _suppress(message, EmailSuppression.Reason.COMPLAINT, detail)
+        return customer_email_opt_out(customer_id=message.customer_id)
+
+
+def customer_email_opt_out(*, customer_id: int) -> bool:
+    """Opt the customer out of email, as the ESP reported; an existing opt-out is kept. True if this did."""
+    now = timezone.now()
+    # .update() skips auto_now; whoever syncs on updated_at must see the opt-out.
+    return bool(
+        Customer.objects.filter(pk=customer_id, email_opted_out_at__isnull=True).update(
+            email_opted_out_at=now, email_opt_out_source=OptOutSource.PROVIDER, updated_at=now
+        )
+    )
+
+
+def _suppress(message: EmailMessage, reason: str, detail: str) -> None:
+    if not message.email:
+        return
+    EmailSuppression.objects.bulk_create(
+        [
+            EmailSuppression(
+                organization_id=message.organization_id,
+                email=message.email.strip().lower(),
+                reason=reason,
+                detail=detail[:2000],
+            )
+        ],
+        ignore_conflicts=True,  # an address already suppressed keeps its first reason
+    )
+
+
+def _detail(event: AnymailTrackingEvent, esp_name: str) -> str:
+    raw = event.esp_event if isinstance(event.esp_event, Mapping) else {}
+    kind = raw.get("Type") or raw.get("event") or event.reject_reason or event.event_type
+    parts = [f"{esp_name} {kind}:", event.description or "", event.mta_response or ""]
+    return " ".join(p for p in parts if p).strip()
+
+
+def _is_soft_bounce(event: AnymailTrackingEvent) -> bool:
+    raw = event.esp_event if isinstance(event.esp_event, Mapping) else {}
+    return any(raw.get(key) in values for key, values in _SOFT_BOUNCES.items())
+
+
+def _bounced(message: EmailMessage, event: AnymailTrackingEvent, esp_name: str) -> None:
+    if event.event_type == EventType.BOUNCED and _is_soft_bounce(event):
+        message_deferred(message=message, detail=_detail(event, esp_name))
+    else:
+        message_bounced(message=message, detail=_detail(event, esp_name))
+
+
+_HANDLERS: dict[str, Callable[[EmailMessage, AnymailTrackingEvent, str], object]] = {
+    EventType.BOUNCED: _bounced,
+    EventType.REJECTED: _bounced,
+    EventType.DEFERRED: lambda m, e, esp: message_deferred(message=m, detail=_detail(e, esp)),
+    EventType.COMPLAINED: lambda m, e, esp: message_complained(message=m, detail=_detail(e, esp)),
+    EventType.UNSUBSCRIBED: lambda m, e, esp: customer_email_opt_out(customer_id=m.customer_id),
+    EventType.OPENED: lambda m, e, esp: links.message_open(message=m),
+    EventType.CLICKED: lambda m, e, esp: links.message_click(message=m),
+}
