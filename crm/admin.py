@@ -119,12 +119,12 @@ class CustomerAdmin(admin.ModelAdmin):
         "email_opted_out_at",
     )
     list_select_related = ("organization",)
-    search_fields = ("name", "=email", "=phone", "=erp_id")
+    search_fields = ("name", "=email", "=phone", "=erp_id", "=cpf_cnpj")
     list_filter = ("organization", "marketing_consent", OptOutFilter)
     show_full_result_count = False  # no second COUNT(*) over a million rows
-    readonly_fields = ("created_at", "updated_at")
+    readonly_fields = ("created_at", "updated_at", "erp_trans_id", "erp_registered_at")
     fieldsets = (
-        (None, {"fields": ("organization", "erp_id", "name", "email", "phone")}),
+        (None, {"fields": ("organization", "erp_id", "name", "cpf_cnpj", "email", "phone")}),
         (
             _("Consent and opt-out"),
             {
@@ -136,7 +136,7 @@ class CustomerAdmin(admin.ModelAdmin):
                 )
             },
         ),
-        (_("Record"), {"fields": ("created_at", "updated_at")}),
+        (_("Record"), {"fields": ("created_at", "updated_at", "erp_trans_id", "erp_registered_at")}),
     )
 
 
@@ -149,6 +149,7 @@ class SaleAdmin(admin.ModelAdmin):
     date_hierarchy = "sold_at"
     raw_id_fields = ("customer", "store")
     show_full_result_count = False
+    readonly_fields = ("items", "erp_trans_id")  # as the ERP sent them
 
 
 @admin.register(JobRun)

@@ -131,6 +131,14 @@ class Customer(models.Model):
     name = models.CharField(_("name"), max_length=200, blank=True, default="")
     email = models.EmailField(_("email"), blank=True, default="")
     phone = models.CharField(_("phone (E.164)"), max_length=16, blank=True, default="", validators=[E164])
+    cpf_cnpj = models.CharField(
+        _("CPF/CNPJ"), max_length=14, blank=True, default="", help_text=_("Without punctuation, verified.")
+    )
+    # Where the ERP's copy stands: a sync writes a record only over an older (or equal) trans_id,
+    # so a slow sync can never overwrite newer data with what it read earlier. NULL: never synced
+    # (created here, or a placeholder for a customer a synced sale refers to).
+    erp_trans_id = models.BigIntegerField(_("ERP trans_id"), null=True, blank=True)
+    erp_registered_at = models.DateTimeField(_("registered in the ERP at"), null=True, blank=True)
     marketing_consent = models.BooleanField(_("marketing consent"), default=True)
     consent_at = models.DateTimeField(_("consent given at"), null=True, blank=True)
     whatsapp_opted_out_at = models.DateTimeField(_("WhatsApp opt-out at"), null=True, blank=True)
@@ -154,6 +162,7 @@ class Customer(models.Model):
         indexes = [
             models.Index(fields=["organization", "phone"], name="customer_org_phone"),
             models.Index(fields=["organization", "email"], name="customer_org_email"),
+            models.Index(fields=["organization", "cpf_cnpj"], name="customer_org_cpf_cnpj"),
         ]
 
     def __str__(self) -> str:
@@ -184,6 +193,9 @@ class Sale(models.Model):
     erp_id = models.CharField(_("ERP id"), max_length=64)
     total = models.DecimalField(_("total"), max_digits=12, decimal_places=2)
     sold_at = models.DateTimeField(_("sold at"))
+    # [{"product": "SKU-1", "quantity": "2", "price": "49.90"}]: decimals as strings, exact.
+    items = models.JSONField(_("items"), default=list, blank=True)
+    erp_trans_id = models.BigIntegerField(_("ERP trans_id"), null=True, blank=True)
     created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
 
     class Meta:

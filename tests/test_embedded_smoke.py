@@ -87,6 +87,8 @@ def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
             str(_free_port()),
             "--smtp-port",
             str(_free_port()),
+            "--erp-port",
+            str(_free_port()),
             "--workers",
             "1",
             "--demo-customers",

@@ -31,6 +31,12 @@ class Command(BaseCommand):
             help="point the demo organization's email at this SMTP server (no TLS, no login), "
             "e.g. the sandbox",
         )
+        parser.add_argument(
+            "--erp-url",
+            default="",
+            help="point the demo organization's ERP connection at this Millennium server (e.g. the sandbox, "
+            "whose login it uses); its stores' codes are the sandbox's",
+        )
 
     def handle(self, *args, **options) -> None:
         n = options["customers"]
@@ -49,6 +55,13 @@ class Command(BaseCommand):
             host, port = options["smtp"]
             email_settings_demo(organization=org, host=host, port=port)
             self.stdout.write(f"demo email via SMTP {host}:{port} (no TLS, no login)")
+        if options["erp_url"]:
+            from erp.services import erp_connection_demo
+
+            erp_connection_demo(organization=org, base_url=options["erp_url"])
+            self.stdout.write(
+                f"demo ERP -> {options['erp_url']} (pull its customers: manage.py erp_sync customers --full)"
+            )
         self.stdout.write(
             f"demo organization '{org.slug}' (id {org.pk}): {org.stores.count()} stores, "
             f"{org.customers.count()} customers"

@@ -30,10 +30,11 @@ class Command(BaseCommand):
         parser.add_argument("--no-demo", action="store_true")
         parser.add_argument("--meta-port", type=int, default=8081, help="port of the Meta Graph sandbox")
         parser.add_argument("--smtp-port", type=int, default=2525, help="port of the SMTP sandbox")
+        parser.add_argument("--erp-port", type=int, default=8082, help="port of the Millennium ERP sandbox")
         parser.add_argument(
             "--no-sandboxes",
             action="store_true",
-            help="do not start the sandboxes of the external systems (Meta, SMTP)",
+            help="do not start the sandboxes of the external systems (Meta, SMTP, ERP)",
         )
 
     def handle(self, *args, **options) -> None:
@@ -42,6 +43,7 @@ class Command(BaseCommand):
         if not options["no_sandboxes"]:
             _check_port(options["host"], options["meta_port"], "--meta-port")
             _check_port(options["host"], options["smtp_port"], "--smtp-port")
+            _check_port(options["host"], options["erp_port"], "--erp-port")
         # Links in emails (pixel, clicks, unsubscribe) point at this server unless set otherwise.
         os.environ.setdefault("PUBLIC_URL", f"http://{options['host']}:{options['port']}")
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
@@ -86,6 +88,10 @@ class Command(BaseCommand):
                     str(mail_dir),
                 ],
             )
+            supervisor.add(
+                "erp",
+                [*manage, "erp_sandbox", "--host", options["host"], "--port", str(options["erp_port"])],
+            )
         supervisor.say(
             f"admin: http://{options['host']}:{options['port']}/admin/   "
             f"health: http://{options['host']}:{options['port']}/healthz   (Ctrl-C stops everything)"
@@ -110,6 +116,7 @@ class Command(BaseCommand):
                 else {
                     "graph_url": self._meta_url(options),
                     "smtp": (options["host"], options["smtp_port"]),
+                    "erp_url": f"http://{options['host']}:{options['erp_port']}",
                 }
             )
             call_command("demo", customers=options["demo_customers"], stdout=_Say(supervisor), **extra)

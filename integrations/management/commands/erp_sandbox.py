@@ -1,0 +1,73 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from integrations.millennium.sandbox import (
+    DEFAULT_PASSWORD,
+    DEFAULT_STORES,
+    DEFAULT_USERNAME,
+    MillenniumSandbox,
+)
+from integrations.sandbox_server import wait_for_stop_signal
+
+
+class Command(BaseCommand):
+    help = (
+        "Run the Linx Millennium ERP sandbox (deterministic customers and sales) in the foreground "
+        "until Ctrl-C or SIGTERM. Controls live under /_sandbox/ (see integrations/millennium/sandbox.py)."
+    )
+    # It touches neither the database nor the models: skip the checks so it starts at once.
+    requires_system_checks: list[str] = []
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8082, help="0 picks a free port (default 8082)")
+        parser.add_argument("--customers", type=int, default=1000, help="number of customers (default 1000)")
+        parser.add_argument(
+            "--stores",
+            default=",".join(DEFAULT_STORES),
+            help=f"comma-separated store (filial) codes (default {','.join(DEFAULT_STORES)})",
+        )
+        parser.add_argument(
+            "--sales-per-day", type=int, default=24, help="sales per store and day (default 24)"
+        )
+        parser.add_argument("--username", default=DEFAULT_USERNAME)
+        parser.add_argument("--password", default=DEFAULT_PASSWORD)
+        parser.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every answer")
+        parser.add_argument(
+            "--malformed-every", type=int, default=0, help="break every k-th record (default 0: none)"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["latency_ms"] < 0:
+            raise CommandError("--latency-ms must be 0 or more")
+        stores = [code.strip() for code in options["stores"].split(",") if code.strip()]
+        try:
+            server = MillenniumSandbox(
+                host=options["host"],
+                port=options["port"],
+                customers=options["customers"],
+                stores=stores,
+                sales_per_day=options["sales_per_day"],
+                username=options["username"],
+                password=options["password"],
+                latency_ms=options["latency_ms"],
+                malformed_every=options["malformed_every"],
+            )
+            server.start()
+        except OSError as exc:
+            raise CommandError(f"cannot listen on {options['host']}:{options['port']}: {exc}") from None
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        self.stdout.write(
+            f"Millennium ERP sandbox listening on {server.url} with {options['customers']:,} customers, "
+            f"stores {', '.join(stores)} (Ctrl-C to stop)"
+        )
+        self.stdout.flush()
+        try:
+            wait_for_stop_signal()
+        finally:
+            server.stop()
+        self.stdout.write("Millennium ERP sandbox stopped")

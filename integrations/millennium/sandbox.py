@@ -1,0 +1,569 @@
+"""A sandbox standing in for a Linx Millennium server, for tests, the demo and benchmarks.
+
+It answers the two list endpoints the sync uses, with Millennium's shapes: ``{"value": [...]}``,
+dates as ``/Date(ms-0300)/``, the ``trans_id`` cursor and ``$top`` page size, Basic auth (401 with
+``WWW-Authenticate`` otherwise) and OData-style error bodies:
+
+- ``GET /api/millenium/clientes/lista?$format=json&$top=N&trans_id=T``
+- ``GET /api/millenium/pedido_venda/lista?$format=json&$top=N&trans_id=T&filial=CODE
+  &data_inicial=ISO&data_final=ISO`` (sales issued in [data_inicial, data_final))
+
+Data is computed, not stored, so any size costs no memory: customer ``i`` (0 <= i < customers) is
+a pure function of ``i`` (``cliente`` = 1000 + i, ``trans_id`` = 10 (i + 1)), and each store's sales
+of a day are a pure function of (store, day): ``sales_per_day`` of them between 09:00 and 21:00
+(-03:00), every tenth without a customer. Later changes (:meth:`MillenniumSandbox.add_customers`,
+:meth:`~MillenniumSandbox.touch_customers`) get fresh trans_ids above every earlier one, as the
+ERP's own counter would.
+
+Fault injection (methods, safe from any thread; or ``/_sandbox/config`` over HTTP):
+:meth:`~MillenniumSandbox.fail_next` answers the next requests with a 4xx/5xx,
+:meth:`~MillenniumSandbox.set_latency` delays every answer (to make a client time out, or slow a
+long sync down), ``malformed_every=k`` breaks every k-th record (an invalid CPF, an unreadable
+date or a missing id for customers; a non-numeric total, an unreadable date or ``itens`` that is
+not a list for sales) while keeping its trans_id. :meth:`~MillenniumSandbox.requests` is the
+request log (path, query, status, time of arrival)::
+
+    with MillenniumSandbox(customers=20_000) as erp:
+        MillenniumClient(base_url=erp.url, username=DEFAULT_USERNAME, password=DEFAULT_PASSWORD)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import bisect
+import hmac
+import json
+import time
+import unicodedata
+import zlib
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import date, datetime, timedelta, timezone
+from decimal import Decimal
+from typing import Any
+
+from aiohttp import web
+
+from integrations.millennium.client import (
+    CUSTOMERS_PATH,
+    SALES_PATH,
+    cnpj_check_digits,
+    cpf_check_digits,
+    format_date,
+)
+from integrations.sandbox_server import ThreadedAppServer
+
+DEFAULT_USERNAME = "millennium"
+DEFAULT_PASSWORD = "sandbox-password"  # noqa: S105 - the sandbox's own login, not a real credential
+# The demo organization's stores carry these codes (crm.services.DEMO_STORES).
+DEFAULT_STORES: tuple[str, ...] = ("001", "002", "003")
+OFFSET = timezone(timedelta(hours=-3))  # the stores' clocks: Brasília time
+FIRST_CUSTOMER_ID = 1000
+TRANS_STEP = 10
+EPOCH = date(2020, 1, 1)  # no sales before this day
+MAX_SALES_PER_DAY = 999
+MAX_STORES = 99
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+_FIRST = [
+    "ANA",
+    "BRUNO",
+    "CAMILA",
+    "DIEGO",
+    "EDUARDA",
+    "FELIPE",
+    "GABRIELA",
+    "HENRIQUE",
+    "ISABELA",
+    "JOÃO",
+    "LARISSA",
+    "MARCOS",
+    "NATÁLIA",
+    "OTÁVIO",
+    "PAULA",
+    "RAFAEL",
+    "SOFIA",
+    "THIAGO",
+    "VITÓRIA",
+    "YURI",
+]
+_LAST = ["SILVA", "SANTOS", "OLIVEIRA", "SOUZA", "RODRIGUES", "FERREIRA", "ALVES", "PEREIRA", "LIMA", "GOMES"]
+_DDD = ["11", "21", "31", "41", "47", "51", "61", "71", "81", "85", "91", "62"]
+
+
+def _ascii(text: str) -> str:
+    return unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode().lower()
+
+
+def _json_response(payload: Any, status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
+    return web.Response(
+        body=json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode(),
+        status=status,
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+def _odata_error(status: int, message: str, headers: Mapping[str, str] | None = None) -> web.Response:
+    body = {"error": {"code": str(status), "message": {"lang": "pt-BR", "value": message}}}
+    return _json_response(body, status, headers)
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _cpf(i: int) -> str:
+    base = f"{(i * 7919 + 123_456_789) % 10**9:09d}"
+    if len(set(base)) == 1:
+        base = "123456789"
+    return base + cpf_check_digits(base)
+
+
+def _cnpj(i: int) -> str:
+    base = f"{(i * 104_729 + 11_222_333) % 10**8:08d}0001"
+    return base + cnpj_check_digits(base)
+
+
+@dataclass
+class _State:
+    """Everything that changes; only touched on the server's event loop."""
+
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    fail_after: int = 0
+    fail_count: int = 0
+    fail_status: int = 500
+    # Customers changed or added after start: index -> (trans_id, version), and (trans_id, index)
+    # in trans_id order (entries whose trans_id is no longer current are skipped).
+    changed: dict[int, tuple[int, int]] = field(default_factory=dict)
+    changed_order: list[tuple[int, int]] = field(default_factory=list)
+    added: int = 0
+    next_trans_id: int = 0
+
+
+class MillenniumSandbox(ThreadedAppServer):
+    """The sandbox as an aiohttp app on its own event loop in a daemon thread."""
+
+    thread_name = "millennium-sandbox"
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        customers: int = 1000,
+        stores: Iterable[str] = DEFAULT_STORES,
+        sales_per_day: int = 24,
+        username: str = DEFAULT_USERNAME,
+        password: str = DEFAULT_PASSWORD,
+        latency_ms: float = 0.0,
+        malformed_every: int = 0,
+        max_top: int = 5000,
+    ) -> None:
+        super().__init__(host, port)
+        self._stores = tuple(stores)
+        if customers < 0 or not 0 <= sales_per_day <= MAX_SALES_PER_DAY or len(self._stores) > MAX_STORES:
+            raise ValueError(
+                f"customers must be >= 0, sales_per_day 0-{MAX_SALES_PER_DAY}, at most {MAX_STORES} stores"
+            )
+        if malformed_every < 0:
+            raise ValueError("malformed_every must be 0 (none) or more")
+        self._base_customers = int(customers)
+        self._sales_per_day = int(sales_per_day)
+        self._username = username
+        self._password = password
+        self._latency_ms = float(latency_ms)
+        self._malformed_every = int(malformed_every)
+        self._max_top = int(max_top)
+        self._state = self._fresh_state()
+
+    def _fresh_state(self) -> _State:
+        return _State(next_trans_id=TRANS_STEP * self._base_customers + 1)
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def make_app(self) -> web.Application:
+        app = web.Application(middlewares=[self._middleware])
+        app.router.add_get(CUSTOMERS_PATH, self._handle_customers)
+        app.router.add_get(SALES_PATH, self._handle_sales)
+        app.router.add_get("/_sandbox/config", self._handle_config)
+        app.router.add_post("/_sandbox/config", self._handle_config)
+        app.router.add_get("/_sandbox/requests", self._handle_requests)
+        app.router.add_delete("/_sandbox/requests", self._handle_requests)
+        app.router.add_post("/_sandbox/customers", self._handle_customer_changes)
+        app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
+        return app
+
+    # -- thread-safe controls -------------------------------------------------------------------
+
+    def fail_next(self, n: int, status: int = 500, *, after: int = 0) -> None:
+        """Let ``after`` API requests through, then answer the next ``n`` with HTTP ``status``."""
+        if n < 0 or after < 0 or not 400 <= status <= 599:
+            raise ValueError("n and after must be >= 0 and status an HTTP error status (400-599)")
+
+        def apply() -> None:
+            self._state.fail_after, self._state.fail_count, self._state.fail_status = after, n, status
+
+        self._on_loop(apply)
+
+    def set_latency(self, ms: float) -> None:
+        """Delay every API answer by ``ms`` milliseconds (slow pages, or a client's read timeout)."""
+        self._latency_ms = max(float(ms), 0.0)
+
+    def set_malformed_every(self, k: int) -> None:
+        """Break every k-th customer and every k-th sale of a store's day (0 = none)."""
+        self._malformed_every = max(int(k), 0)
+
+    def requests(self) -> list[dict[str, Any]]:
+        """API requests in order of arrival (copies): method, path, params, user, status, at."""
+        return self._on_loop(lambda: [dict(r, params=dict(r["params"])) for r in self._state.requests])
+
+    def clear_requests(self) -> None:
+        def clear() -> None:
+            self._state.requests = []
+
+        self._on_loop(clear)
+
+    def reset(self) -> None:
+        """Forget changes, added customers, the request log and pending failures."""
+
+        def clear() -> None:
+            self._state = self._fresh_state()
+
+        self._on_loop(clear)
+
+    def add_customers(self, n: int) -> list[int]:
+        """Register ``n`` new customers (fresh trans_ids); returns their ``cliente`` ids."""
+        return self._on_loop(lambda: self._add(n))
+
+    def touch_customers(self, indexes: Iterable[int]) -> None:
+        """Change these customers (their email and name get a version mark) under fresh trans_ids."""
+        wanted = list(indexes)
+        self._on_loop(lambda: self._touch(wanted))
+
+    @property
+    def customer_count(self) -> int:
+        return self._base_customers + self._on_loop(lambda: self._state.added)
+
+    def customer_index(self, cliente: int) -> int:
+        return int(cliente) - FIRST_CUSTOMER_ID
+
+    def is_malformed_customer(self, i: int) -> bool:
+        k = self._malformed_every
+        return bool(k) and (i + 1) % k == 0
+
+    def is_malformed_sale(self, k_of_day: int) -> bool:
+        k = self._malformed_every
+        return bool(k) and (k_of_day + 1) % k == 0
+
+    def customer_record(self, i: int) -> dict[str, Any]:
+        """Customer ``i`` as the API renders it now."""
+        return self._on_loop(lambda: self._customer(i))
+
+    def last_trans_id(self) -> int:
+        """The largest customer trans_id there is."""
+
+        def last() -> int:
+            state = self._state
+            return max(state.next_trans_id - 1 if state.changed else 0, TRANS_STEP * self._base_customers)
+
+        return self._on_loop(last)
+
+    def sales_of_day(self, store_code: str, day: date) -> list[dict[str, Any]]:
+        """A store's sales of one (local) day, as the API renders them, in trans_id order."""
+        return [record for record, _ in self._day_sales(store_code, day)]
+
+    # -- request pipeline (event loop only) -----------------------------------------------------
+
+    @web.middleware
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.path.startswith("/_sandbox/"):
+            return await handler(request)
+        state = self._state
+        entry: dict[str, Any] = {
+            "method": request.method,
+            "path": request.path,
+            "params": dict(request.query),
+            "user": self._user(request),
+            "status": None,
+            "at": time.time(),
+        }
+        state.requests.append(entry)
+        if self._latency_ms > 0:
+            await asyncio.sleep(self._latency_ms / 1000)
+        response: web.StreamResponse
+        if state.fail_count > 0 and state.fail_after == 0:
+            state.fail_count -= 1
+            response = _odata_error(state.fail_status, "sandbox: scripted failure")
+        else:
+            if state.fail_after > 0:
+                state.fail_after -= 1
+            if not self._authorized(request):
+                response = _odata_error(
+                    401, "Usuário ou senha inválidos", {"WWW-Authenticate": 'Basic realm="Millennium"'}
+                )
+            else:
+                try:
+                    response = await handler(request)
+                except _BadRequest as exc:
+                    response = _odata_error(400, str(exc))
+        entry["status"] = response.status
+        return response
+
+    @staticmethod
+    def _credentials(request: web.Request) -> tuple[str, str] | None:
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            user, sep, password = base64.b64decode(token, validate=True).decode().partition(":")
+        except (binascii.Error, UnicodeDecodeError):
+            return None
+        return (user, password) if sep else None
+
+    def _user(self, request: web.Request) -> str:
+        credentials = self._credentials(request)
+        return credentials[0] if credentials else ""
+
+    def _authorized(self, request: web.Request) -> bool:
+        credentials = self._credentials(request)
+        if credentials is None:
+            return False
+        user, password = credentials
+        user_ok = hmac.compare_digest(user.encode(), self._username.encode())
+        return hmac.compare_digest(password.encode(), self._password.encode()) and user_ok
+
+    def _paging(self, request: web.Request) -> tuple[int, int]:
+        query = request.query
+        if query.get("$format", "json") != "json":
+            raise _BadRequest("$format: only json is supported")
+        try:
+            top = int(query.get("$top", "100"))
+            trans_id = int(query.get("trans_id", "0"))
+        except ValueError:
+            raise _BadRequest("$top and trans_id must be integers") from None
+        if not 1 <= top <= self._max_top or trans_id < 0:
+            raise _BadRequest(f"$top must be 1-{self._max_top} and trans_id 0 or more")
+        return top, trans_id
+
+    # -- customers (event loop only) ------------------------------------------------------------
+
+    def _add(self, n: int) -> list[int]:
+        state = self._state
+        ids = []
+        for _ in range(n):
+            i = self._base_customers + state.added
+            state.added += 1
+            self._assign(i, version=0)
+            ids.append(FIRST_CUSTOMER_ID + i)
+        return ids
+
+    def _touch(self, indexes: list[int]) -> None:
+        total = self._base_customers + self._state.added
+        for i in indexes:
+            if not 0 <= i < total:
+                raise ValueError(f"no customer {i}")
+            self._assign(i, version=self._state.changed.get(i, (0, 0))[1] + 1)
+
+    def _assign(self, i: int, *, version: int) -> None:
+        state = self._state
+        trans_id = state.next_trans_id
+        state.next_trans_id += 1
+        state.changed[i] = (trans_id, version)
+        state.changed_order.append((trans_id, i))
+
+    def _customer(self, i: int) -> dict[str, Any]:
+        trans_id, version = self._state.changed.get(i, (TRANS_STEP * (i + 1), 0))
+        first, last = _FIRST[i % len(_FIRST)], _LAST[(i // len(_FIRST)) % len(_LAST)]
+        company = i % 20 == 19
+        record: dict[str, Any] = {
+            "cliente": FIRST_CUSTOMER_ID + i,
+            "trans_id": trans_id,
+            "nome": f"{last} COMERCIO LTDA" if company else f"{first} {last}",
+            "cpf_cnpj": "",
+            "e_mail": None,
+            "ddd_celular": _DDD[i % len(_DDD)],
+            "celular": None,
+            "data_cadastro": format_date(
+                datetime(2015, 1, 1, 9, 0, tzinfo=OFFSET) + timedelta(minutes=37 * i)
+            ),
+        }
+        if company:
+            doc = _cnpj(i)
+            record["cpf_cnpj"] = f"{doc[:2]}.{doc[2:5]}.{doc[5:8]}/{doc[8:12]}-{doc[12:]}"
+        else:
+            doc = _cpf(i)
+            record["cpf_cnpj"] = f"{doc[:3]}.{doc[3:6]}.{doc[6:9]}-{doc[9:]}" if i % 2 == 0 else doc
+        if i % 9 != 8:
+            mark = f".v{version}" if version else ""
+            record["e_mail"] = f"{_ascii(first)}.{_ascii(last)}{i}{mark}@example.com.br"
+        if i % 7 != 6:
+            digits = f"{(i * 7919) % 10**7:07d}"
+            # Every eleventh number in the old 8-digit form, without the mobile's ninth digit.
+            record["celular"] = f"9{digits}" if i % 11 == 10 else f"99{digits}"
+        if version:
+            record["nome"] += f" (v{version})"
+        if self.is_malformed_customer(i):
+            kind = ((i + 1) // self._malformed_every) % 3
+            if kind == 0:
+                valid = _cpf(i)
+                record["cpf_cnpj"] = valid[:10] + str((int(valid[10]) + 1) % 10)
+            elif kind == 1:
+                record["data_cadastro"] = "/Date(não-é-data)/"
+            else:
+                del record["cliente"]
+        return record
+
+    def _customers_after(self, trans_id: int, top: int) -> list[dict[str, Any]]:
+        state = self._state
+        found: list[dict[str, Any]] = []
+        i = trans_id // TRANS_STEP  # the first base customer with 10 (i + 1) > trans_id
+        while len(found) < top and i < self._base_customers:
+            if i not in state.changed:
+                found.append(self._customer(i))
+            i += 1
+        position = bisect.bisect_right(state.changed_order, (trans_id, float("inf")))
+        while len(found) < top and position < len(state.changed_order):
+            changed_trans_id, i = state.changed_order[position]
+            if state.changed[i][0] == changed_trans_id:
+                found.append(self._customer(i))
+            position += 1
+        return found
+
+    async def _handle_customers(self, request: web.Request) -> web.Response:
+        top, trans_id = self._paging(request)
+        return _json_response({"value": self._customers_after(trans_id, top)})
+
+    # -- sales (event loop only, or pure) -------------------------------------------------------
+
+    def _day_sales(self, store_code: str, day: date) -> list[tuple[dict[str, Any], datetime]]:
+        if store_code not in self._stores or day < EPOCH:
+            return []
+        store = self._stores.index(store_code)
+        day_index = (day - EPOCH).days
+        per_day = self._sales_per_day
+        customers = self._base_customers
+        seed = zlib.crc32(store_code.encode())
+        midnight = datetime(day.year, day.month, day.day, tzinfo=OFFSET)
+        sales = []
+        for k in range(per_day):
+            sold_at = midnight + timedelta(
+                minutes=9 * 60 + (k * 720) // per_day, seconds=(k * 37 + store * 11) % 60
+            )
+            number = (day_index * 100 + store) * 1000 + k
+            items = []
+            total = Decimal(0)
+            for j in range(1 + k % 3):
+                quantity = 1 + (k + j) % 2
+                price = Decimal(1990 + (k * 97 + j * 53 + store * 7) % 30000) / 100
+                total += price * quantity
+                items.append(
+                    {
+                        "produto": f"SKU-{(k * 31 + store * 7 + j * 13) % 500:05d}",
+                        "quantidade": quantity,
+                        "preco": float(price),
+                    }
+                )
+            customer: int | None = None
+            if k % 10 != 9 and customers:
+                customer = FIRST_CUSTOMER_ID + (seed + day_index * 7919 + k * 104_729) % customers
+            record: dict[str, Any] = {
+                "pedidov": number,
+                "trans_id": number * 10 + 3,
+                "cliente": customer,
+                "filial": store_code,
+                "data_emissao": format_date(sold_at),
+                "valor_final": float(total),
+                "itens": items,
+            }
+            if self.is_malformed_sale(k):
+                kind = ((k + 1) // self._malformed_every) % 3
+                if kind == 0:
+                    record["valor_final"] = "cento e vinte"
+                elif kind == 1:
+                    record["data_emissao"] = "/Date(ontem)/"
+                else:
+                    record["itens"] = "sem itens"
+            sales.append((record, sold_at))
+        return sales
+
+    @staticmethod
+    def _when(value: str, name: str) -> datetime:
+        try:
+            when = datetime.fromisoformat(value)
+        except ValueError:
+            raise _BadRequest(f"{name}: not an ISO 8601 date: {value!r}") from None
+        return when if when.tzinfo else when.replace(tzinfo=OFFSET)
+
+    async def _handle_sales(self, request: web.Request) -> web.Response:
+        top, trans_id = self._paging(request)
+        query = request.query
+        store_code = query.get("filial", "")
+        if not store_code:
+            raise _BadRequest("filial is required")
+        start = self._when(query.get("data_inicial", ""), "data_inicial")
+        end = self._when(query.get("data_final", ""), "data_final")
+        if end < start:
+            raise _BadRequest("data_final is before data_inicial")
+        if end - start > timedelta(days=400):
+            raise _BadRequest("the window is longer than 400 days")
+        found = []
+        day = start.astimezone(OFFSET).date()
+        while datetime(day.year, day.month, day.day, tzinfo=OFFSET) < end:
+            for record, sold_at in self._day_sales(store_code, day):
+                if start <= sold_at < end and record["trans_id"] > trans_id:
+                    found.append(record)
+            day += timedelta(days=1)
+        found.sort(key=lambda r: r["trans_id"])
+        return _json_response({"value": found[:top]})
+
+    # -- controls over HTTP ---------------------------------------------------------------------
+
+    async def _handle_config(self, request: web.Request) -> web.Response:
+        if request.method == "POST":
+            try:
+                data = json.loads(await request.read() or b"{}")
+                if not isinstance(data, dict):
+                    raise ValueError("a JSON object is expected")
+                if "latency_ms" in data:
+                    self.set_latency(float(data["latency_ms"]))
+                if "malformed_every" in data:
+                    self.set_malformed_every(int(data["malformed_every"]))
+                if "fail_next" in data:
+                    rule = data["fail_next"]
+                    self._state.fail_after = int(rule.get("after", 0))
+                    self._state.fail_count = int(rule.get("n", 1))
+                    self._state.fail_status = int(rule.get("status", 500))
+            except (TypeError, ValueError, AttributeError) as exc:
+                return _json_response({"error": str(exc)}, 400)
+        return _json_response(
+            {
+                "customers": self._base_customers + self._state.added,
+                "stores": list(self._stores),
+                "sales_per_day": self._sales_per_day,
+                "latency_ms": self._latency_ms,
+                "malformed_every": self._malformed_every,
+                "pending_failures": self._state.fail_count,
+            }
+        )
+
+    async def _handle_requests(self, request: web.Request) -> web.Response:
+        if request.method == "DELETE":
+            self._state.requests = []
+        requests = self._state.requests
+        return _json_response({"count": len(requests), "requests": requests[-1000:]})
+
+    async def _handle_customer_changes(self, request: web.Request) -> web.Response:
+        try:
+            data = json.loads(await request.read() or b"{}")
+            added = self._add(int(data.get("add", 0)))
+            self._touch([int(i) for i in data.get("touch", [])])
+        except (TypeError, ValueError, AttributeError) as exc:
+            return _json_response({"error": str(exc)}, 400)
+        return _json_response({"added": added, "customers": self._base_customers + self._state.added})
+
+    async def _handle_unknown(self, request: web.Request) -> web.Response:
+        return _odata_error(404, f"Recurso não encontrado: {request.path}")
