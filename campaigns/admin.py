@@ -1,22 +1,35 @@
 from __future__ import annotations
 
+from datetime import date
+from typing import Any
+
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
 from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
+from django.utils.formats import date_format
+from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
+from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
-from campaigns import selectors, services
+from campaigns import segments, selectors, services
 from campaigns.models import (
     Campaign,
     CampaignMetric,
     Channel,
+    CustomerSegment,
     EmailMessage,
     EmailSuppression,
+    SegmentMovement,
     WhatsappMessage,
 )
 from campaigns.sending import _variable
+from crm.models import Organization
 
 # Labels of every key in campaign_status()["counts"], both channels.
 COUNT_LABELS = {
@@ -45,9 +58,19 @@ class CampaignAdmin(admin.ModelAdmin):
     list_filter = ("status", "channel", "organization")
     search_fields = ("name", "template_name")
     raw_id_fields = ("audience_store",)
-    readonly_fields = ("status", "started_at", "finished_at", "stop_reason", "live_status", "preview")
+    readonly_fields = (
+        "status",
+        "started_at",
+        "finished_at",
+        "stop_reason",
+        "live_status",
+        "preview",
+        "recurrence_until",
+        "parent",
+        "occurrence_at",
+    )
     change_form_template = "admin/campaigns/campaign/change_form.html"
-    actions = ["start", "cancel", "pause", "resume", "retry_failed"]
+    actions = ["start", "cancel", "pause", "resume", "retry_failed", "recurrence_activate", "recurrence_stop"]
     fieldsets = (
         (None, {"fields": ("organization", "name", "channel", "status", "stop_reason")}),
         (
@@ -75,7 +98,10 @@ class CampaignAdmin(admin.ModelAdmin):
                 ),
             },
         ),
-        (_("Audience"), {"fields": ("audience_store", "audience_purchased_within_days")}),
+        (
+            _("Audience"),
+            {"fields": ("audience_store", "audience_purchased_within_days", "audience_segment")},
+        ),
         (
             _("Schedule"),
             {
@@ -84,6 +110,22 @@ class CampaignAdmin(admin.ModelAdmin):
                     "Set a time and save to schedule the start (in the organization's "
                     "time zone); clear it to unschedule. Or use the action 'Start (send "
                     "now)' in the list."
+                ),
+            },
+        ),
+        (
+            _("Recurrence"),
+            {
+                "fields": (
+                    "recurrence",
+                    "recurrence_misfire",
+                    "recurrence_until",
+                    ("parent", "occurrence_at"),
+                ),
+                "description": _(
+                    "A recurring campaign sends a copy of itself at each occurrence of its cron "
+                    "expression (organization's time zone), checked every 5 minutes. Use the actions "
+                    "'Activate recurrence' / 'Stop recurrence'."
                 ),
             },
         ),
@@ -142,12 +184,17 @@ class CampaignAdmin(admin.ModelAdmin):
             ((COUNT_LABELS.get(k, k), k, v) for k, v in data["counts"].items()),
         )
         return format_html(
-            '<div id="live-status" data-url="{}"><progress max="1" value="{}"></progress> '
+            '<div id="live-status" data-url="{}">'
+            '<p class="errornote" data-field="sending_paused"{}>{} <span>{}</span></p>'
+            '<progress max="1" value="{}"></progress> '
             '<span data-field="progress">{}%</span> · <span data-field="status">{}</span>'
             '<table>{}<tr><th>{}</th><td data-field="cost">{}</td></tr>'
             '<tr><th>{}</th><td><span data-field="rate">{}</span>/s</td></tr>'
             '<tr><th>{}</th><td data-field="eta_seconds">{}</td></tr></table></div>',
             "../status/",
+            "" if data["sending_paused"] else mark_safe(" hidden"),
+            _("The organization's sending on this channel is paused (fix it on the organization's page):"),
+            data["sending_paused"],
             data["progress"],
             round(100 * data["progress"], 1),
             data["status_label"],
@@ -226,6 +273,14 @@ class CampaignAdmin(admin.ModelAdmin):
     @admin.action(description=_("Retry failed messages"))
     def retry_failed(self, request, queryset):
         _act(request, queryset, services.campaign_retry_failed, "failed messages queued again")
+
+    @admin.action(description=_("Activate recurrence"))
+    def recurrence_activate(self, request, queryset):
+        _act(request, queryset, services.campaign_recurrence_activate, "recurring")
+
+    @admin.action(description=_("Stop recurrence"))
+    def recurrence_stop(self, request, queryset):
+        _act(request, queryset, services.campaign_recurrence_stop, "recurrence stopped")
 
 
 @admin.register(WhatsappMessage)
@@ -319,3 +374,160 @@ class CampaignMetricAdmin(admin.ModelAdmin):
         "bounced",
         "cost",
     )
+
+
+class CappedCountPaginator(Paginator):
+    """Counts at most `cap` + 1 rows: paging a day of a million customers never counts all of them."""
+
+    cap = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        rows = self.object_list
+        return rows[: self.cap + 1].count() if isinstance(rows, QuerySet) else len(rows)
+
+    @property
+    def capped(self) -> bool:
+        return self.count > self.cap
+
+
+class SegmentDayFilter(admin.SimpleListFilter):
+    """The snapshot day: the newest unless another is chosen (never every day at once)."""
+
+    title = _("day")
+    parameter_name = "day"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        org = request.GET.get("organization__id__exact", "")
+        days = segments.segment_days(organization_id=int(org) if org.isdigit() else None)
+        return [(d.isoformat(), date_format(d, "SHORT_DATE_FORMAT")) for d in days]
+
+    def value(self) -> str | None:
+        chosen = super().value()
+        return chosen or (str(self.lookup_choices[0][0]) if self.lookup_choices else None)
+
+    def choices(self, changelist: Any):
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": self.value() == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        return queryset.filter(day=date.fromisoformat(value)) if value else queryset.none()
+
+
+@admin.register(CustomerSegment)
+class CustomerSegmentAdmin(admin.ModelAdmin):
+    """Read-only: customers per organization, day and segment; the overview has the counts and movement."""
+
+    list_display = (
+        "customer",
+        "organization",
+        "day",
+        "segment",
+        "recency_days",
+        "frequency",
+        "monetary",
+        "rfm",
+    )
+    list_select_related = ("customer", "organization")
+    list_filter = ("organization", SegmentDayFilter, "segment")
+    # The order of the unique index (organization, day, customer), read backwards: a page is an
+    # index range scan, never a sort of the day's rows. Column sorting would force one.
+    ordering = ("-organization_id", "-day", "-customer_id")
+    sortable_by = ()
+    show_full_result_count = False
+    paginator = CappedCountPaginator
+    list_per_page = 100
+    actions = None
+    change_list_template = "admin/campaigns/customersegment/change_list.html"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description=_("R F M"))
+    def rfm(self, obj: CustomerSegment) -> str:
+        if obj.r_score is None:
+            return "—"
+        return f"{obj.r_score} {obj.f_score} {obj.m_score}"
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "overview/",
+                self.admin_site.admin_view(self.overview_view),
+                name="campaigns_customersegment_overview",
+            ),
+            *super().get_urls(),
+        ]
+
+    def overview_view(self, request: HttpRequest) -> TemplateResponse:
+        """Customers per segment on a day and the movement from the snapshot before (three queries)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        organizations = list(
+            Organization.objects.filter(pk__in=SegmentMovement.objects.values("organization_id"))
+            .order_by("name")
+            .values_list("pk", "name")
+        )
+        chosen = request.GET.get("organization", "")
+        org_id = int(chosen) if chosen.isdigit() else (organizations[0][0] if organizations else None)
+        if org_id not in dict(organizations):
+            org_id = None
+        days = segments.segment_days(organization_id=org_id) if org_id else []
+        wanted = request.GET.get("day", "")
+        day = next((d for d in days if d.isoformat() == wanted), days[0] if days else None)
+        context: dict[str, Any] = {
+            **self.admin_site.each_context(request),
+            "title": _("Customer segments"),
+            "opts": self.model._meta,
+            "organizations": organizations,
+            "organization_id": org_id,
+            "days": days,
+            "day": day,
+            "rules": segments.RULES,
+        }
+        if org_id and day:
+            movement = segments.segment_movement(organization_id=org_id, day=day)
+            labels = [(str(s.value), s.label) for s in segments.Segment]
+            columns = [*labels, ("", _("left the snapshot"))]
+            context.update(
+                previous_day=movement.previous_day,
+                total=sum(movement.counts.values()),
+                rows=[
+                    {
+                        "code": code,
+                        "label": label,
+                        "count": movement.counts[code],
+                        "previous": movement.previous_counts[code],
+                        "change": movement.counts[code] - movement.previous_counts[code],
+                    }
+                    for code, label in labels
+                ],
+                columns=columns,
+                matrix=[
+                    {
+                        "code": code,
+                        "label": label,
+                        "cells": [
+                            {
+                                "to": to,
+                                "n": movement.matrix.get((code, to), 0),
+                                "stayed": bool(code) and code == to,
+                            }
+                            for to, _label in columns
+                        ],
+                    }
+                    for code, label in [*labels, ("", _("not in the previous snapshot"))]
+                ],
+            )
+        return TemplateResponse(request, "admin/campaigns/customersegment/overview.html", context)

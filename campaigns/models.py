@@ -10,6 +10,7 @@ from django.db.models import Q
 from django.utils import timezone as dj_timezone
 from django.utils.translation import gettext_lazy as _
 
+from campaigns.segments import Segment
 from crm.models import Customer, Organization, Store
 
 # Customer fields a template variable may take its value from.
@@ -40,6 +41,11 @@ class Campaign(models.Model):
         SENT = "sent", _("sent")
         CANCELLED = "cancelled", _("cancelled")
         STOPPED = "stopped", _("stopped (provider error)")
+        RECURRING = "recurring", _("recurring (active)")
+
+    class Misfire(models.TextChoices):
+        ONCE = "once", _("send once when back")
+        SKIP = "skip", _("skip it")
 
     organization = models.ForeignKey(
         Organization, on_delete=models.CASCADE, related_name="campaigns", verbose_name=_("organization")
@@ -108,6 +114,41 @@ class Campaign(models.Model):
     audience_purchased_within_days = models.PositiveIntegerField(
         _("only customers who bought in the last N days"), null=True, blank=True
     )
+    audience_segment = models.CharField(
+        _("only customers in segment"),
+        max_length=20,
+        blank=True,
+        default="",
+        choices=Segment.choices,
+        help_text=_("The customers in this RFM segment in the organization's latest segment snapshot."),
+    )
+    # Recurrence: an active recurring campaign is a template; each occurrence is a campaign of its own
+    recurrence = models.CharField(
+        _("recurrence (cron)"),
+        max_length=100,
+        blank=True,
+        default="",
+        help_text=_(
+            "A cron expression in the organization's time zone, e.g. '0 9 * * 1' (Mondays 09:00). "
+            "Activate it with the action 'Activate recurrence'."
+        ),
+    )
+    recurrence_misfire = models.CharField(
+        _("an occurrence missed while the system was down"),
+        max_length=4,
+        choices=Misfire.choices,
+        default=Misfire.ONCE,
+    )
+    recurrence_until = models.DateTimeField(_("last run considered"), null=True, blank=True, editable=False)
+    parent = models.ForeignKey(
+        "self",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="occurrences",
+        verbose_name=_("recurring campaign"),
+    )
+    occurrence_at = models.DateTimeField(_("occurrence"), null=True, blank=True, editable=False)
     # Life
     scheduled_at = models.DateTimeField(_("scheduled for"), null=True, blank=True)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
@@ -120,6 +161,9 @@ class Campaign(models.Model):
         verbose_name_plural = _("campaigns")
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["organization", "status"], name="campaign_org_status")]
+        constraints = [
+            models.UniqueConstraint(fields=["parent", "occurrence_at"], name="campaign_occurrence_once"),
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -329,3 +373,82 @@ class EmailSuppression(models.Model):
 
     def __str__(self) -> str:
         return f"{self.email} ({self.reason})"
+
+
+class CustomerSegment(models.Model):
+    """A customer's RFM segment in one daily snapshot (see campaigns.segments for the rules)."""
+
+    # Rows are derived from sales, whose own foreign keys guarantee the customer exists, and a
+    # snapshot inserts up to a million at once: database-level checks would cost two trigger calls
+    # per row at commit (~40% of the snapshot). Deleting a customer or an organization through
+    # Django still deletes its rows (on_delete=CASCADE is the ORM's).
+    organization = models.ForeignKey(
+        Organization,
+        on_delete=models.CASCADE,
+        related_name="+",
+        db_index=False,  # the unique constraint and the index below both start with it
+        db_constraint=False,
+        verbose_name=_("organization"),
+    )
+    day = models.DateField(_("day"))
+    customer = models.ForeignKey(
+        Customer,
+        on_delete=models.CASCADE,
+        related_name="segments",
+        db_constraint=False,
+        verbose_name=_("customer"),
+    )
+    segment = models.CharField(_("segment"), max_length=20, choices=Segment.choices)
+    recency_days = models.PositiveIntegerField(_("days since the last sale"))
+    frequency = models.PositiveIntegerField(_("sales in 365 days"))
+    monetary = models.DecimalField(_("total in 365 days"), max_digits=14, decimal_places=2)
+    # 1-5 among the organization's active customers; empty for the lost (no sale in 365 days).
+    r_score = models.PositiveSmallIntegerField(_("R"), null=True, blank=True)
+    f_score = models.PositiveSmallIntegerField(_("F"), null=True, blank=True)
+    m_score = models.PositiveSmallIntegerField(_("M"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("customer segment")
+        verbose_name_plural = _("customer segments")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "day", "customer"], name="customer_segment_once_per_day"
+            ),
+        ]
+        indexes = [models.Index(fields=["organization", "day", "segment"], name="custseg_org_day_segment")]
+
+    def __str__(self) -> str:
+        return f"{self.customer_id} {self.day} {self.segment}"
+
+
+class SegmentMovement(models.Model):
+    """How many customers went from one segment to another between two consecutive snapshots.
+
+    An empty `from_segment` means not in the previous snapshot (a first sale, or the first
+    snapshot); an empty `to_segment` means no longer in this one.
+    """
+
+    organization = models.ForeignKey(
+        Organization,
+        on_delete=models.CASCADE,
+        related_name="+",
+        db_index=False,
+        verbose_name=_("organization"),
+    )
+    day = models.DateField(_("day"))
+    previous_day = models.DateField(_("previous snapshot"), null=True, blank=True)
+    from_segment = models.CharField(_("from"), max_length=20, blank=True, choices=Segment.choices)
+    to_segment = models.CharField(_("to"), max_length=20, blank=True, choices=Segment.choices)
+    customers = models.PositiveIntegerField(_("customers"))
+
+    class Meta:
+        verbose_name = _("segment movement")
+        verbose_name_plural = _("segment movements")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "day", "from_segment", "to_segment"], name="segment_movement_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.day} {self.from_segment or '∅'} -> {self.to_segment or '∅'}: {self.customers}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from django.db.models import Count, Exists, OuterRef, QuerySet
+from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery
 from django.db.models.functions import Lower
 from django.utils import timezone
 
@@ -13,6 +13,7 @@ from campaigns.models import (
     Campaign,
     CampaignMetric,
     Channel,
+    CustomerSegment,
     EmailMessage,
     EmailSuppression,
     WhatsappMessage,
@@ -45,7 +46,17 @@ def campaign_audience(*, campaign: Campaign) -> QuerySet[Customer]:
         )
     if campaign.audience_store_id or campaign.audience_purchased_within_days:
         qs = qs.filter(Exists(sales))
+    if campaign.audience_segment:
+        qs = qs.filter(Exists(_in_latest_segment(campaign.organization_id, campaign.audience_segment)))
     return qs
+
+
+def _in_latest_segment(organization_id: int, segment: str) -> QuerySet[CustomerSegment]:
+    """The customer's row in `segment` in the organization's newest snapshot (none before a first one)."""
+    newest = CustomerSegment.objects.filter(organization_id=organization_id).order_by("-day").values("day")
+    return CustomerSegment.objects.filter(
+        organization_id=organization_id, day=Subquery(newest[:1]), segment=segment, customer_id=OuterRef("pk")
+    )
 
 
 def campaign_counts(*, campaign_id: int, channel: str = Channel.WHATSAPP) -> dict[str, int]:

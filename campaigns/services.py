@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -429,3 +429,153 @@ def reconcile_in_flight(*, older_than_seconds: int | None = None) -> int:
             settled += n
             campaign_complete_if_done(campaign_id=campaign_id, channel=channel)
     return settled
+
+
+# --- Recurring campaigns ---------------------------------------------------------------------------
+
+RECURRING_LOCK_TTL = 300  # the seed's SET NX EX 300 around a dispatch pass
+# An occurrence is "missed" when the dispatch finds it later than this (the pass runs every 5
+# minutes, so a live system is never this late); the campaign's misfire policy then applies.
+MISFIRE_GRACE = timedelta(minutes=10)
+_COPIED_FIELDS = (
+    "organization_id",
+    "channel",
+    "whatsapp_number_id",
+    "template_name",
+    "template_language",
+    "template_category",
+    "template_variables",
+    "header_image_url",
+    "redirect_url",
+    "redirect_button_index",
+    "unsubscribe_button_index",
+    "email_subject",
+    "email_body_format",
+    "email_body",
+    "audience_store_id",
+    "audience_purchased_within_days",
+)
+
+
+def _occurrences(campaign: Campaign, *, after: datetime, until: datetime) -> list[datetime]:
+    """The cron's occurrences in (after, until], computed in the organization's time zone."""
+    from zoneinfo import ZoneInfo
+
+    from croniter import croniter
+
+    zone = ZoneInfo(campaign.organization.timezone)
+    it = croniter(campaign.recurrence, after.astimezone(zone))
+    found: list[datetime] = []
+    while True:
+        nxt = it.get_next(datetime)
+        if nxt > until:
+            return found
+        found.append(nxt)
+        if len(found) > 10_000:  # "* * * * *" down for a week: only the last one matters anyway
+            found = found[-1:]
+
+
+def occurrence_key(campaign_id: int, at: datetime) -> str:
+    return f"{campaign_id}@{at.astimezone(UTC):%Y%m%dT%H%MZ}"
+
+
+def campaign_recurrence_activate(*, campaign: Campaign) -> Campaign:
+    """Make a draft campaign recurring: its next cron occurrences each send a copy of it."""
+    from croniter import croniter
+
+    if not campaign.recurrence or not croniter.is_valid(campaign.recurrence):
+        raise CampaignError(f"{campaign.recurrence!r} is not a cron expression, e.g. '0 9 * * 1'")
+    campaign_validate(campaign=campaign)
+    if not Campaign.objects.filter(pk=campaign.pk, status=Status.DRAFT).update(
+        status=Status.RECURRING, recurrence_until=timezone.now()
+    ):
+        campaign.refresh_from_db()
+        raise CampaignError(f"campaign {campaign.pk} is {campaign.status}; only a draft becomes recurring")
+    campaign.refresh_from_db()
+    return campaign
+
+
+def campaign_recurrence_stop(*, campaign: Campaign) -> None:
+    """No further occurrences (the ones already sending go on); back to draft."""
+    if not Campaign.objects.filter(pk=campaign.pk, status=Status.RECURRING).update(status=Status.DRAFT):
+        campaign.refresh_from_db()
+        raise CampaignError(f"campaign {campaign.pk} is {campaign.status}, not recurring")
+    campaign.refresh_from_db()
+
+
+def recurring_dispatch(*, now: datetime | None = None) -> int:
+    """Every 5 minutes: record and enqueue each recurring campaign's due occurrence, exactly once.
+
+    Under a distributed lock (SET NX EX 300), so two schedulers never dispatch together; and each
+    occurrence is a JobRun with a deterministic key written in the same transaction that moves the
+    campaign's watermark, so even without the lock an occurrence is recorded once. Occurrences
+    missed while everything was down collapse into the latest one, which is sent once — or
+    skipped, by the campaign's misfire policy. Returns how many occurrences were dispatched."""
+    from crm import locks
+
+    now = now or timezone.now()
+    dispatched = 0
+    with locks.locked("campaigns:recurring-dispatch", ttl=RECURRING_LOCK_TTL) as got:
+        if not got:
+            logger.info("recurring dispatch: another scheduler holds the lock")
+            return 0
+        for campaign in Campaign.objects.filter(status=Status.RECURRING).select_related("organization"):
+            since = campaign.recurrence_until or campaign.created_at
+            due = _occurrences(campaign, after=since, until=now)
+            if not due:
+                continue
+            latest = due[-1]
+            skip = campaign.recurrence_misfire == Campaign.Misfire.SKIP and now - latest > MISFIRE_GRACE
+            with transaction.atomic():
+                # Compare-and-set on the watermark: a concurrent pass (lock expired) moves it once.
+                if not Campaign.objects.filter(
+                    pk=campaign.pk, status=Status.RECURRING, recurrence_until=campaign.recurrence_until
+                ).update(recurrence_until=latest):
+                    continue
+                if skip:
+                    logger.warning(
+                        "recurring campaign %s: occurrence %s missed while down; skipped by its policy",
+                        campaign.pk,
+                        latest.isoformat(),
+                        extra={"campaign_id": campaign.pk, "organization_id": campaign.organization_id},
+                    )
+                    continue
+                jobrun_enqueue(
+                    kind="campaign-occurrence",
+                    key=occurrence_key(campaign.pk, latest),
+                    func="campaigns.tasks.campaign_occurrence",
+                    queue=queues.CAMPAIGN_TRIGGER,
+                    kwargs={"campaign_id": campaign.pk, "occurrence": latest.isoformat()},
+                    organization_id=campaign.organization_id,
+                )
+                dispatched += 1
+                if len(due) > 1:
+                    logger.warning(
+                        "recurring campaign %s: %s occurrences missed; sending the latest (%s) once",
+                        campaign.pk,
+                        len(due) - 1,
+                        latest.isoformat(),
+                        extra={"campaign_id": campaign.pk, "organization_id": campaign.organization_id},
+                    )
+    return dispatched
+
+
+def campaign_occurrence(*, campaign_id: int, occurrence: datetime) -> Campaign | None:
+    """Create the occurrence's campaign (a copy of the recurring one) and start it; idempotent:
+    the occurrence is unique per recurring campaign, and an existing one is started only once."""
+    template = Campaign.objects.filter(pk=campaign_id).first()
+    if template is None:
+        return None
+    label = timezone.localtime(occurrence).strftime("%Y-%m-%d %H:%M")
+    with transaction.atomic():
+        child, _ = Campaign.objects.get_or_create(
+            parent_id=template.pk,
+            occurrence_at=occurrence,
+            defaults={
+                **{name: getattr(template, name) for name in _COPIED_FIELDS},
+                "name": f"{template.name} — {label}"[:200],
+            },
+        )
+        if child.status != Status.DRAFT:
+            return child  # started before (a re-run of the job)
+        return campaign_start(campaign=child)

@@ -7,7 +7,7 @@ import time
 
 from campaigns import sending, services
 from campaigns.models import Campaign
-from crm.checkpoints import checkpoint
+from crm.checkpoints import AlreadyDone, checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -68,3 +68,93 @@ def chatwoot_mirror(message_ids: list[int]) -> int:
     from campaigns import chatwoot  # here, so this addition stays an append to a shared file
 
     return chatwoot.chatwoot_mirror_batch(message_ids=message_ids)
+
+
+def recurring_dispatch() -> int:
+    """Every 5 minutes: dispatch each recurring campaign's due occurrence once."""
+    return services.recurring_dispatch()
+
+
+def campaign_occurrence(campaign_id: int, occurrence: str) -> int | None:
+    """Create and start one occurrence of a recurring campaign; returns its campaign id."""
+    from datetime import datetime
+
+    from campaigns.services import occurrence_key
+
+    at = datetime.fromisoformat(occurrence)
+    started = time.monotonic()
+    try:
+        with checkpoint(kind="campaign-occurrence", key=occurrence_key(campaign_id, at)):
+            child = services.campaign_occurrence(campaign_id=campaign_id, occurrence=at)
+    except AlreadyDone:
+        return None
+    logger.info(
+        "recurring campaign %s: occurrence %s started as campaign %s in %.3fs",
+        campaign_id,
+        occurrence,
+        child.pk if child else None,
+        time.monotonic() - started,
+        extra={"campaign_id": campaign_id},
+    )
+    return child.pk if child else None
+
+
+SEGMENTS_KIND = "segments-snapshot"
+
+
+def segments_snapshot_all() -> int:
+    """Daily: record and enqueue one snapshot run per organization with sales, for its last complete
+    day in its own time zone; returns how many were enqueued (a day already computed is skipped)."""
+    from campaigns import segments  # here, so this addition stays an append to a shared file
+    from crm import queues
+    from crm.checkpoints import jobrun_enqueue
+    from crm.models import JobRun
+
+    enqueued = 0
+    for org_id, tz in segments.organizations_with_sales().values_list("pk", "timezone"):
+        day = segments.default_day(tz).isoformat()
+        run = jobrun_enqueue(
+            kind=SEGMENTS_KIND,
+            key=f"{org_id}:{day}",
+            func=segments_snapshot_organization,
+            queue=queues.ERP_SYNC,
+            kwargs={"organization_id": org_id, "day": day},
+            organization_id=org_id,
+        )
+        enqueued += run.status != JobRun.Status.COMPLETED
+    return enqueued
+
+
+def segments_snapshot_organization(organization_id: int, day: str) -> dict[str, int]:
+    """One organization's snapshot of `day` (ISO date), then pruning to SEGMENT_KEEP_DAYS; returns
+    customers per segment. Under a checkpoint: a completed day is not computed again ({})."""
+    from datetime import date
+
+    from campaigns import segments
+    from crm import queues
+    from crm.checkpoints import AlreadyDone
+
+    started = time.monotonic()
+    try:
+        with checkpoint(
+            kind=SEGMENTS_KIND,
+            key=f"{organization_id}:{day}",
+            func=segments_snapshot_organization,
+            queue=queues.ERP_SYNC,
+            kwargs={"organization_id": organization_id, "day": day},
+            organization_id=organization_id,
+        ):
+            counts = segments.segments_snapshot(organization_id=organization_id, day=date.fromisoformat(day))
+            pruned = segments.segments_prune(organization_id=organization_id)
+    except AlreadyDone:
+        return {}
+    logger.info(
+        "segments of organization %s on %s: %s customers in %.1fs (%s old rows pruned)",
+        organization_id,
+        day,
+        sum(counts.values()),
+        time.monotonic() - started,
+        pruned,
+        extra={"organization_id": organization_id},
+    )
+    return counts

@@ -216,6 +216,12 @@ if ANYMAIL_WEBHOOK_SECRET and ":" not in ANYMAIL_WEBHOOK_SECRET:
     raise config.setting_error("ANYMAIL_WEBHOOK_SECRET", 'must be "user:password"')
 ANYMAIL = {"WEBHOOK_SECRET": ANYMAIL_WEBHOOK_SECRET or f"refused:{secrets.token_urlsafe(32)}"}
 
+# --- Segments -----------------------------------------------------------------------------------
+# Daily RFM segment snapshots kept per organization (the newest and the days before it); older
+# ones are deleted by the daily job.
+SEGMENT_KEEP_DAYS = env.int("SEGMENT_KEEP_DAYS", default=35)
+if SEGMENT_KEEP_DAYS < 1:
+    raise config.setting_error("SEGMENT_KEEP_DAYS", "must be 1 or more")
 
 # --- Logging ------------------------------------------------------------------------------------
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()
