@@ -21,9 +21,11 @@ from __future__ import annotations
 import functools
 import logging
 import smtplib
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
 from email.headerregistry import Address
@@ -208,6 +210,21 @@ class _Chunk:
     transient: str = ""  # the ESP cannot take messages now: the rest are released, the batch deferred
 
 
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _senders() -> ThreadPoolExecutor:
+    """This process's sender threads (EMAIL_CONNECTIONS of them), started on first use."""
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(
+                max_workers=max(1, int(settings.EMAIL_CONNECTIONS)), thread_name_prefix="email-send"
+            )
+        return _executor
+
+
 def _claim(campaign_id: int, batch: int, limit: int, exclude: set[int]) -> list[int]:
     with transaction.atomic():
         ids = list(
@@ -328,15 +345,19 @@ def _send_chunk(
     if not ready:
         return chunk
 
-    slots = ratelimit.reserve(f"email:{org.pk}", len(ready), per_second)  # 7: shared by every worker
-    reserved_at = time.monotonic()
-    for i, m in enumerate(ready):
-        if chunk.sender_failure or chunk.transient:
-            chunk.release.append(m.pk)
-            continue
-        wait = slots.offset(i) - (time.monotonic() - reserved_at)
-        if wait > 0:
-            time.sleep(wait)
+    stop = threading.Event()  # the server refused the account, or the ESP is down: send no more
+
+    def send(m: EmailMessage) -> Delivery | None:
+        """In a sender thread: book the next slot of the organization's schedule, wait for it, hand
+        the message over (no database here). A slot is booked only when a thread is free to use
+        it, so a slow sender never leaves slots behind that another would catch up on in a burst."""
+        if stop.is_set():
+            return None
+        slot = ratelimit.reserve(f"email:{org.pk}", 1, per_second)  # 7: shared by every worker
+        if slot.start > 0:
+            stop.wait(slot.start)
+        if stop.is_set():
+            return None
         unsubscribe_url = links.link_url("u", m)
         rendered = email_render.render_email(
             compiled,
@@ -355,8 +376,18 @@ def _send_chunk(
                 unsubscribe_url=unsubscribe_url,
             ),
         )
-        now = timezone.now()
-        if outcome.unknown:
+        if outcome.transient or (outcome.failure is not None and outcome.failure.kind is Failure.SENDER):
+            stop.set()
+        return outcome
+
+    # Up to EMAIL_CONNECTIONS messages in flight at once, each on its own pooled connection: an
+    # SMTP session carries one message at a time and waits a round trip per command.
+    outcomes = list(_senders().map(send, ready))
+    now = timezone.now()
+    for m, outcome in zip(ready, outcomes, strict=True):
+        if outcome is None:
+            chunk.release.append(m.pk)
+        elif outcome.unknown:
             m.error_reason, m.failed_at = OUTCOME_UNKNOWN, now
             chunk.failed.append(m)
         elif outcome.transient:
@@ -367,7 +398,7 @@ def _send_chunk(
             m.esp_message_id = outcome.message_id or None
             chunk.sent.append(m)
         elif outcome.failure.kind is Failure.SENDER:
-            chunk.sender_failure = _describe(outcome.failure)
+            chunk.sender_failure = chunk.sender_failure or _describe(outcome.failure)
             chunk.release.append(m.pk)
         elif outcome.failure.kind is Failure.SOFT_BOUNCE and m.attempts < ATTEMPTS:
             m.bounce_message = _describe(outcome.failure)

@@ -203,6 +203,8 @@ if not PUBLIC_URL.startswith(("http://", "https://")):
 # Messages per email-send job, and per claim (a killed worker leaves at most this many unknown).
 EMAIL_BATCH_SIZE = env.int("EMAIL_BATCH_SIZE", default=200)
 EMAIL_CLAIM_SIZE = env.int("EMAIL_CLAIM_SIZE", default=20)
+# Messages one worker process hands over at once, each on its own SMTP connection (or ESP request).
+EMAIL_CONNECTIONS = env.int("EMAIL_CONNECTIONS", default=4)
 # An open SMTP connection idle longer than this is checked with NOOP before it is reused.
 EMAIL_CONNECTION_IDLE_CHECK = env.int("EMAIL_CONNECTION_IDLE_CHECK", default=15)
 # Seconds before the first retry of a soft bounce (doubling for the next): the seed's 60 s.

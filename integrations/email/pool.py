@@ -1,9 +1,10 @@
 """SMTP connections kept open per worker process and reused across messages and jobs.
 
-One connection per server (host, port, security, user and a digest of the password, so changed
-settings open a new one). A connection idle for a while is checked with NOOP before reuse; a
-server that hung up between two messages is reconnected once, transparently, because nothing of
-the next message was handed over yet.
+Per server (host, port, security, user and a digest of the password, so changed settings open new
+ones) a process keeps up to EMAIL_CONNECTIONS sessions: a send checks one out, uses it and puts it
+back. A connection idle for a while is checked with NOOP before reuse; a server that hung up
+between two messages is reconnected once, transparently, because nothing of the next message was
+handed over yet.
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ from email.message import EmailMessage
 
 from integrations.email.smtp import SmtpConnection, SmtpServer
 
+Key = tuple[str, int, str, str, str]
+
 _lock = threading.Lock()
-_connections: dict[tuple[str, int, str, str, str], SmtpConnection] = {}
+_idle: dict[Key, list[SmtpConnection]] = {}
 opened = 0  # connections opened by this process (the benchmark reports it)
 
 
-def _key(server: SmtpServer) -> tuple[str, int, str, str, str]:
+def _key(server: SmtpServer) -> Key:
     digest = hashlib.sha256(server.password.encode()).hexdigest()[:16]
     return (server.host, server.port, server.security, server.username, digest)
 
@@ -31,51 +34,72 @@ def _key(server: SmtpServer) -> tuple[str, int, str, str, str]:
 def _open(server: SmtpServer) -> SmtpConnection:
     global opened
     connection = SmtpConnection(server).open()
-    opened += 1
+    with _lock:
+        opened += 1
     return connection
 
 
-def connection(server: SmtpServer, *, idle_check: float = 15.0) -> SmtpConnection:
-    """An open connection to `server`, reused when this process has one; raises what open() raises."""
+def checkout(server: SmtpServer, *, idle_check: float = 15.0) -> SmtpConnection:
+    """An open connection to `server` for this thread's exclusive use until `checkin`: an idle one
+    of this process when there is one (NOOP-checked when idle for `idle_check` s), else a new one.
+    Raises what opening raises (smtplib, ssl and socket errors)."""
     key = _key(server)
-    with _lock:
-        current = _connections.pop(key, None)
-    fresh_enough = current is not None and time.monotonic() - current.last_used < idle_check
-    if current is not None and current.is_open and (fresh_enough or current.alive()):
+    while True:
         with _lock:
-            _connections[key] = current
-        return current
-    fresh = _open(server)
+            current = _idle.get(key, []).pop() if _idle.get(key) else None
+        if current is None:
+            return _open(server)
+        if current.is_open and (time.monotonic() - current.last_used < idle_check or current.alive()):
+            return current
+        current.close()
+
+
+def checkin(server: SmtpServer, connection: SmtpConnection) -> None:
+    """Give a connection back for reuse (closed ones are dropped)."""
+    if not connection.is_open:
+        return
     with _lock:
-        _connections[key] = fresh
-    return fresh
+        _idle.setdefault(_key(server), []).append(connection)
+
+
+def connection(server: SmtpServer, *, idle_check: float = 15.0) -> SmtpConnection:
+    """Check a connection out and straight back in: the one the next send will use."""
+    conn = checkout(server, idle_check=idle_check)
+    checkin(server, conn)
+    return conn
 
 
 def send(server: SmtpServer, build: Callable[[], EmailMessage], *, idle_check: float = 15.0) -> str:
-    """Send `build()` (an EmailMessage) over the pooled connection; reconnects once when the server
-    had closed it before anything of this message was handed over. Returns the server's answer."""
-    conn = connection(server, idle_check=idle_check)
+    """Send `build()` over a pooled connection; reconnects once when the server had closed it before
+    anything of this message was handed over. Returns the server's answer. Thread-safe: each call
+    has a connection of its own while it sends."""
+    conn = checkout(server, idle_check=idle_check)
     try:
-        return conn.send(build())
-    except smtplib.SMTPServerDisconnected:
-        # Raised at MAIL/RCPT/DATA-command time: the message was not handed over (OutcomeUnknown
-        # covers a break after it), so a second try on a new connection cannot duplicate it.
-        discard(server)
-        return connection(server, idle_check=idle_check).send(build())
+        try:
+            return conn.send(build())
+        except smtplib.SMTPServerDisconnected:
+            # Raised at MAIL/RCPT/DATA-command time: the message was not handed over (OutcomeUnknown
+            # covers a break after it), so a second try on a new connection cannot duplicate it.
+            conn.close()
+            conn = _open(server)
+            return conn.send(build())
+    finally:
+        # After a refusal the session was reset and stays usable; a broken one is closed by now.
+        checkin(server, conn)
 
 
 def discard(server: SmtpServer) -> None:
-    """Close and forget the connection to `server` (after an error that may have left it unusable)."""
+    """Close and forget the idle connections to `server` (after the server refused the account)."""
     with _lock:
-        current = _connections.pop(_key(server), None)
-    if current is not None:
-        current.close()
+        idle = _idle.pop(_key(server), [])
+    for item in idle:
+        item.close()
 
 
 @atexit.register
 def close_all() -> None:
     with _lock:
-        items = list(_connections.values())
-        _connections.clear()
+        items = [c for conns in _idle.values() for c in conns]
+        _idle.clear()
     for item in items:
         item.close()

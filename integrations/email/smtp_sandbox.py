@@ -277,11 +277,15 @@ class SmtpSandbox:
         """Accepted messages in order (copies), only those addressed to ``to`` when given."""
         wanted = _normalise(to) if to is not None else None
         with self._lock:
-            return [
-                {**m, "rcpt_tos": list(m["rcpt_tos"]), "headers": dict(m["headers"])}
+            chosen = [
+                m
                 for m in self._messages
                 if wanted is None or wanted in (_normalise(r) for r in m["rcpt_tos"])
             ]
+        for m in chosen:
+            if "message" not in m:
+                _parse_into(m)
+        return [{**m, "rcpt_tos": list(m["rcpt_tos"]), "headers": dict(m["headers"])} for m in chosen]
 
     def wait_for_messages(self, count: int, timeout: float = HELPER_TIMEOUT) -> list[dict[str, Any]]:
         """All messages once at least ``count`` were accepted; raises TimeoutError otherwise."""
@@ -375,12 +379,8 @@ class SmtpSandbox:
     def _store(
         self, *, connection_id: int | None, session: Session, envelope: Envelope, queue_id: str
     ) -> None:
+        # Parsed only when read (messages()): the reply to DATA is not held up by parsing.
         raw = envelope.original_content or b""
-        parsed = cast(EmailMessage, email.message_from_bytes(raw, policy=email.policy.default))
-        headers: dict[str, str] = {}
-        for name, value in parsed.items():
-            # A folded header starts with the folding whitespace once unfolded; clients show it trimmed.
-            headers.setdefault(name, str(value).strip())
         login = getattr(session.auth_data, "login", None)
         record: dict[str, Any] = {
             "queue_id": queue_id,
@@ -390,11 +390,6 @@ class SmtpSandbox:
             "mail_from": envelope.mail_from,
             "rcpt_tos": list(envelope.rcpt_tos),
             "raw": raw,
-            "message": parsed,
-            "headers": headers,
-            "subject": headers.get("Subject"),
-            "text": _body(parsed, "plain"),
-            "html": _body(parsed, "html"),
             "received_at": datetime.now(UTC),
         }
         if self.save_dir is not None:
@@ -406,6 +401,22 @@ class SmtpSandbox:
             if connection_id is not None:
                 self._per_connection[connection_id] = self._per_connection.get(connection_id, 0) + 1
             self._changed.notify_all()
+
+
+def _parse_into(record: dict[str, Any]) -> None:
+    """Add the parsed message, headers, subject, text and html to a stored record."""
+    parsed = cast(EmailMessage, email.message_from_bytes(record["raw"], policy=email.policy.default))
+    headers: dict[str, str] = {}
+    for name, value in parsed.items():
+        # A folded header starts with the folding whitespace once unfolded; clients show it trimmed.
+        headers.setdefault(name, str(value).strip())
+    record.update(
+        headers=headers,
+        subject=headers.get("Subject"),
+        text=_body(parsed, "plain"),
+        html=_body(parsed, "html"),
+        message=parsed,  # last: its presence says the record is complete
+    )
 
 
 def _normalise(address: str) -> str:

@@ -221,7 +221,8 @@ def test_a_bad_api_key_pauses_the_organization_and_leaves_the_messages_queued(em
     assert _statuses(campaign) == {"queued": 3}
     assert set(EmailMessage.objects.values_list("attempts", flat=True)) == {0}
     assert not EmailSuppression.objects.exists() and not postmark.messages()
-    assert len(postmark.requests()) == 1  # the rest were released without a call
+    # only the calls already in flight when the first 401 came back (one per sender thread)
+    assert 1 <= len(postmark.requests()) <= 3
     assert "401" in selectors.campaign_status(campaign=campaign)["sending_paused"]
 
     # the operator fixes the key and clears the pause: the deferred batch goes out
@@ -278,7 +279,7 @@ def test_an_inactive_recipient_is_a_hard_bounce_and_is_suppressed(em, postmark, 
 def test_an_unavailable_api_keeps_messages_queued_and_the_batch_deferred_until_it_recovers(
     em, postmark, run_jobs, settings, outage
 ):
-    settings.EMAIL_RETRY_BACKOFF = 1.5
+    settings.EMAIL_RETRY_BACKOFF = 4.0  # longer than run_jobs' settle below, even on a busy machine
     em["customers"](3)
     if outage == "503":
         postmark.fail(503, times=None)  # a plain-text answer, as a load balancer gives
@@ -298,13 +299,14 @@ def test_an_unavailable_api_keeps_messages_queued_and_the_batch_deferred_until_i
     assert set(EmailMessage.objects.values_list("attempts", flat=True)) == {0}  # no attempt spent
     assert Organization.objects.get(pk=em["org"].pk).email_paused_at is None  # not the sender's fault
     assert not EmailSuppression.objects.exists() and not postmark.messages()
-    assert len(postmark.requests()) == (0 if outage == "unreachable" else 1)  # the rest released
+    # none reached an unreachable API; else only those in flight together (one per sender thread)
+    assert (len(postmark.requests()) == 0) == (outage == "unreachable") and len(postmark.requests()) <= 3
     due = promote.seconds_until_next_due(["email-send"])
-    assert due is not None and 0 < due <= 1.5  # deferred by EMAIL_RETRY_BACKOFF, not failed
+    assert due is not None and 0 < due <= 4.0  # deferred by EMAIL_RETRY_BACKOFF, not failed
 
     postmark.reset()  # the API is back
     EmailSettings.objects.filter(pk=em["settings"].pk).update(esp_api_url=postmark.url)
-    run_jobs()  # waits for the deferred batch
+    run_jobs(settle=5)  # waits for the deferred batch
     assert _statuses(campaign) == {"sent": 3}
     assert set(EmailMessage.objects.values_list("attempts", flat=True)) == {1}
     campaign.refresh_from_db()
