@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
+from django.utils import timezone as dj_timezone
 from django.utils.formats import date_format
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
@@ -150,6 +151,25 @@ class CampaignAdmin(admin.ModelAdmin):
         if campaign is None or not self.has_view_permission(request, campaign):
             return JsonResponse({"error": "not found"}, status=404)
         return JsonResponse(selectors.campaign_status(campaign=campaign))
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        """Times on the form (the schedule) are read and shown in the organization's time zone."""
+        org_id = request.POST.get("organization") if request.method == "POST" else None
+        if not org_id and object_id:
+            org_id = Campaign.objects.filter(pk=object_id).values_list("organization_id", flat=True).first()
+        zone = (
+            Organization.objects.filter(pk=org_id).values_list("timezone", flat=True).first()
+            if str(org_id or "").isdigit()
+            else None
+        )
+        if not zone:
+            return super().changeform_view(request, object_id, form_url, extra_context)
+        with dj_timezone.override(zone):
+            extra_context = {**(extra_context or {}), "organization_time_zone": zone}
+            response = super().changeform_view(request, object_id, form_url, extra_context)
+            if hasattr(response, "render"):
+                response.render()  # inside the zone: the rendered times are the organization's
+            return response
 
     def save_model(self, request: HttpRequest, obj: Campaign, form, change: bool) -> None:
         super().save_model(request, obj, form, change)

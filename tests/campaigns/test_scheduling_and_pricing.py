@@ -125,3 +125,37 @@ def test_the_pricing_sync_upserts_rates_and_skips_bad_rows(db, rate_card_server)
     with pytest.raises(IntegrationError) as failure:
         integration_services.whatsapp_prices_sync(url=url)
     assert failure.value.retryable and failure.value.status == 503
+
+
+def test_the_admin_schedules_in_the_organizations_time_zone(wa, redis_db):
+    from datetime import UTC, datetime
+
+    from django.test import Client
+
+    from crm.models import Organization
+
+    Organization.objects.filter(pk=wa["org"].pk).update(timezone="America/Manaus")  # UTC-4
+    campaign = wa["campaign"]()
+    staff = Client()
+    staff.force_login(get_user_model().objects.create_user("ops", is_staff=True, is_superuser=True))
+    url = f"/admin/campaigns/campaign/{campaign.pk}/change/"
+    page = staff.get(url)
+    assert "America/Manaus" in page.content.decode()
+    form = page.context["adminform"].form
+    data = {k: v for k, v in form.initial.items() if v is not None and not isinstance(v, list | dict)}
+    data.update(
+        organization=wa["org"].pk,
+        whatsapp_number=wa["number"].pk,
+        template_variables='["first_name"]',
+        scheduled_at_0="2030-12-01",
+        scheduled_at_1="09:00:00",
+        email_body_format="mjml",
+        recurrence_misfire="once",
+    )
+    response = staff.post(url, data)
+    assert response.status_code == 302, response.context["adminform"].form.errors
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.SCHEDULED
+    assert campaign.scheduled_at == datetime(2030, 12, 1, 13, 0, tzinfo=UTC)  # 09:00 in Manaus
+    score = redis_db.zscore("rq:scheduled:campaign-trigger", f"campaign-{campaign.pk}")
+    assert score == campaign.scheduled_at.timestamp()
