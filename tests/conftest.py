@@ -174,3 +174,9 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
             pytest.fail(f"timed out after {timeout}s waiting for {what or predicate}")
         time.sleep(interval)
     return time.monotonic() - start
+
+
+@pytest.fixture
+def english(settings) -> None:
+    """Pages in English (the default is Brazilian Portuguese), for tests that read their words."""
+    settings.LANGUAGE_CODE = "en"

@@ -212,7 +212,9 @@ def test_a_soft_bounce_is_retried_with_backoff_then_bounces_soft(em, smtp, run_j
         (lambda smtp: smtp.reply_for_all(454, "4.7.0 TLS not available", at="RCPT"), "454"),
     ],
 )
-def test_a_sender_side_failure_pauses_the_organization_and_bounces_nobody(em, smtp, run_jobs, setup, reason):
+def test_a_sender_side_failure_pauses_the_organization_and_bounces_nobody(
+    em, smtp, run_jobs, setup, reason, english
+):
     em["customers"](5)
     setup(smtp)
     campaign = services.campaign_start(campaign=em["campaign"]())

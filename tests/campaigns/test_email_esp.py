@@ -461,7 +461,7 @@ def staff(client):
 
 
 def test_the_admin_takes_the_api_key_write_only_and_sends_a_test_through_the_esp(
-    transactional_db, postmark, staff
+    transactional_db, postmark, staff, english
 ):
     org = Organization.objects.create(name="Loja", slug="loja")
     form = {

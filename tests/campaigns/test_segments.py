@@ -417,7 +417,7 @@ def staff(client):
     return client
 
 
-def test_the_admin_shows_counts_and_movement_for_staff_in_a_few_queries(shop, staff, client):
+def test_the_admin_shows_counts_and_movement_for_staff_in_a_few_queries(shop, staff, client, english):
     org, store = shop["org"], shop["store"]
     population(org, store, 30)
     rookie = customer(org, "rookie")
@@ -488,7 +488,9 @@ def test_the_admin_shows_counts_and_movement_for_staff_in_a_few_queries(shop, st
     assert client.get("/admin/campaigns/customersegment/overview/").status_code == 302  # to the login page
 
 
-def test_the_customer_list_pages_past_the_count_cap_without_counting_everything(shop, staff, monkeypatch):
+def test_the_customer_list_pages_past_the_count_cap_without_counting_everything(
+    shop, staff, monkeypatch, english
+):
     population(shop["org"], shop["store"], 40)
     segments.segments_snapshot(organization_id=shop["org"].pk, day=DAY)
     monkeypatch.setattr(CappedCountPaginator, "cap", 25)

@@ -97,7 +97,7 @@ def staff(client, transactional_db):
     return client
 
 
-def test_the_erp_password_is_write_only_in_the_admin_and_encrypted_at_rest(staff, erp_sandbox):
+def test_the_erp_password_is_write_only_in_the_admin_and_encrypted_at_rest(staff, erp_sandbox, english):
     org = Organization.objects.create(name="Loja", slug="loja")
     form = {
         "organization": org.pk,

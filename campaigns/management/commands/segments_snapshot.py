@@ -4,7 +4,7 @@ import time
 from datetime import date
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser, no_translations
 from tqdm import tqdm
 
 from campaigns import segments
@@ -26,6 +26,7 @@ class Command(BaseCommand):
         )
         parser.add_argument("--org", metavar="SLUG", help="only this organization")
 
+    @no_translations  # terminal output is an interface operators' scripts read: always English
     def handle(self, *args: Any, **options: Any) -> None:
         organizations = segments.organizations_with_sales()
         if options["org"]:

@@ -6,7 +6,7 @@ from datetime import datetime, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser, no_translations
 from tqdm import tqdm
 
 from crm.models import Store
@@ -65,6 +65,7 @@ class Command(BaseCommand):
             help="from trans_id 0 (or resume today's interrupted full sync where it stopped)",
         )
 
+    @no_translations  # terminal output is an interface operators' scripts read: always English
     def handle(self, *args: Any, **options: Any) -> None:
         connection = self._connection(options["org"])
         try:
