@@ -104,6 +104,7 @@ INSTALLED_APPS = [
     "integrations",
     "erp",
     "surveys",
+    "runner",
 ]
 
 MIDDLEWARE = [

@@ -3,6 +3,7 @@ from django.urls import include, path
 
 from campaigns import link_views, webhook_views
 from crm import views
+from runner import views as runner_views
 from surveys import views as survey_views
 
 urlpatterns = [
@@ -19,4 +20,5 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("webhooks/whatsapp/", webhook_views.whatsapp_webhook, name="whatsapp-webhook"),
     path("anymail/", include("anymail.urls")),  # ESP tracking webhooks: campaigns.esp_tracking
+    path("hooks/<slug:integration_key>/<slug:handler_key>", runner_views.hook, name="runner-hook"),
 ]

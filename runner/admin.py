@@ -1,0 +1,230 @@
+"""The operator's window on the runner: types (circuit state), handlers (pause, run, in flight),
+executions (progress, cancel, replay DLQ), items (the DLQ and its replay), per-organization limits."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
+
+from integrations.admin import write_only_input
+from runner import services
+from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
+
+
+@admin.register(IntegrationType)
+class IntegrationTypeAdmin(admin.ModelAdmin):
+    list_display = ("integration_key", "name", "enabled", "circuit")
+    actions = ["reset_circuit"]
+
+    @admin.display(description=_("circuit breaker"))
+    def circuit(self, obj: IntegrationType) -> str:
+        state = services.gate().breaker_state(obj.integration_key)
+        label = {"closed": _("closed"), "open": _("open"), "half": _("half-open")}[str(state["state"])]
+        if state["state"] == "open":
+            return f"{label} ({state.get('open_for', 0)} s)"
+        if state["state"] == "closed" and state["failures"]:
+            return f"{label} ({state['failures']} ✗)"
+        return str(label)
+
+    @admin.action(description=_("Close the circuit breaker now"))
+    def reset_circuit(self, request: HttpRequest, queryset: QuerySet[IntegrationType]) -> None:
+        for it in queryset:
+            services.integration_reset_circuit(integration=it)
+        self.message_user(request, _("Circuit closed."), messages.SUCCESS)
+
+
+class HandlerForm(forms.ModelForm):
+    auth_value = write_only_input(_("auth header value"))
+    webhook_secret = write_only_input(_("webhook secret or token"))
+
+    class Meta:
+        model = Handler
+        fields = [
+            "integration",
+            "handler_key",
+            "direction",
+            "kind",
+            "callable_path",
+            "endpoint_url",
+            "auth_header",
+            "auth_value",
+            "organization",
+            "concurrency",
+            "rate_limit_per_minute",
+            "batch_size",
+            "paused",
+            "schedule_cron",
+            "webhook_auth",
+            "webhook_secret",
+        ]
+
+    def save(self, commit: bool = True) -> Any:
+        obj = super().save(commit=False)
+        if self.cleaned_data.get("auth_value"):
+            obj.set_auth_value(self.cleaned_data["auth_value"])
+        if self.cleaned_data.get("webhook_secret"):
+            obj.set_webhook_secret(self.cleaned_data["webhook_secret"])
+        if commit:
+            obj.save()
+        return obj
+
+
+@admin.register(Handler)
+class HandlerAdmin(admin.ModelAdmin):
+    form = HandlerForm
+    list_display = (
+        "__str__",
+        "direction",
+        "kind",
+        "organization",
+        "concurrency",
+        "in_flight",
+        "rate_limit_per_minute",
+        "batch_size",
+        "paused",
+        "schedule_cron",
+        "dlq",
+    )
+    list_filter = ("paused", "direction", "kind", "integration")
+    list_select_related = ("integration", "organization")
+    actions = ["pause", "resume", "run_now", "replay_dlq"]
+
+    @admin.display(description=_("in flight"))
+    def in_flight(self, obj: Handler) -> int:
+        return services.gate().in_flight(obj.pk)
+
+    @admin.display(description=_("DLQ"))
+    def dlq(self, obj: Handler) -> str:
+        url = (
+            reverse("admin:runner_executionitem_changelist")
+            + f"?execution__handler__id__exact={obj.pk}&dlq=1"
+        )
+        return format_html('<a href="{}">{}</a>', url, _("DLQ items"))
+
+    @admin.action(description=_("Pause the selected handlers"))
+    def pause(self, request: HttpRequest, queryset: QuerySet[Handler]) -> None:
+        for h in queryset:
+            services.handler_set_paused(handler=h, paused=True)
+        self.message_user(request, _("Paused: their items wait and resume in order."), messages.SUCCESS)
+
+    @admin.action(description=_("Resume the selected handlers"))
+    def resume(self, request: HttpRequest, queryset: QuerySet[Handler]) -> None:
+        for h in queryset:
+            services.handler_set_paused(handler=h, paused=False)
+        self.message_user(request, _("Resumed."), messages.SUCCESS)
+
+    @admin.action(description=_("Run now (manual trigger)"))
+    def run_now(self, request: HttpRequest, queryset: QuerySet[Handler]) -> None:
+        started = 0
+        for h in queryset.select_related("integration"):
+            if h.organization_id is None:
+                self.message_user(
+                    request,
+                    _("%(handler)s serves every organization: use manage.py runner_run … --org SLUG.")
+                    % {"handler": h},
+                    messages.WARNING,
+                )
+                continue
+            services.execution_start(handler=h, organization_id=h.organization_id, trigger="manual")
+            started += 1
+        if started:
+            self.message_user(request, _("Runs started: %(n)d.") % {"n": started}, messages.SUCCESS)
+
+    @admin.action(description=_("Replay the DLQ items of the selected handlers"))
+    def replay_dlq(self, request: HttpRequest, queryset: QuerySet[Handler]) -> None:
+        n = sum(services.items_replay(item_ids=services.dlq_items(handler=h)) for h in queryset)
+        self.message_user(request, _("Items replayed: %(n)d.") % {"n": n}, messages.SUCCESS)
+
+
+@admin.register(Execution)
+class ExecutionAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "handler",
+        "organization",
+        "trigger",
+        "status",
+        "items_total",
+        "items_succeeded",
+        "items_failed",
+        "items_cancelled",
+        "items_remaining",
+        "created_at",
+        "finished_at",
+    )
+    list_filter = ("status", "trigger", "direction", "handler")
+    list_select_related = ("handler__integration", "organization")
+    show_full_result_count = False
+    actions = ["cancel", "replay_dlq"]
+    readonly_fields = [f.name for f in Execution._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description=_("Cancel (pending items are never processed)"))
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
+        n = sum(services.execution_cancel(execution=e) for e in queryset)
+        self.message_user(request, _("Items cancelled: %(n)d.") % {"n": n}, messages.SUCCESS)
+
+    @admin.action(description=_("Replay the DLQ items of the selected executions"))
+    def replay_dlq(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
+        n = sum(services.items_replay(item_ids=services.dlq_items(execution=e)) for e in queryset)
+        self.message_user(request, _("Items replayed: %(n)d.") % {"n": n}, messages.SUCCESS)
+
+
+class DlqFilter(admin.SimpleListFilter):
+    title = _("DLQ")
+    parameter_name = "dlq"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("1", _("in the DLQ"))]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[ExecutionItem]) -> QuerySet[ExecutionItem]:
+        if self.value() == "1":
+            return queryset.filter(dlq_at__isnull=False)
+        return queryset
+
+
+@admin.register(ExecutionItem)
+class ExecutionItemAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "execution",
+        "external_id",
+        "status",
+        "attempts",
+        "last_error",
+        "dlq_at",
+        "finished_at",
+    )
+    list_filter = (DlqFilter, "status")
+    search_fields = ("=external_id",)
+    list_select_related = ("execution",)
+    show_full_result_count = False
+    raw_id_fields = ("execution",)
+    readonly_fields = [f.name for f in ExecutionItem._meta.fields]
+    actions = ["replay"]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    @admin.action(description=_("Replay the selected DLQ items"))
+    def replay(self, request: HttpRequest, queryset: QuerySet[ExecutionItem]) -> None:
+        n = services.items_replay(item_ids=queryset.values_list("id", flat=True))
+        self.message_user(
+            request, ngettext("%(n)d item replayed.", "%(n)d items replayed.", n) % {"n": n}, messages.SUCCESS
+        )
+
+
+@admin.register(RunnerSettings)
+class RunnerSettingsAdmin(admin.ModelAdmin):
+    list_display = ("organization", "rate_limit_per_minute")
+    list_select_related = ("organization",)

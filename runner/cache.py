@@ -1,0 +1,146 @@
+"""Integration types, handler configs and tenant limits cached in Redis (get-or-fetch, 60 s TTL),
+read by every item job in one MGET and invalidated when edited (post_save / post_delete).
+
+Secrets are never cached: an HTTP handler's auth value is read from the database by the job.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.db.models.signals import post_delete, post_save
+
+from crm import jobs
+from runner import conf
+
+PREFIX = "runner:cache:"
+
+
+def _type_key(integration_key: str) -> str:
+    return f"{PREFIX}types:{integration_key}"
+
+
+def _handler_key(integration_key: str, handler_key: str) -> str:
+    return f"{PREFIX}handlers:{integration_key}:{handler_key}"
+
+
+def _org_key(organization_id: int) -> str:
+    return f"{PREFIX}orgs:{organization_id}"
+
+
+def _fetch_type(integration_key: str) -> dict[str, Any] | None:
+    from runner.models import IntegrationType
+
+    it = (
+        IntegrationType.objects.filter(integration_key=integration_key)
+        .values("id", "enabled", "name")
+        .first()
+    )
+    return dict(it) if it else None
+
+
+def _fetch_handler(integration_key: str, handler_key: str) -> dict[str, Any] | None:
+    from runner.models import Handler
+
+    h = (
+        Handler.objects.filter(integration__integration_key=integration_key, handler_key=handler_key)
+        .values(
+            "id",
+            "integration_id",
+            "organization_id",
+            "direction",
+            "kind",
+            "callable_path",
+            "endpoint_url",
+            "auth_header",
+            "concurrency",
+            "rate_limit_per_minute",
+            "batch_size",
+            "paused",
+        )
+        .first()
+    )
+    return dict(h) if h else None
+
+
+def _fetch_org(organization_id: int) -> dict[str, Any]:
+    from runner.models import RunnerSettings
+
+    limit = (
+        RunnerSettings.objects.filter(organization_id=organization_id)
+        .values_list("rate_limit_per_minute", flat=True)
+        .first()
+    )
+    return {"rate_limit_per_minute": limit or 1000}
+
+
+def load(
+    integration_key: str, handler_key: str, organization_id: int
+) -> tuple[dict | None, dict | None, dict]:
+    """(integration type, handler config, tenant settings): one Redis round trip when cached."""
+    keys = [_type_key(integration_key), _handler_key(integration_key, handler_key), _org_key(organization_id)]
+    connection = jobs.get_connection()
+    raw = connection.mget(keys)
+    values: list[Any] = [json.loads(r) if r is not None else None for r in raw]
+    ttl = int(conf.get("RUNNER_CACHE_TTL"))
+    missing: dict[str, Any] = {}
+    if raw[0] is None:
+        values[0] = missing[keys[0]] = _fetch_type(integration_key) or {}
+    if raw[1] is None:
+        values[1] = missing[keys[1]] = _fetch_handler(integration_key, handler_key) or {}
+    if raw[2] is None:
+        values[2] = missing[keys[2]] = _fetch_org(organization_id)
+    if missing:
+        with connection.pipeline(transaction=False) as pipe:
+            for key, value in missing.items():
+                pipe.set(key, json.dumps(value), ex=ttl)
+            pipe.execute()
+    # An empty dict is a cached "does not exist" (so a deleted handler costs no query per item).
+    return values[0] or None, values[1] or None, values[2]
+
+
+def invalidate(
+    *, integration_key: str = "", handler_key: str = "", organization_id: int | None = None
+) -> None:
+    keys = []
+    if integration_key and handler_key:
+        keys.append(_handler_key(integration_key, handler_key))
+    elif integration_key:
+        keys.append(_type_key(integration_key))
+    if organization_id is not None:
+        keys.append(_org_key(organization_id))
+    if keys:
+        jobs.get_connection().delete(*keys)
+
+
+def _type_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    invalidate(integration_key=instance.integration_key)
+
+
+def _handler_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    from runner.models import IntegrationType
+
+    ik = (
+        IntegrationType.objects.filter(pk=instance.integration_id)
+        .values_list("integration_key", flat=True)
+        .first()
+    )
+    if ik:
+        invalidate(integration_key=ik, handler_key=instance.handler_key)
+    old = getattr(instance, "_loaded_handler_key", None)
+    if ik and old and old != instance.handler_key:
+        invalidate(integration_key=ik, handler_key=old)
+
+
+def _settings_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    invalidate(organization_id=instance.organization_id)
+
+
+def connect_signals() -> None:
+    from runner.models import Handler, IntegrationType, RunnerSettings
+
+    for signal in (post_save, post_delete):
+        signal.connect(_type_changed, sender=IntegrationType, dispatch_uid=f"runner.cache.type.{signal}")
+        signal.connect(_handler_changed, sender=Handler, dispatch_uid=f"runner.cache.handler.{signal}")
+        signal.connect(_settings_changed, sender=RunnerSettings, dispatch_uid=f"runner.cache.org.{signal}")

@@ -1,0 +1,14 @@
+"""Periodic jobs of the integration runner (see crm.cron)."""
+
+from crm import queues
+from crm.cron import CronEntry
+
+ENTRIES = [
+    CronEntry(
+        name="runner-dispatch",
+        cron="* * * * *",
+        func="runner.tasks.schedules_dispatch",
+        queue=queues.MAINTENANCE,
+        description="Start the integration runs whose handler schedule is due (organization time zone)",
+    ),
+]

@@ -1,0 +1,610 @@
+"""Every write of the integration runner: executions, their items, the fan-out and the fan-in."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Iterable, Iterator
+from datetime import datetime, timedelta
+from importlib import import_module
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+from django.utils.module_loading import import_string
+
+from crm import jobs, queues, recovery
+from integrations.errors import IntegrationError
+from integrations.runner import client
+from integrations.runner.contract import ItemIn, ItemOutcome, RunIn
+from integrations.runner.resilience import Gate
+from runner import cache, conf
+from runner.models import MAX_ATTEMPTS, Execution, ExecutionItem, Handler, IntegrationType
+
+logger = logging.getLogger(__name__)
+
+CHUNK = 1000
+# An item claimed this long ago by a job that never reported back (its worker died) may be claimed again.
+STALE_CLAIM = timedelta(minutes=10)
+ITEM_FUNC = "runner.tasks.items_process"
+RUN_FUNC = "runner.tasks.execution_run"
+
+_gate_lock = threading.Lock()
+_gate: Gate | None = None
+_gate_conn: Any = None
+
+
+def gate() -> Gate:
+    global _gate, _gate_conn
+    conn = jobs.get_connection()
+    with _gate_lock:
+        if _gate is None or _gate_conn is not conn:
+            _gate, _gate_conn = Gate(conn), conn
+        return _gate
+
+
+# --- starting executions -----------------------------------------------------------------------
+def handler_get(*, integration_key: str, handler_key: str) -> Handler:
+    return Handler.objects.select_related("integration").get(
+        integration__integration_key=integration_key, handler_key=handler_key
+    )
+
+
+def execution_start(*, handler: Handler, organization_id: int, trigger: str) -> Execution:
+    """Record a run (pending) and enqueue its RunJob on `runs` after commit."""
+    execution = Execution.objects.create(
+        organization_id=organization_id,
+        integration_id=handler.integration_id,
+        handler=handler,
+        direction=handler.direction,
+        trigger=trigger,
+    )
+    jobs.enqueue(
+        RUN_FUNC,
+        queue=queues.RUNS,
+        kwargs={"execution_id": execution.pk},
+        job_id=f"runner-run-{execution.pk}",
+        unique=True,
+    )
+    return execution
+
+
+def events_store(
+    *, handler: Handler, organization_id: int, trigger: str, events: list[dict[str, Any]]
+) -> Execution:
+    """Store incoming events as the items of a new execution; returns only once they are committed.
+
+    The extension point of every push trigger: the webhook intake calls it, and so does a queue
+    consumer (AMQP) before it acknowledges its messages. Each event is {"external_id", "payload"}.
+    """
+    now = timezone.now()
+    with transaction.atomic(durable=True):
+        execution = Execution.objects.create(
+            organization_id=organization_id,
+            integration_id=handler.integration_id,
+            handler=handler,
+            direction=handler.direction,
+            trigger=trigger,
+            status=Execution.Status.RUNNING,
+            started_at=now,
+            fanned_out_at=now,
+            items_total=len(events),
+            items_remaining=len(events),
+        )
+        items = ExecutionItem.objects.bulk_create(
+            [
+                ExecutionItem(
+                    execution=execution,
+                    external_id=str(e.get("external_id") or "")[:200],
+                    payload=e.get("payload"),
+                )
+                for e in events
+            ]
+        )
+        _fan_out(execution, handler, [i.pk for i in items])
+        if not events:
+            _settle(execution.pk)
+    return execution
+
+
+def _item_queue(trigger: str) -> str:
+    return queues.items_queue(queues.JOB_PRIORITY[trigger])
+
+
+def _groups(ids: list[int], size: int) -> Iterator[list[int]]:
+    for start in range(0, len(ids), max(size, 1)):
+        yield ids[start : start + size]
+
+
+def _item_specs(execution: Execution, handler: Handler, item_ids: list[int]) -> Iterator[jobs.JobSpec]:
+    queue = _item_queue(execution.trigger)
+    for group in _groups(item_ids, handler.batch_size):
+        yield jobs.JobSpec(
+            func=ITEM_FUNC,
+            queue=queue,
+            kwargs={
+                "organization_id": execution.organization_id,
+                "integration_key": handler.integration.integration_key,
+                "handler_key": handler.handler_key,
+                "direction": execution.direction,
+                "execution_id": execution.pk,
+                "item_ids": group,
+            },
+            job_id=f"runner-item-{group[0]}",
+        )
+
+
+def _fan_out(execution: Execution, handler: Handler, item_ids: list[int]) -> int:
+    """Enqueue the item jobs (after commit, pipelined) on the trigger's priority queue."""
+    return jobs.enqueue_specs(_item_specs(execution, handler, item_ids))
+
+
+# --- the RunJob ------------------------------------------------------------------------------
+
+_imports: dict[str, Any] = {}
+
+
+def _imported(path: str) -> Any:
+    obj = _imports.get(path)
+    if obj is None:
+        try:
+            obj = import_module(path)  # a module with process() / produce()
+        except ImportError:
+            obj = import_string(path)  # an object (class, instance, function) inside one
+        _imports[path] = obj
+    return obj
+
+
+def _produce(execution: Execution, handler: Handler) -> Iterator[dict[str, Any]]:
+    run = RunIn(
+        execution_id=execution.pk,
+        organization_id=execution.organization_id,
+        integration_key=handler.integration.integration_key,
+        handler_key=handler.handler_key,
+        direction=execution.direction,
+        trigger=execution.trigger,
+    )
+    if handler.kind == Handler.Kind.PYTHON:
+        produce = getattr(_imported(handler.callable_path), "produce", None)
+        if produce is not None:
+            yield from produce(run)
+        return
+    cursor: Any = None
+    while True:
+        page = client.produce(
+            handler.endpoint_url,
+            {**run.__dict__, "cursor": cursor},
+            auth_header=handler.auth_header,
+            auth_value=handler.auth_value(),
+        )
+        yield from page.items
+        if not page.next_cursor or not page.items:
+            return
+        cursor = page.next_cursor
+
+
+def execution_run(*, execution_id: int, last_attempt: bool = True) -> str:
+    """Produce the items of a run and fan them out; safe to run again (resumes after the stored items)."""
+    now = timezone.now()
+    Execution.objects.filter(pk=execution_id, status=Execution.Status.PENDING).update(
+        status=Execution.Status.RUNNING, started_at=now
+    )
+    execution = Execution.objects.select_related("handler__integration").get(pk=execution_id)
+    if execution.status != Execution.Status.RUNNING or execution.fanned_out_at is not None:
+        return execution.status
+    handler = execution.handler
+    skip = execution.items_total  # a retried run resumes after what it already stored
+    chunk: list[dict[str, Any]] = []
+    try:
+        for n, produced in enumerate(_produce(execution, handler)):
+            if n < skip:
+                continue
+            chunk.append(produced)
+            if len(chunk) >= CHUNK:
+                _store_chunk(execution, handler, chunk)
+                chunk = []
+        if chunk:
+            _store_chunk(execution, handler, chunk)
+    except Exception as exc:
+        retryable = not isinstance(exc, IntegrationError) or exc.retryable
+        if retryable and not last_attempt:
+            raise
+        Execution.objects.filter(pk=execution_id).update(error=f"produce failed: {exc}"[:10_000])
+        logger.warning("runner execution %s: produce failed for good: %s", execution_id, exc)
+    with transaction.atomic():
+        if Execution.objects.filter(pk=execution_id, fanned_out_at__isnull=True).update(fanned_out_at=now):
+            _settle(execution_id, released=1)
+    return "fanned-out"
+
+
+def _store_chunk(execution: Execution, handler: Handler, produced: list[dict[str, Any]]) -> None:
+    with transaction.atomic():
+        items = ExecutionItem.objects.bulk_create(
+            [
+                ExecutionItem(
+                    execution_id=execution.pk,
+                    external_id=str(p.get("external_id") or "")[:200],
+                    payload=p.get("payload"),
+                )
+                for p in produced
+            ]
+        )
+        _counters(execution.pk, total=len(items), remaining=len(items))
+        execution.items_total += len(items)
+        _fan_out(execution, handler, [i.pk for i in items])
+
+
+# --- the fan-in ------------------------------------------------------------------------------
+_TABLE = Execution._meta.db_table
+
+
+def _counters(
+    execution_id: int,
+    *,
+    total: int = 0,
+    remaining: int = 0,
+    succeeded: int = 0,
+    failed: int = 0,
+    cancelled: int = 0,
+) -> int | None:
+    """Apply counter deltas in one UPDATE … RETURNING; returns items_remaining afterwards."""
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {_TABLE} SET items_total = items_total + %s, items_remaining = items_remaining + %s, "  # noqa: S608
+            "items_succeeded = items_succeeded + %s, items_failed = items_failed + %s, "
+            "items_cancelled = items_cancelled + %s WHERE id = %s RETURNING items_remaining",
+            [total, remaining, succeeded, failed, cancelled, execution_id],
+        )
+        row = cur.fetchone()
+    return row[0] if row else None
+
+
+def _settle(
+    execution_id: int, *, succeeded: int = 0, failed: int = 0, cancelled: int = 0, released: int = 0
+) -> bool:
+    """Count finished items; the update that brings `remaining` to 0 completes the run (once)."""
+    done = succeeded + failed + cancelled + released
+    remaining = _counters(
+        execution_id, remaining=-done, succeeded=succeeded, failed=failed, cancelled=cancelled
+    )
+    if remaining != 0:
+        return False
+    now = timezone.now()
+    execution = (
+        Execution.objects.filter(pk=execution_id).values("error", "items_total", "items_failed").first()
+    )
+    failed_all = bool(execution and execution["error"] and execution["items_total"] == 0)
+    won = Execution.objects.filter(pk=execution_id, status=Execution.Status.RUNNING).update(
+        status=Execution.Status.FAILED if failed_all else Execution.Status.COMPLETED, finished_at=now
+    )
+    if won:
+        jobs.get_connection().incr(f"runner:completions:{execution_id}")
+        logger.info("runner execution %s completed", execution_id)
+    return bool(won)
+
+
+# --- the ItemJob -----------------------------------------------------------------------------
+_ITEMS = ExecutionItem._meta.db_table
+
+
+def _claim(item_ids: list[int], now: datetime) -> list[tuple[int, str, Any, int]]:
+    """pending → running (attempts+1) for the ids still pending (or abandoned by a dead worker)."""
+    placeholders = ",".join(["%s"] * len(item_ids))
+    with connection.cursor() as cur:
+        cur.execute(
+            f"UPDATE {_ITEMS} SET status = 'running', attempts = attempts + 1, started_at = %s "  # noqa: S608
+            f"WHERE id IN ({placeholders}) "
+            "AND (status = 'pending' OR (status = 'running' AND started_at < %s)) "
+            "RETURNING id, external_id, payload, attempts",
+            [now, *item_ids, now - STALE_CLAIM],
+        )
+        claimed = cur.fetchall()
+    return [
+        (r[0], r[1], json.loads(r[2]) if isinstance(r[2], str) else r[2], r[3])
+        for r in sorted(claimed, key=lambda r: r[0])
+    ]
+
+
+def _call_python(path: str, items: list[ItemIn], batch: bool) -> list[ItemOutcome]:
+    target = _imported(path)
+    process_batch = getattr(target, "process_batch", None) if batch else None
+    if process_batch is not None:
+        try:
+            return list(process_batch(items))
+        except IntegrationError as exc:
+            return [
+                ItemOutcome(i.item_id, False, exc.retryable, str(exc), systemic=exc.retryable) for i in items
+            ]
+        except Exception as exc:  # the handler's own bug or outage: retried, counted by the breaker
+            return [
+                ItemOutcome(i.item_id, False, True, f"{type(exc).__name__}: {exc}", systemic=True)
+                for i in items
+            ]
+    process = getattr(target, "process", target)
+    outcomes = []
+    for item in items:
+        try:
+            outcomes.append(ItemOutcome(item.item_id, True, result=process(item)))
+        except IntegrationError as exc:
+            outcomes.append(ItemOutcome(item.item_id, False, exc.retryable, str(exc), systemic=exc.retryable))
+        except Exception as exc:
+            outcomes.append(
+                ItemOutcome(item.item_id, False, True, f"{type(exc).__name__}: {exc}", systemic=True)
+            )
+    return outcomes
+
+
+def items_process(
+    *,
+    execution_id: int,
+    item_ids: list[int],
+    organization_id: int,
+    integration_key: str,
+    handler_key: str,
+    direction: str,
+) -> str:
+    """Process one item (or a batch): limits, breaker, claim, call, record. Raises Defer to wait."""
+    integration, handler, tenant = cache.load(integration_key, handler_key, organization_id)
+    if integration is None or handler is None:
+        return _cancel_items(execution_id, item_ids, reason="integration or handler deleted")
+    if not integration["enabled"] or handler["paused"]:
+        raise jobs.Defer(conf.get("RUNNER_PAUSE_DEFER"), "handler paused")
+    g = gate()
+    policy = conf.breaker_policy()
+    admission = g.admit(
+        integration_key=integration_key,
+        handler_id=handler["id"],
+        organization_id=organization_id,
+        n=len(item_ids),
+        tenant_limit=tenant["rate_limit_per_minute"],
+        handler_limit=handler["rate_limit_per_minute"],
+        concurrency=handler["concurrency"],
+        lease_ms=int(conf.get("RUNNER_LEASE_SECONDS") * 1000),
+        policy=policy,
+    )
+    if not admission.admitted:
+        wait = conf.get("RUNNER_TENANT_DEFER") if admission.reason == "tenant rate limit" else admission.wait
+        raise jobs.Defer(wait, admission.reason)
+    outcome = "none"
+    retry_attempt = 0
+    try:
+        now = timezone.now()
+        claimed = _claim(item_ids, now)
+        if not claimed:
+            return "nothing to claim"
+        items = [
+            ItemIn(
+                item_id=i,
+                execution_id=execution_id,
+                external_id=ext,
+                payload=payload,
+                attempt=attempts,
+                direction=direction,
+                integration_key=integration_key,
+                handler_key=handler_key,
+                organization_id=organization_id,
+            )
+            for i, ext, payload, attempts in claimed
+        ]
+        batch = handler["batch_size"] > 1
+        if handler["kind"] == Handler.Kind.HTTP:
+            auth = ""
+            if handler["auth_header"]:
+                auth = Handler.objects.only("auth_value_encrypted").get(pk=handler["id"]).auth_value()
+            outcomes = client.process(
+                handler["endpoint_url"],
+                items,
+                auth_header=handler["auth_header"],
+                auth_value=auth,
+                batch=batch,
+            )
+        else:
+            outcomes = _call_python(handler["callable_path"], items, batch)
+        outcome = "failure" if any(o.systemic for o in outcomes) else "success"
+        retry_attempt = _record(execution_id, {i.item_id: i.attempt for i in items}, outcomes)
+    finally:
+        g.finish(
+            admission,
+            integration_key=integration_key,
+            handler_id=handler["id"],
+            outcome=outcome,
+            policy=policy,
+        )
+    if retry_attempt:
+        raise jobs.Defer(conf.get("RUNNER_RETRY_BACKOFF") * 2 ** (retry_attempt - 1), "retry")
+    return "done"
+
+
+def _record(execution_id: int, attempts: dict[int, int], outcomes: list[ItemOutcome]) -> int:
+    """Write the outcomes and the fan-in counters in one transaction; returns the attempt to back
+    off from when some items are to be retried (0: none)."""
+    now = timezone.now()
+    ok = [o for o in outcomes if o.ok]
+    final = [o for o in outcomes if not o.ok and (not o.retryable or attempts[o.item_id] >= MAX_ATTEMPTS)]
+    retry = [o for o in outcomes if not o.ok and o.retryable and attempts[o.item_id] < MAX_ATTEMPTS]
+    running = ExecutionItem.objects.filter(status=ExecutionItem.Status.RUNNING)
+    with transaction.atomic():
+        succeeded = failed = 0
+        plain = [o.item_id for o in ok if o.result is None]
+        if plain:
+            succeeded += running.filter(id__in=plain).update(
+                status=ExecutionItem.Status.SUCCEEDED, finished_at=now, last_error=""
+            )
+        for o in ok:
+            if o.result is not None:
+                succeeded += running.filter(id=o.item_id).update(
+                    status=ExecutionItem.Status.SUCCEEDED, finished_at=now, last_error="", result=o.result
+                )
+        for error, ids in _by_error(final).items():
+            failed += running.filter(id__in=ids).update(
+                status=ExecutionItem.Status.FAILED, finished_at=now, dlq_at=now, last_error=error
+            )
+        for error, ids in _by_error(retry).items():
+            running.filter(id__in=ids).update(status=ExecutionItem.Status.PENDING, last_error=error)
+        if succeeded or failed:
+            _settle(execution_id, succeeded=succeeded, failed=failed)
+    return min((attempts[o.item_id] for o in retry), default=0)
+
+
+def _by_error(outcomes: Iterable[ItemOutcome]) -> dict[str, list[int]]:
+    groups: dict[str, list[int]] = defaultdict(list)
+    for o in outcomes:
+        groups[o.error[:10_000] or "error"].append(o.item_id)
+    return groups
+
+
+def _cancel_items(execution_id: int, item_ids: list[int], *, reason: str) -> str:
+    with transaction.atomic():
+        n = ExecutionItem.objects.filter(id__in=item_ids, status=ExecutionItem.Status.PENDING).update(
+            status=ExecutionItem.Status.CANCELLED, finished_at=timezone.now(), last_error=reason
+        )
+        if n:
+            _settle(execution_id, cancelled=n)
+    return "cancelled"
+
+
+# --- operator actions ------------------------------------------------------------------------
+def execution_cancel(*, execution: Execution) -> int:
+    """Cancel every pending item of a run (in-flight ones finish); returns how many."""
+    with transaction.atomic():
+        n = ExecutionItem.objects.filter(execution=execution, status=ExecutionItem.Status.PENDING).update(
+            status=ExecutionItem.Status.CANCELLED, finished_at=timezone.now(), last_error="cancelled"
+        )
+        _counters(execution.pk, remaining=-n, cancelled=n)
+        Execution.objects.filter(
+            pk=execution.pk, status__in=[Execution.Status.PENDING, Execution.Status.RUNNING]
+        ).update(status=Execution.Status.CANCELLED, finished_at=timezone.now())
+    return n
+
+
+def items_replay(*, item_ids: Iterable[int]) -> int:
+    """Put DLQ items back as pending (a new attempt each) and enqueue them; returns how many."""
+    rows = list(
+        ExecutionItem.objects.filter(
+            id__in=list(item_ids), status=ExecutionItem.Status.FAILED, dlq_at__isnull=False
+        ).values_list("execution_id", "id")
+    )
+    by_execution: dict[int, list[int]] = defaultdict(list)
+    for execution_id, item_id in rows:
+        by_execution[execution_id].append(item_id)
+    total = 0
+    executions = Execution.objects.select_related("handler__integration").in_bulk(list(by_execution))
+    for execution_id, ids in by_execution.items():
+        with transaction.atomic():
+            ids_done = list(
+                ExecutionItem.objects.select_for_update()
+                .filter(id__in=ids, status=ExecutionItem.Status.FAILED, dlq_at__isnull=False)
+                .values_list("id", flat=True)
+            )
+            if not ids_done:
+                continue
+            ExecutionItem.objects.filter(id__in=ids_done).update(
+                status=ExecutionItem.Status.PENDING, dlq_at=None, finished_at=None
+            )
+            _counters(execution_id, remaining=len(ids_done), failed=-len(ids_done))
+            Execution.objects.filter(pk=execution_id).update(
+                status=Execution.Status.RUNNING, finished_at=None
+            )
+            execution = executions[execution_id]
+            _fan_out(execution, execution.handler, sorted(ids_done))
+            total += len(ids_done)
+    return total
+
+
+def dlq_items(*, handler: Handler | None = None, execution: Execution | None = None) -> list[int]:
+    qs = ExecutionItem.objects.filter(dlq_at__isnull=False, status=ExecutionItem.Status.FAILED)
+    if handler is not None:
+        qs = qs.filter(execution__handler=handler)
+    if execution is not None:
+        qs = qs.filter(execution=execution)
+    return list(qs.order_by("id").values_list("id", flat=True))
+
+
+def handler_set_paused(*, handler: Handler, paused: bool) -> None:
+    handler.paused = paused
+    handler.save(update_fields=["paused"])  # post_save invalidates the cache
+
+
+def integration_reset_circuit(*, integration: IntegrationType) -> None:
+    gate().breaker_reset(integration.integration_key)
+
+
+# --- schedule trigger ------------------------------------------------------------------------
+def schedules_dispatch(*, now: datetime | None = None, lookback: timedelta = timedelta(minutes=2)) -> int:
+    """Start one execution per due cron occurrence of each scheduled handler, in each organization's
+    time zone, exactly once per occurrence (a JobRun per occurrence). Returns how many were started."""
+    from zoneinfo import ZoneInfo
+
+    from croniter import croniter
+
+    from crm.models import JobRun, Organization
+
+    now = now or timezone.now()
+    started = 0
+    handlers = (
+        Handler.objects.select_related("integration")
+        .exclude(schedule_cron="")
+        .filter(integration__enabled=True)
+    )
+    for handler in handlers:
+        if not croniter.is_valid(handler.schedule_cron):
+            continue
+        orgs = (
+            Organization.objects.all()
+            if handler.organization_id is None
+            else Organization.objects.filter(pk=handler.organization_id)
+        )
+        for org in orgs.only("id", "timezone"):
+            tz = ZoneInfo(org.timezone or "America/Sao_Paulo")
+            it = croniter(handler.schedule_cron, (now - lookback).astimezone(tz))
+            while (when := it.get_next(datetime)) <= now:
+                key = f"{handler.pk}:{org.pk}:{when.astimezone(tz).isoformat()}"
+                with transaction.atomic():
+                    _run, created = JobRun.objects.get_or_create(
+                        kind="runner-schedule",
+                        key=key,
+                        defaults={
+                            "organization_id": org.pk,
+                            "status": JobRun.Status.COMPLETED,
+                            "finished_at": now,
+                        },
+                    )
+                    if created:
+                        execution_start(handler=handler, organization_id=org.pk, trigger="schedule")
+                        started += 1
+    return started
+
+
+# --- recovery: the database says what is unfinished --------------------------------------------
+@recovery.register("runner")
+def _unfinished() -> Iterator[jobs.JobSpec]:
+    old = timezone.now() - recovery.MIN_AGE
+    runs = Execution.objects.filter(
+        status__in=[Execution.Status.PENDING, Execution.Status.RUNNING], created_at__lt=old
+    ).select_related("handler__integration")
+    for execution in runs.iterator(chunk_size=500):
+        if execution.fanned_out_at is None:
+            yield jobs.JobSpec(
+                func=RUN_FUNC,
+                queue=queues.RUNS,
+                kwargs={"execution_id": execution.pk},
+                job_id=f"runner-run-{execution.pk}",
+            )
+        ids = list(
+            ExecutionItem.objects.filter(
+                execution=execution, status=ExecutionItem.Status.PENDING, created_at__lt=old
+            )
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        ids += list(
+            ExecutionItem.objects.filter(
+                execution=execution,
+                status=ExecutionItem.Status.RUNNING,
+                started_at__lt=timezone.now() - STALE_CLAIM,
+            ).values_list("id", flat=True)
+        )
+        if ids:
+            yield from _item_specs(execution, execution.handler, ids)

@@ -1,0 +1,38 @@
+"""RQ job functions of the integration runner: take ids, call services."""
+
+from __future__ import annotations
+
+from rq import get_current_job
+
+from runner import services
+
+
+def execution_run(execution_id: int) -> str:
+    """RunJob (queue `runs`): produce a run's items and fan them out. Safe to run twice."""
+    job = get_current_job()
+    last_attempt = job is None or not job.retries_left
+    return services.execution_run(execution_id=execution_id, last_attempt=last_attempt)
+
+
+def items_process(
+    execution_id: int,
+    item_ids: list[int],
+    organization_id: int,
+    integration_key: str,
+    handler_key: str,
+    direction: str,
+) -> str:
+    """ItemJob (queues `items-p*`): process one item or a batch; Defers without spending attempts."""
+    return services.items_process(
+        execution_id=execution_id,
+        item_ids=item_ids,
+        organization_id=organization_id,
+        integration_key=integration_key,
+        handler_key=handler_key,
+        direction=direction,
+    )
+
+
+def schedules_dispatch() -> int:
+    """Cron (every minute): start the executions of due handler schedules, once per occurrence."""
+    return services.schedules_dispatch()

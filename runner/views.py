@@ -1,0 +1,68 @@
+"""The webhook intake: authenticate, store the event as an item, answer 202 at once."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+
+from django.http import HttpRequest, JsonResponse
+from django.utils.translation import gettext as _
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_POST
+
+from crm.models import Organization
+from runner import services
+from runner.models import Handler
+
+SIGNATURE_HEADER = "X-Runner-Signature"
+
+
+def signature(secret: str, body: bytes) -> str:
+    """The value of X-Runner-Signature for a body: `sha256=<hex HMAC-SHA256>`."""
+    return "sha256=" + hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+
+
+def _authenticated(request: HttpRequest, handler: Handler, secret: str) -> bool:
+    if handler.webhook_auth == Handler.WebhookAuth.TOKEN:
+        given = request.headers.get("Authorization", "")
+        return hmac.compare_digest(given.encode(), f"Bearer {secret}".encode())
+    given = request.headers.get(SIGNATURE_HEADER, "")
+    return hmac.compare_digest(given.encode(), signature(secret, request.body).encode())
+
+
+@csrf_exempt
+@require_POST
+def hook(request: HttpRequest, integration_key: str, handler_key: str) -> JsonResponse:
+    handler = (
+        Handler.objects.select_related("integration")
+        .filter(integration__integration_key=integration_key, handler_key=handler_key)
+        .first()
+    )
+    if handler is None or not handler.integration.enabled:
+        return JsonResponse({"error": _("Unknown integration handler.")}, status=404)
+    secret = handler.webhook_secret()
+    if not secret or not _authenticated(request, handler, secret):
+        return JsonResponse({"error": _("Invalid signature or token.")}, status=401)
+    organization_id = handler.organization_id
+    if organization_id is None:
+        slug = request.GET.get("org", "")
+        organization_id = (
+            Organization.objects.filter(slug=slug).values_list("id", flat=True).first() if slug else None
+        )
+        if organization_id is None:
+            return JsonResponse({"error": _("Name the organization: ?org=<slug>.")}, status=400)
+    try:
+        payload = json.loads(request.body or b"null")
+    except ValueError:
+        return JsonResponse({"error": _("The body is not JSON.")}, status=400)
+    external_id = request.headers.get("X-Event-Id") or (
+        payload.get("id") if isinstance(payload, dict) else ""
+    )
+    execution = services.events_store(
+        handler=handler,
+        organization_id=organization_id,
+        trigger="webhook",
+        events=[{"external_id": external_id or "", "payload": payload}],
+    )
+    return JsonResponse({"execution_id": execution.pk, "status": "accepted"}, status=202)
