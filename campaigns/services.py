@@ -454,6 +454,7 @@ _COPIED_FIELDS = (
     "email_body",
     "audience_store_id",
     "audience_purchased_within_days",
+    "audience_segment",
 )
 
 

@@ -37,6 +37,11 @@ def test_each_occurrence_is_dispatched_once_at_local_time_and_sends(wa, sandbox,
     child = Campaign.objects.get(parent=template)
     assert child.occurrence_at == datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # 09:00 in São Paulo
     assert child.status == Campaign.Status.SENT and child.template_name == template.template_name
+    copied = {f.attname for f in Campaign._meta.concrete_fields} - {
+        "id", "name", "status", "recurrence", "recurrence_misfire", "recurrence_until", "parent_id",
+        "occurrence_at", "scheduled_at", "started_at", "finished_at", "stop_reason", "created_at",
+    }  # fmt: skip
+    assert {f: getattr(child, f) for f in copied} == {f: getattr(template, f) for f in copied}
     assert sandbox.stats()["accepted"] == 3
     template.refresh_from_db()
     assert template.status == Campaign.Status.RECURRING  # the template itself never sends
