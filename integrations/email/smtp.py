@@ -17,6 +17,10 @@ from types import TracebackType
 from typing import Self
 
 _DOT_AT_LINE_START = re.compile(rb"(?m)^\.")
+# SMTP's own line limit (RFC 5322: 998). At policy.SMTP's 78, a header with a long unbreakable
+# token — the signed one-click URL in List-Unsubscribe — would be turned into RFC 2047 encoded
+# words, which mail clients do not read as a URL.
+WIRE_POLICY = policy.SMTP.clone(max_line_length=998)
 CONNECT_TIMEOUT = 15.0  # TCP connect and the server's 220 greeting
 SOCKET_TIMEOUT = 30.0  # every later read or write
 
@@ -127,7 +131,7 @@ class SmtpConnection:
             self._reset(next(iter(refused.values()))[0])
             raise smtplib.SMTPRecipientsRefused(refused)
         del message["Bcc"]
-        code, resp = self._data(message.as_bytes(policy=policy.SMTP))
+        code, resp = self._data(message.as_bytes(policy=WIRE_POLICY))
         self.last_used = time.monotonic()
         if code != 250:
             self._reset(code)

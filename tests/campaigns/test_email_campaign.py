@@ -129,6 +129,8 @@ def test_an_email_campaign_sends_once_to_each_recipient_over_pooled_connections(
         f"<{unsubscribe}>, <mailto:sair@loja.example.com.br?subject=unsubscribe>"
     )
     assert headers["List-Unsubscribe-Post"] == "List-Unsubscribe=One-Click"
+    # on the wire as plain text, not RFC 2047 encoded words a mail client would not read as a URL
+    assert f"\r\nList-Unsubscribe: <{unsubscribe}>, <mailto:".encode() in mail["raw"]
     html = mail["html"]
     assert "Olá Cliente0, ofertas na Loja Teste!" in html
     click = f"https://crm.example.com.br/{links.link_path('r', msg)}/0"
