@@ -270,6 +270,11 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
     retrying: dict[int, int] = {}  # soft-bounced message id -> attempts so far
     started = time.monotonic()
     while True:
+        if counts:  # a pause, a cancel or a paused organization takes effect between claims
+            campaign.refresh_from_db(fields=["status"])
+            org.refresh_from_db(fields=["email_paused_at", "email_paused_reason"])
+            if not services.batch_may_send(campaign=campaign, batch=batch):
+                return dict(counts)
         ids = _claim(campaign_id, batch, _claim_size(per_second), set(retrying))
         if not ids:
             break

@@ -524,3 +524,25 @@ def test_a_scheduled_email_campaign_is_started_by_its_trigger(em, smtp, run_jobs
     assert tasks.campaign_trigger(campaign.pk) == Campaign.Status.SENDING  # firing twice is harmless
     run_jobs()
     assert _statuses(campaign) == {"sent": 3} and len(smtp.messages()) == 3
+
+
+@pytest.mark.slow
+def test_pausing_a_campaign_stops_its_batch_between_claims(em, smtp, worker_process):
+    import time
+
+    from tests.conftest import child_env, wait_for
+
+    em["customers"](80)
+    EmailSettings.objects.filter(pk=em["settings"].pk).update(messages_per_minute=600)  # 10/s: 2 s a claim
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    worker = worker_process("--queues", "campaign-trigger,email-send", env=child_env(EMAIL_BATCH_SIZE="200"))
+    wait_for(lambda: len(smtp.messages()) >= 5, timeout=30, what="the batch to start")
+    services.campaign_pause(campaign=campaign)
+    time.sleep(5)  # the claim in flight finishes; no new claim starts
+    sent_while_paused = len(smtp.messages())
+    time.sleep(2)
+    assert len(smtp.messages()) == sent_while_paused < 80
+    assert _statuses(campaign)["queued"] == 80 - sent_while_paused
+    services.campaign_resume(campaign=campaign)
+    wait_for(lambda: len(smtp.messages()) == 80, timeout=60, what="the rest after resume")
+    worker.kill()
