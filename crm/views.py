@@ -33,11 +33,54 @@ def _redis() -> None:
     jobs.get_connection().ping()
 
 
+def _background() -> dict:
+    """Workers and schedulers alive, and how long the oldest waiting job has waited (seconds)."""
+    from datetime import UTC, datetime
+
+    from rq import Worker
+    from rq.serializers import JSONSerializer
+
+    from crm import queues
+
+    connection = jobs.get_connection()
+    workers = Worker.all(connection=connection, serializer=JSONSerializer)
+    schedulers = [
+        key
+        for key in connection.scan_iter("rq:scheduler_instance:*", count=100)
+        if not connection.hexists(key, "death")
+    ]
+    oldest: dict[str, float] = {}
+    now = datetime.now(UTC)
+    for name in queues.QUEUE_NAMES:
+        head = connection.lindex(f"rq:queue:{name}", 0)
+        if head is None:
+            continue
+        job = jobs.fetch_job(head.decode() if isinstance(head, bytes) else head)
+        if job is not None and job.enqueued_at is not None:
+            enqueued = job.enqueued_at if job.enqueued_at.tzinfo else job.enqueued_at.replace(tzinfo=UTC)
+            oldest[name] = round((now - enqueued).total_seconds(), 1)
+    return {
+        "workers": {"ok": bool(workers), "alive": len(workers)},
+        "scheduler": {"ok": bool(schedulers), "alive": len(schedulers)},
+        "oldest_waiting_seconds": {"ok": True, "max": max(oldest.values(), default=0.0), "by_queue": oldest},
+    }
+
+
 @never_cache
 def healthz(request: HttpRequest) -> JsonResponse:
-    """200 when the database and Redis answer, 503 otherwise; says which failed."""
+    """200 when the database and Redis answer, 503 otherwise; says which failed.
+
+    Also reports the workers and schedulers alive and the oldest waiting job's age. Those decide
+    the status only with `?full=1` (a web node must not leave the load balancer because the
+    workers are down; a monitor asking for the whole platform wants to know)."""
     checks = {"database": _check(_db), "redis": _check(_redis)}
-    healthy = all(c["ok"] for c in checks.values())
+    if checks["redis"]["ok"]:
+        try:
+            checks.update(_background())
+        except RedisError as exc:
+            checks["redis"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
+    deciding = checks if request.GET.get("full") == "1" else {k: checks[k] for k in ("database", "redis")}
+    healthy = all(c["ok"] for c in deciding.values())
     return JsonResponse(
         {"status": "ok" if healthy else "unavailable", "checks": checks}, status=200 if healthy else 503
     )

@@ -107,6 +107,27 @@ def test_health_reports_database_and_redis(client):
     assert body["checks"]["database"]["ok"] and body["checks"]["redis"]["ok"]
 
 
+def test_health_reports_workers_scheduler_and_the_oldest_waiting_job(client, worker_process, redis_db):
+    from tests.conftest import wait_for
+
+    jobs.enqueue("tests.jobs.record", queue="maintenance", kwargs={"key": "h", "value": "1"})
+    body = client.get("/healthz").json()
+    assert body["checks"]["workers"] == {"ok": False, "alive": 0}
+    assert body["checks"]["scheduler"]["ok"] is False
+    assert body["checks"]["oldest_waiting_seconds"]["by_queue"]["maintenance"] >= 0
+    assert client.get("/healthz").status_code == 200  # the web node itself is fine
+    assert client.get("/healthz?full=1").status_code == 503  # the platform is not: nobody works
+    worker_process("--queues", "maintenance")
+    wait_for(lambda: client.get("/healthz").json()["checks"]["workers"]["alive"] == 1, timeout=30)
+    body = client.get("/healthz").json()
+    assert body["checks"]["oldest_waiting_seconds"]["max"] == 0.0  # the worker took it
+    scheduler = cron.get_scheduler()
+    scheduler.register_birth()
+    assert client.get("/healthz?full=1").status_code == 200
+    scheduler.register_death()
+    assert client.get("/healthz?full=1").status_code == 503
+
+
 def test_health_says_which_dependency_is_down(client, monkeypatch):
     # A real client to a port where nothing listens.
     monkeypatch.setattr(jobs, "get_connection", lambda: redis.Redis(port=1, socket_connect_timeout=0.5))
