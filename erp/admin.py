@@ -7,7 +7,7 @@ from django.utils.translation import gettext_lazy as _
 
 from erp import services
 from erp.models import ErpConnection, ErpSyncIssue
-from integrations.admin import WriteOnlySecretForm, write_only_input
+from integrations.admin import WriteOnlySecretForm, https_urls, write_only_input
 from integrations.errors import IntegrationError
 
 
@@ -17,6 +17,7 @@ class ErpConnectionForm(WriteOnlySecretForm):
     base_url = forms.URLField(label=_("Millennium URL"), assume_scheme="https")
 
     class Meta:
+        formfield_callback = staticmethod(https_urls)  # URLs typed without a scheme: https
         model = ErpConnection
         fields = ["organization", "base_url", "username", "page_size", "timeout_seconds", "enabled"]
 

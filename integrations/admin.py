@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -20,6 +20,13 @@ def write_only_input(label: str | _StrPromise) -> forms.CharField:
         widget=forms.PasswordInput(render_value=False),
         help_text=_("Stored encrypted. Leave empty to keep the current one."),
     )
+
+
+def https_urls(field: models.Field, **kwargs: Any) -> forms.Field | None:
+    """Model forms' field callback: URLs typed without a scheme are https (Django 6's default)."""
+    if isinstance(field, models.URLField):
+        kwargs.setdefault("assume_scheme", "https")
+    return field.formfield(**kwargs)
 
 
 class WriteOnlySecretForm(forms.ModelForm):
@@ -60,6 +67,7 @@ class WhatsappNumberForm(WriteOnlySecretForm):
     )
 
     class Meta:
+        formfield_callback = staticmethod(https_urls)  # URLs typed without a scheme: https
         model = WhatsappNumber
         fields = [
             "organization",
@@ -105,6 +113,7 @@ class EmailSettingsForm(WriteOnlySecretForm):
     )
 
     class Meta:
+        formfield_callback = staticmethod(https_urls)  # URLs typed without a scheme: https
         model = EmailSettings
         fields = [
             "organization",
@@ -211,6 +220,7 @@ class ChatwootAccountForm(WriteOnlySecretForm):
     base_url = forms.URLField(label=_("Chatwoot URL"), assume_scheme="https")
 
     class Meta:
+        formfield_callback = staticmethod(https_urls)  # URLs typed without a scheme: https
         model = ChatwootAccount
         fields = ["organization", "base_url", "account_id", "inbox_id", "mode", "enabled"]
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
@@ -14,7 +15,7 @@ from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from integrations.admin import write_only_input
+from integrations.admin import https_urls, write_only_input
 from runner import services
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
 
@@ -46,6 +47,7 @@ class HandlerForm(forms.ModelForm):
     webhook_secret = write_only_input(_("webhook secret or token"))
 
     class Meta:
+        formfield_callback = staticmethod(https_urls)  # URLs typed without a scheme: https
         model = Handler
         fields = [
             "integration",
@@ -80,6 +82,7 @@ class HandlerForm(forms.ModelForm):
 @admin.register(Handler)
 class HandlerAdmin(admin.ModelAdmin):
     form = HandlerForm
+    formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     list_display = (
         "__str__",
         "direction",
