@@ -226,6 +226,10 @@ SEGMENT_KEEP_DAYS = env.int("SEGMENT_KEEP_DAYS", default=35)
 if SEGMENT_KEEP_DAYS < 1:
     raise config.setting_error("SEGMENT_KEEP_DAYS", "must be 1 or more")
 
+# --- Integration runner -------------------------------------------------------------------------
+# The RabbitMQ broker `runner_consume` reads (the queue trigger).
+AMQP_URL = env.str("AMQP_URL", default="amqp://guest:guest@127.0.0.1:5672/%2F")
+
 # --- Logging ------------------------------------------------------------------------------------
 LOG_LEVEL = env.str("LOG_LEVEL", default="INFO").upper()
 LOG_FORMAT = env.str("LOG_FORMAT", default="text")

@@ -1,0 +1,228 @@
+"""The runner's queue trigger: read an AMQP queue and store its messages as items (priority 3).
+
+A message is acknowledged only after `services.events_store` returned, i.e. after its item is
+committed: a consumer killed at any point leaves its unacknowledged messages to be redelivered.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import time
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, DataError, InterfaceError, close_old_connections
+from redis.exceptions import RedisError
+
+from crm.models import Organization
+from integrations.runner import amqp
+from runner import services
+from runner.models import Handler
+
+logger = logging.getLogger("runner.consume")
+
+# Test-only hook: seconds to wait after a batch is received and before it is stored, so a test
+# can kill the consumer in that gap deterministically. Never set it in production.
+PAUSE_ENV = "CRM_TEST_CONSUME_PAUSE_BEFORE_STORE"
+BACKOFF_MAX = 30.0
+
+
+def event_of(message: amqp.Message) -> dict[str, Any] | None:
+    """The event a message carries ({"external_id", "payload"}), or None if its body is not JSON."""
+    try:
+        payload = json.loads(message.body)
+    except ValueError:  # UnicodeDecodeError included
+        return None
+    external_id = message.message_id or (payload.get("id") if isinstance(payload, dict) else "")
+    return {"external_id": str(external_id or ""), "payload": payload}
+
+
+class Command(BaseCommand):
+    help = (
+        "Consume an AMQP queue into items of queue-triggered executions (priority 3); "
+        "acknowledges messages only after they are stored."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("integration_key")
+        parser.add_argument("handler_key")
+        parser.add_argument("--org", help="organization slug (default: the handler's organization)")
+        parser.add_argument("--amqp-url", default=None, help="broker URL (default: the AMQP_URL setting)")
+        parser.add_argument("--queue", help="queue name (default: runner.<integration_key>.<handler_key>)")
+        parser.add_argument("--prefetch", type=int, default=100, help="unacknowledged messages held at most")
+        parser.add_argument("--batch", type=int, default=100, help="messages stored per execution at most")
+        parser.add_argument("--max-messages", type=int, default=0, help="exit after this many (0: never)")
+        parser.add_argument(
+            "--idle-exit", type=float, default=0, help="exit after this many seconds without a message"
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        try:
+            handler = services.handler_get(
+                integration_key=options["integration_key"], handler_key=options["handler_key"]
+            )
+        except Handler.DoesNotExist:
+            raise CommandError("no such handler") from None
+        org_id = self._organization_id(handler, options["org"])
+        batch_size = max(1, options["batch"])
+        max_messages = max(0, options["max_messages"])
+        idle_exit = max(0.0, options["idle_exit"])
+        queue = options["queue"] or f"runner.{handler.integration.integration_key}.{handler.handler_key}"
+        url = options["amqp_url"] or getattr(settings, "AMQP_URL", amqp.DEFAULT_URL)
+        pause = float(os.environ.get(PAUSE_ENV) or 0)
+
+        stopping = False
+
+        def _stop(signum: int, _frame: Any) -> None:
+            nonlocal stopping
+            stopping = True
+            logger.info("signal %s: finishing the current batch, then stopping", signum)
+
+        previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            consumer = amqp.Consumer(url, queue, prefetch=options["prefetch"])
+        except Exception as exc:
+            raise CommandError(f"cannot consume {queue!r}: {exc}") from exc
+        logger.info("consuming %s into %s (organization %s)", queue, handler, org_id)
+        handled = stored = dropped = 0
+        last_message = time.monotonic()
+        backoff = 1.0
+        try:
+            while not stopping:
+                want = batch_size if not max_messages else min(batch_size, max_messages - handled)
+                if want <= 0:
+                    break
+                messages = consumer.fetch(want)
+                if not messages:
+                    if idle_exit and time.monotonic() - last_message >= idle_exit:
+                        logger.info("idle for %.1f s: exiting", idle_exit)
+                        break
+                    continue
+                last_message = time.monotonic()
+                if pause:
+                    logger.warning(
+                        "test hook %s: %d messages received, storing in %.1f s",
+                        PAUSE_ENV,
+                        len(messages),
+                        pause,
+                    )
+                    time.sleep(pause)
+                events: list[dict[str, Any]] = []
+                kept_messages: list[amqp.Message] = []
+                for message in messages:
+                    event = event_of(message)
+                    if event is None:
+                        logger.warning(
+                            "message %s on %s is not JSON: dropped (%r)",
+                            message.message_id or message.delivery_tag,
+                            queue,
+                            message.body[:80],
+                        )
+                        consumer.drop(message.delivery_tag)
+                        dropped += 1
+                    else:
+                        events.append(event)
+                        kept_messages.append(message)
+                if not events:
+                    handled += len(messages)
+                    continue
+                close_old_connections()
+                try:
+                    execution = services.events_store(
+                        handler=handler, organization_id=org_id, trigger="queue", events=events
+                    )
+                except DataError:
+                    # The data itself is refused (e.g. a NUL character jsonb rejects): isolate it.
+                    logger.exception("storing %d messages failed: storing them one by one", len(events))
+                    kept, refused = self._one_by_one(consumer, handler, org_id, kept_messages, events)
+                    handled += len(messages)
+                    stored += kept
+                    dropped += refused
+                    continue
+                except (DatabaseError, InterfaceError) as exc:
+                    # Not stored (database down, schema not migrated…): everything goes back to the queue.
+                    consumer.requeue_through(messages[-1].delivery_tag)
+                    logger.error(
+                        "storing %d messages failed, requeued; retry in %.0f s: %s", len(events), backoff, exc
+                    )
+                    consumer.sleep(backoff)
+                    backoff = min(backoff * 2, BACKOFF_MAX)
+                    continue
+                except RedisError as exc:
+                    # events_store commits before it enqueues the item jobs: the items are stored and
+                    # the runner's recoverer enqueues pending items, so the messages are acknowledged.
+                    consumer.ack_through(messages[-1].delivery_tag)
+                    logger.error(
+                        "%d messages stored but their jobs not enqueued (recover enqueues them): %s",
+                        len(events),
+                        exc,
+                    )
+                    handled += len(messages)
+                    stored += len(events)
+                    continue
+                consumer.ack_through(messages[-1].delivery_tag)
+                backoff = 1.0
+                handled += len(messages)
+                stored += len(events)
+                logger.info(
+                    "batch: %d messages from %s -> execution %s (%d items, %d dropped)",
+                    len(messages),
+                    queue,
+                    execution.pk,
+                    len(events),
+                    len(messages) - len(events),
+                )
+        finally:
+            consumer.close()
+            for sig, old in previous.items():
+                signal.signal(sig, old)
+        logger.info("stopped: %d messages handled, %d stored, %d dropped", handled, stored, dropped)
+        self.stdout.write(f"{stored} stored, {dropped} dropped")
+
+    def _one_by_one(
+        self,
+        consumer: amqp.Consumer,
+        handler: Handler,
+        org_id: int,
+        messages: list[amqp.Message],
+        events: list[dict[str, Any]],
+    ) -> tuple[int, int]:
+        """Store each event on its own; one the database refuses is dropped (not requeued forever).
+
+        Returns (stored, dropped); if the database goes away meanwhile the rest is requeued.
+        """
+        kept = refused = 0
+        for message, event in zip(messages, events, strict=True):
+            close_old_connections()
+            try:
+                services.events_store(
+                    handler=handler, organization_id=org_id, trigger="queue", events=[event]
+                )
+            except DataError:
+                logger.exception("message %s refused by the database: dropped", message.delivery_tag)
+                consumer.drop(message.delivery_tag)
+                refused += 1
+                continue
+            except RedisError as exc:  # stored; the recoverer enqueues its job
+                logger.error("message %s stored but its job not enqueued: %s", message.delivery_tag, exc)
+            except (DatabaseError, InterfaceError) as exc:
+                consumer.requeue_through(messages[-1].delivery_tag)
+                logger.error("storing failed, the rest requeued: %s", exc)
+                break
+            consumer.ack_through(message.delivery_tag)
+            kept += 1
+        return kept, refused
+
+    def _organization_id(self, handler: Handler, slug: str | None) -> int:
+        if slug:
+            org_id = Organization.objects.filter(slug=slug).values_list("id", flat=True).first()
+            if org_id is None:
+                raise CommandError(f"no organization {slug!r}")
+            return org_id
+        if handler.organization_id:
+            return handler.organization_id
+        raise CommandError("the handler serves every organization: name one with --org SLUG")
