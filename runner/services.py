@@ -12,6 +12,7 @@ from importlib import import_module
 from typing import Any
 
 from django.db import connection, transaction
+from django.db.models import F
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
@@ -29,6 +30,10 @@ CHUNK = 1000
 # An item claimed this long ago by a job that never reported back (its worker died) may be claimed again.
 STALE_CLAIM = timedelta(minutes=10)
 ITEM_FUNC = "runner.tasks.items_process"
+# Single items of an in-process handler travel in groups of this many per ItemJob.
+ITEM_GROUP = 10
+# A run larger than a minute of its tenant's limit is fanned out in this many slices per minute.
+PACE_SLICES = 10
 RUN_FUNC = "runner.tasks.execution_run"
 
 _gate_lock = threading.Lock()
@@ -118,9 +123,18 @@ def _groups(ids: list[int], size: int) -> Iterator[list[int]]:
         yield ids[start : start + size]
 
 
+def _group_size(handler: Handler) -> int:
+    """Items per ItemJob: a batch handler's batch; a group of single calls for an in-process handler
+    (the RQ job, the admission and the claim are paid once per group); one for a single-item HTTP
+    handler (each call may take up to the client timeout)."""
+    if handler.batch_size > 1:
+        return handler.batch_size
+    return ITEM_GROUP if handler.kind == Handler.Kind.PYTHON else 1
+
+
 def _item_specs(execution: Execution, handler: Handler, item_ids: list[int]) -> Iterator[jobs.JobSpec]:
     queue = _item_queue(execution.trigger)
-    for group in _groups(item_ids, handler.batch_size):
+    for group in _groups(item_ids, _group_size(handler)):
         yield jobs.JobSpec(
             func=ITEM_FUNC,
             queue=queue,
@@ -136,9 +150,31 @@ def _item_specs(execution: Execution, handler: Handler, item_ids: list[int]) -> 
         )
 
 
-def _fan_out(execution: Execution, handler: Handler, item_ids: list[int]) -> int:
-    """Enqueue the item jobs (after commit, pipelined) on the trigger's priority queue."""
-    return jobs.enqueue_specs(_item_specs(execution, handler, item_ids))
+def _fan_out(execution: Execution, handler: Handler, item_ids: list[int], *, offset: int = 0) -> int:
+    """Enqueue the item jobs (after commit, pipelined) on the trigger's priority queue.
+
+    Paced by the tenant's limit: of a run larger than a minute of its tenant's limit, only the first
+    slice (a tenth of a minute's worth) is queued now and each further slice is scheduled 6 s after
+    the one before (the limit's own rate), so a tenant's 100,000 items do not stand in the queue
+    ahead of every other tenant's items (they would only be deferred by the limit, one job at a
+    time). Scheduled jobs count as alive for the recovery pass; the limit itself is still enforced
+    by the admission of each job. `offset`: items of the run fanned out
+    before these (a run produced in chunks)."""
+    specs = list(_item_specs(execution, handler, item_ids))
+    if offset + len(item_ids) > 1:
+        limit = cache.load(
+            handler.integration.integration_key, handler.handler_key, execution.organization_id
+        )[2]["rate_limit_per_minute"]
+        if offset + len(item_ids) > limit:
+            now = timezone.now()
+            seen = offset
+            per_slice = max(int(limit) // PACE_SLICES, 1)
+            for spec in specs:
+                block = seen // per_slice
+                if block:
+                    spec.at = now + timedelta(seconds=block * 60 / PACE_SLICES)
+                seen += len(spec.kwargs["item_ids"])
+    return jobs.enqueue_specs(specs)
 
 
 # --- the RunJob ------------------------------------------------------------------------------
@@ -232,8 +268,8 @@ def _store_chunk(execution: Execution, handler: Handler, produced: list[dict[str
             ]
         )
         _counters(execution.pk, total=len(items), remaining=len(items))
+        _fan_out(execution, handler, [i.pk for i in items], offset=execution.items_total)
         execution.items_total += len(items)
-        _fan_out(execution, handler, [i.pk for i in items])
 
 
 # --- the fan-in ------------------------------------------------------------------------------
@@ -289,22 +325,42 @@ def _settle(
 _ITEMS = ExecutionItem._meta.db_table
 
 
-def _claim(item_ids: list[int], now: datetime) -> list[tuple[int, str, Any, int]]:
-    """pending → running (attempts+1) for the ids still pending (or abandoned by a dead worker)."""
+_CLAIMABLE = "(status = 'pending' OR (status = 'running' AND started_at < %s))"
+_CLAIMABLE_T = "(t.status = 'pending' OR (t.status = 'running' AND t.started_at < %s))"
+
+
+def _claim(item_ids: list[int], now: datetime, limit: int | None = None) -> list[tuple[int, str, Any, int]]:
+    """pending → running (attempts+1) for the first `limit` ids still pending (or abandoned by a dead
+    worker), in id order, in one statement. The outer WHERE re-checks the status under the row lock,
+    so two jobs never claim the same item; SKIP LOCKED makes a concurrent claimer pass over it."""
     placeholders = ",".join(["%s"] * len(item_ids))
+    stale = now - STALE_CLAIM
     with connection.cursor() as cur:
         cur.execute(
-            f"UPDATE {_ITEMS} SET status = 'running', attempts = attempts + 1, started_at = %s "  # noqa: S608
-            f"WHERE id IN ({placeholders}) "
-            "AND (status = 'pending' OR (status = 'running' AND started_at < %s)) "
-            "RETURNING id, external_id, payload, attempts",
-            [now, *item_ids, now - STALE_CLAIM],
+            # The CTE is evaluated once (a LIMIT inside `id IN (subquery)` may be re-run per row).
+            f"WITH picked AS (SELECT id FROM {_ITEMS} WHERE id IN ({placeholders}) AND {_CLAIMABLE} "  # noqa: S608
+            "ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED) "
+            f"UPDATE {_ITEMS} AS t SET status = 'running', attempts = attempts + 1, started_at = %s "
+            f"FROM picked WHERE t.id = picked.id AND {_CLAIMABLE_T} "
+            "RETURNING t.id, t.external_id, t.payload, t.attempts",
+            [*item_ids, stale, limit or len(item_ids), now, stale],
         )
         claimed = cur.fetchall()
     return [
         (r[0], r[1], json.loads(r[2]) if isinstance(r[2], str) else r[2], r[3])
         for r in sorted(claimed, key=lambda r: r[0])
     ]
+
+
+def _claimable(item_ids: list[int]) -> list[int]:
+    """The ids of a group still to be processed (a deferred group asks admission only for those)."""
+    placeholders = ",".join(["%s"] * len(item_ids))
+    with connection.cursor() as cur:
+        cur.execute(
+            f"SELECT id FROM {_ITEMS} WHERE id IN ({placeholders}) AND {_CLAIMABLE} ORDER BY id",  # noqa: S608
+            [*item_ids, timezone.now() - STALE_CLAIM],
+        )
+        return [r[0] for r in cur.fetchall()]
 
 
 def _call_python(path: str, items: list[ItemIn], batch: bool) -> list[ItemOutcome]:
@@ -344,13 +400,26 @@ def items_process(
     integration_key: str,
     handler_key: str,
     direction: str,
+    rerun: bool = True,
 ) -> str:
-    """Process one item (or a batch): limits, breaker, claim, call, record. Raises Defer to wait."""
+    """Process one item, a batch, or a group of single items: limits, breaker, claim, call, record.
+
+    Raises Defer to wait. A group is admitted item by item (partial admission: the items the
+    limits refuse, and all but the probe while half-open, wait in a Defer of the same job) and its
+    items are called one at a time, stopping at the first systemic failure (the breaker sees one
+    failed call; the items not called go back to pending with their attempt given back).
+    `rerun` (a deferred or retried job): first narrow the group to the items still to do.
+    """
     integration, handler, tenant = cache.load(integration_key, handler_key, organization_id)
     if integration is None or handler is None:
         return _cancel_items(execution_id, item_ids, reason="integration or handler deleted")
     if not integration["enabled"] or handler["paused"]:
         raise jobs.Defer(conf.get("RUNNER_PAUSE_DEFER"), "handler paused")
+    batch = handler["batch_size"] > 1
+    if rerun and not batch and len(item_ids) > 1:
+        item_ids = _claimable(item_ids)
+        if not item_ids:
+            return "nothing to claim"
     g = gate()
     policy = conf.breaker_policy()
     admission = g.admit(
@@ -363,15 +432,17 @@ def items_process(
         concurrency=handler["concurrency"],
         lease_ms=int(conf.get("RUNNER_LEASE_SECONDS") * 1000),
         policy=policy,
+        partial=not batch,
     )
     if not admission.admitted:
         wait = conf.get("RUNNER_TENANT_DEFER") if admission.reason == "tenant rate limit" else admission.wait
         raise jobs.Defer(wait, admission.reason)
     outcome = "none"
     retry_attempt = 0
+    rest = 0.0  # seconds the items of the group not done in this run wait (0: none left)
     try:
         now = timezone.now()
-        claimed = _claim(item_ids, now)
+        claimed = _claim(item_ids, now, None if batch else admission.count)
         if not claimed:
             return "nothing to claim"
         items = [
@@ -388,22 +459,22 @@ def items_process(
             )
             for i, ext, payload, attempts in claimed
         ]
-        batch = handler["batch_size"] > 1
-        if handler["kind"] == Handler.Kind.HTTP:
-            auth = ""
-            if handler["auth_header"]:
-                auth = Handler.objects.only("auth_value_encrypted").get(pk=handler["id"]).auth_value()
-            outcomes = client.process(
-                handler["endpoint_url"],
-                items,
-                auth_header=handler["auth_header"],
-                auth_value=auth,
-                batch=batch,
-            )
+        call = _caller(handler, batch)
+        if batch:
+            outcomes = call(items)
         else:
-            outcomes = _call_python(handler["callable_path"], items, batch)
+            outcomes = []
+            for item in items:
+                outcomes.extend(call([item]))
+                if outcomes[-1].systemic:
+                    break  # an outage: do not call on for the rest of the group
+        released = [i.item_id for i in items[len(outcomes) :]]
         outcome = "failure" if any(o.systemic for o in outcomes) else "success"
-        retry_attempt = _record(execution_id, {i.item_id: i.attempt for i in items}, outcomes)
+        retry_attempt = _record(execution_id, {i.item_id: i.attempt for i in items}, outcomes, released)
+        if released:
+            rest = conf.get("RUNNER_RETRY_BACKOFF")
+        elif not batch and admission.count < len(item_ids):
+            rest = max(admission.wait, 0.5)
     finally:
         g.finish(
             admission,
@@ -414,12 +485,32 @@ def items_process(
         )
     if retry_attempt:
         raise jobs.Defer(conf.get("RUNNER_RETRY_BACKOFF") * 2 ** (retry_attempt - 1), "retry")
+    if rest:
+        raise jobs.Defer(rest, "rest of the group")
     return "done"
 
 
-def _record(execution_id: int, attempts: dict[int, int], outcomes: list[ItemOutcome]) -> int:
+def _caller(handler: dict[str, Any], batch: bool) -> Any:
+    """A function items → outcomes calling the handler once (one item, or one batch)."""
+    if handler["kind"] != Handler.Kind.HTTP:
+        return lambda items: _call_python(handler["callable_path"], items, batch)
+    auth = ""
+    if handler["auth_header"]:
+        auth = Handler.objects.only("auth_value_encrypted").get(pk=handler["id"]).auth_value()
+    return lambda items: client.process(
+        handler["endpoint_url"], items, auth_header=handler["auth_header"], auth_value=auth, batch=batch
+    )
+
+
+def _record(
+    execution_id: int,
+    attempts: dict[int, int],
+    outcomes: list[ItemOutcome],
+    released: list[int] | None = None,
+) -> int:
     """Write the outcomes and the fan-in counters in one transaction; returns the attempt to back
-    off from when some items are to be retried (0: none)."""
+    off from when some items are to be retried (0: none). `released`: claimed but not called (the
+    group stopped early): back to pending with the claim's attempt given back."""
     now = timezone.now()
     ok = [o for o in outcomes if o.ok]
     final = [o for o in outcomes if not o.ok and (not o.retryable or attempts[o.item_id] >= MAX_ATTEMPTS)]
@@ -443,6 +534,10 @@ def _record(execution_id: int, attempts: dict[int, int], outcomes: list[ItemOutc
             )
         for error, ids in _by_error(retry).items():
             running.filter(id__in=ids).update(status=ExecutionItem.Status.PENDING, last_error=error)
+        if released:
+            running.filter(id__in=released).update(
+                status=ExecutionItem.Status.PENDING, attempts=F("attempts") - 1
+            )
         if succeeded or failed:
             _settle(execution_id, succeeded=succeeded, failed=failed)
     return min((attempts[o.item_id] for o in retry), default=0)

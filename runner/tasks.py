@@ -22,7 +22,11 @@ def items_process(
     handler_key: str,
     direction: str,
 ) -> str:
-    """ItemJob (queues `items-p*`): process one item or a batch; Defers without spending attempts."""
+    """ItemJob (queues `items-p*`): process one item, a batch or a group; Defers without spending attempts."""
+    job = get_current_job()
+    # A deferred job narrows its group to what is left before asking the limits (after an RQ retry
+    # it asks for the whole group: the windows over-count a little, never under-count).
+    rerun = job is None or bool(job.meta.get("deferrals"))
     return services.items_process(
         execution_id=execution_id,
         item_ids=item_ids,
@@ -30,6 +34,7 @@ def items_process(
         integration_key=integration_key,
         handler_key=handler_key,
         direction=direction,
+        rerun=rerun,
     )
 
 

@@ -43,7 +43,9 @@ REASONS = {
 
 # KEYS: 1 breaker hash, 2 probe zset, 3 tenant window, 4 handler window, 5 semaphore
 # ARGV: 1 token, 2 n, 3 tenant limit, 4 handler limit (0 none), 5 concurrency, 6 lease ms,
-#       7 max probes, 8 window ms, 9 probe lease ms
+#       7 max probes, 8 window ms, 9 probe lease ms, 10 partial (1: admit the first k <= n items
+#       the windows still have room for, and only one while half-open; 0: all n or none)
+# Returns {code, wait ms, probe, k admitted}; with partial, wait is how long the rest should wait.
 _ADMIT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -53,32 +55,42 @@ local st = redis.call('HMGET', KEYS[1], 'state', 'until')
 local state = st[1] or 'closed'
 if state == 'open' then
   local untl = tonumber(st[2] or '0')
-  if now < untl then return {1, untl - now, 0} end
+  if now < untl then return {1, untl - now, 0, 0} end
   redis.call('HSET', KEYS[1], 'state', 'half', 'successes', 0)
   state = 'half'
 end
 if state == 'half' then
   redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
-  if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[7]) then return {2, 1000, 0} end
+  if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[7]) then return {2, 1000, 0, 0} end
   probe = 1
 end
 local lease = tonumber(ARGV[6])
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now)
-if redis.call('ZCARD', KEYS[5]) >= tonumber(ARGV[5]) then return {5, 1000, 0} end
+if redis.call('ZCARD', KEYS[5]) >= tonumber(ARGV[5]) then return {5, 1000, 0, 0} end
 local n = tonumber(ARGV[2])
+local partial = tonumber(ARGV[10] or '0') == 1
+local rest_wait = 0
+if partial and probe == 1 and n > 1 then n = 1; rest_wait = 1000 end
 local window = tonumber(ARGV[8])
 local tl = tonumber(ARGV[3])
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now - window)
 local tc = redis.call('ZCARD', KEYS[3])
-if tc > 0 and tc + n > tl then return {3, 5000, 0} end
+if partial and tc + n > tl and tl - tc >= 1 then n = tl - tc; rest_wait = 5000 end
+if tc > 0 and tc + n > tl then return {3, 5000, 0, 0} end
 local hl = tonumber(ARGV[4])
 if hl > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now - window)
   local hc = redis.call('ZCARD', KEYS[4])
-  if hc > 0 and hc + n > hl then
+  local function oldest_wait()
     local oldest = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-    return {4, math.max(tonumber(oldest[2]) + window - now, 100), 0}
+    if oldest[2] == nil then return window end
+    return math.max(tonumber(oldest[2]) + window - now, 100)
   end
+  if partial and hc + n > hl and hl - hc >= 1 then
+    n = hl - hc
+    rest_wait = math.max(rest_wait, hc > 0 and oldest_wait() or window)
+  end
+  if hc > 0 and hc + n > hl then return {4, oldest_wait(), 0, 0} end
 end
 for i = 1, n do
   redis.call('ZADD', KEYS[3], now, token .. ':' .. i)
@@ -92,7 +104,7 @@ if probe == 1 then
   redis.call('ZADD', KEYS[2], now + tonumber(ARGV[9]), token)
   redis.call('PEXPIRE', KEYS[2], tonumber(ARGV[9]) * 2)
 end
-return {0, 0, probe}
+return {0, rest_wait, probe, n}
 """
 
 # KEYS: 1 breaker hash, 2 probe zset, 3 semaphore
@@ -153,6 +165,7 @@ class Admission:
     wait: float  # seconds to wait before asking again (refusals)
     probe: bool  # this call is a half-open probe
     token: str
+    count: int = 0  # items admitted (partial admission: maybe fewer than asked; wait is for the rest)
 
     @property
     def reason(self) -> str:
@@ -183,12 +196,16 @@ class Gate:
         lease_ms: int = 60_000,
         window_ms: int = WINDOW_MS,
         policy: BreakerPolicy | None = None,
+        partial: bool = False,
     ) -> Admission:
-        """Admit n items for one handler call, or say why not and for how long to wait."""
+        """Admit n items for one handler call, or say why not and for how long to wait.
+
+        partial=True (a group of single-item calls): admit the first k <= n items that the windows
+        still have room for (one while half-open: the probe); `count` says how many."""
         policy = policy or BreakerPolicy()
         token = uuid.uuid4().hex
         bkey = breaker_key(integration_key)
-        code, wait_ms, probe = self._admit(
+        code, wait_ms, probe, count = self._admit(
             keys=[
                 bkey,
                 bkey + ":probes",
@@ -206,9 +223,12 @@ class Gate:
                 policy.probes,
                 window_ms,
                 policy.probe_lease_ms,
+                1 if partial else 0,
             ],
         )
-        admission = Admission(code == ADMITTED, int(code), int(wait_ms) / 1000, bool(probe), token)
+        admission = Admission(
+            code == ADMITTED, int(code), int(wait_ms) / 1000, bool(probe), token, int(count)
+        )
         if admission.admitted:
             self._hold(token, semaphore_key(handler_id), bkey + ":probes", lease_ms)
         return admission
