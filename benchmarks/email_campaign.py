@@ -51,9 +51,8 @@ import django  # noqa: E402
 
 django.setup()
 
-from django.core.management import call_command  # noqa: E402
-from django.db import connection  # noqa: E402
 
+from benchmarks.common import ensure_database  # noqa: E402
 from campaigns import selectors, services  # noqa: E402
 from campaigns.management.commands.demo_campaign import DEMO_EMAIL_BODY, DEMO_EMAIL_SUBJECT  # noqa: E402
 from campaigns.models import BodyFormat, Campaign, Channel, EmailMessage  # noqa: E402
@@ -67,24 +66,6 @@ PROGRESS_EVERY = 5.0  # seconds between progress lines
 POLL = 0.5  # seconds between looks at the sandbox, the campaign and the worker processes
 TICKS = os.sysconf("SC_CLK_TCK")
 CPUS = os.cpu_count() or 1
-
-
-def ensure_database() -> None:
-    import psycopg
-
-    settings_db = connection.settings_dict
-    try:
-        connection.ensure_connection()
-    except django.db.OperationalError:
-        with psycopg.connect(
-            host=settings_db["HOST"],
-            port=settings_db["PORT"],
-            user=settings_db["USER"],
-            dbname="postgres",
-            autocommit=True,
-        ) as admin:
-            admin.execute(f'CREATE DATABASE "{settings_db["NAME"]}"')
-    call_command("migrate", verbosity=0)
 
 
 def ensure_world(n: int, sandbox: SmtpSandbox) -> Organization:

@@ -55,11 +55,11 @@ import django  # noqa: E402
 django.setup()
 
 import httpx  # noqa: E402
-from django.core.management import call_command  # noqa: E402
 from django.db import IntegrityError, transaction  # noqa: E402
 from django.db import connection as db  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from benchmarks.common import ensure_database  # noqa: E402
 from crm.models import Customer, Organization  # noqa: E402
 from erp import services  # noqa: E402
 from erp.models import ErpConnection, ErpSyncIssue  # noqa: E402
@@ -76,24 +76,6 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 # --- the parent ----------------------------------------------------------------------------------
-
-
-def ensure_database() -> None:
-    import psycopg
-
-    settings_db = db.settings_dict
-    try:
-        db.ensure_connection()
-    except django.db.OperationalError:
-        with psycopg.connect(
-            host=settings_db["HOST"],
-            port=settings_db["PORT"],
-            user=settings_db["USER"],
-            dbname="postgres",
-            autocommit=True,
-        ) as admin:
-            admin.execute(f'CREATE DATABASE "{settings_db["NAME"]}"')
-    call_command("migrate", verbosity=0)
 
 
 def _cpu_seconds(pid: int) -> float:

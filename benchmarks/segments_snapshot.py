@@ -31,36 +31,18 @@ import django  # noqa: E402
 
 django.setup()
 
-from django.core.management import call_command  # noqa: E402
 from django.db import connection, transaction  # noqa: E402
 from django.db.models import CharField, Value  # noqa: E402
 from django.db.models.functions import Cast, Concat, LPad  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
+from benchmarks.common import ensure_database  # noqa: E402
 from campaigns import segments, selectors  # noqa: E402
 from campaigns.models import Campaign  # noqa: E402
 from crm.models import Customer, Organization, Sale, Store  # noqa: E402
 
 DAY = date(2026, 11, 29)
 CHUNK = 20_000
-
-
-def ensure_database() -> None:
-    import psycopg
-
-    settings_db = connection.settings_dict
-    try:
-        connection.ensure_connection()
-    except django.db.OperationalError:
-        with psycopg.connect(
-            host=settings_db["HOST"],
-            port=settings_db["PORT"],
-            user=settings_db["USER"],
-            dbname="postgres",
-            autocommit=True,
-        ) as admin:
-            admin.execute(f'CREATE DATABASE "{settings_db["NAME"]}"')
-    call_command("migrate", verbosity=0)
 
 
 def ensure_world(customers: int, per_customer: int) -> Organization:

@@ -30,9 +30,8 @@ import django  # noqa: E402
 
 django.setup()
 
-from django.core.management import call_command  # noqa: E402
-from django.db import connection  # noqa: E402
 
+from benchmarks.common import ensure_database  # noqa: E402
 from campaigns import services  # noqa: E402
 from campaigns.models import Campaign, WhatsappMessage  # noqa: E402
 from crm import jobs  # noqa: E402
@@ -42,24 +41,6 @@ from integrations.whatsapp.sandbox import SandboxServer  # noqa: E402
 
 PHONE_NUMBER_ID = "199999999999999"
 TOKEN = "bench-token"  # noqa: S105 - the sandbox's
-
-
-def ensure_database() -> None:
-    import psycopg
-
-    settings_db = connection.settings_dict
-    try:
-        connection.ensure_connection()
-    except django.db.OperationalError:
-        with psycopg.connect(
-            host=settings_db["HOST"],
-            port=settings_db["PORT"],
-            user=settings_db["USER"],
-            dbname="postgres",
-            autocommit=True,
-        ) as admin:
-            admin.execute(f'CREATE DATABASE "{settings_db["NAME"]}"')
-    call_command("migrate", verbosity=0)
 
 
 def ensure_world(n: int, sandbox_url: str) -> Organization:
