@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from benchmarks.common import ensure_database
 from crm import jobs
 from crm.models import Organization
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
@@ -20,11 +21,13 @@ ITEM_QUEUES = "items-p1,items-p2,items-p3,items-p5"
 
 
 def check_scratch() -> None:
-    """Refuse to run anywhere but the runner's scratch database and Redis DB 10 (it flushes them)."""
+    """Refuse to run anywhere but the runner's scratch database and Redis DB 10 (it flushes them);
+    create and migrate that database when needed."""
     db = os.environ.get("DATABASE_URL", "")
     redis = os.environ.get("REDIS_URL", "")
     if not db.rstrip("/").endswith("/crm_runner") or not redis.rstrip("/").endswith("/10"):
         sys.exit("point DATABASE_URL at .../crm_runner and REDIS_URL at .../10 (this flushes them)")
+    ensure_database()
 
 
 def reset() -> None:

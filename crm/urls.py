@@ -16,6 +16,7 @@ urlpatterns = [
     # Staff only: admin_view sends anyone else to the admin login.
     path("admin/metrics", admin.site.admin_view(views.metrics), name="admin-metrics"),
     path("admin/schedules/", admin.site.admin_view(views.schedules), name="admin-schedules"),
+    path("admin/queues/", include("crm.queue_urls")),
     path("admin/rq/", include("django_rq.urls")),
     path("admin/", admin.site.urls),
     path("webhooks/whatsapp/", webhook_views.whatsapp_webhook, name="whatsapp-webhook"),
