@@ -176,6 +176,9 @@ class Execution(models.Model):
     # Set once every item exists: the run's own +1 on items_remaining is released then.
     fanned_out_at = models.DateTimeField(_("fanned out at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
+    # A run larger than a minute of its tenant's limit is fed to the queue a slice at a time: its
+    # items up to this id have jobs; the feeder job enqueues the next slice (None: all at once).
+    fed_through = models.BigIntegerField(_("fed through item"), null=True, blank=True, editable=False)
 
     class Meta:
         verbose_name = _("execution")
@@ -222,7 +225,7 @@ class ExecutionItem(models.Model):
         verbose_name_plural = _("execution items")
         ordering = ["id"]
         indexes = [
-            models.Index(fields=["execution", "status"], name="runner_item_exec_status_idx"),
+            models.Index(fields=["execution", "status", "id"], name="runner_item_exec_status_idx"),
             models.Index(fields=["dlq_at"], name="runner_item_dlq_idx", condition=Q(dlq_at__isnull=False)),
             models.Index(
                 fields=["status", "id"],
