@@ -35,6 +35,7 @@ ITEM_GROUP = 10
 # A run larger than a minute of its tenant's limit is fanned out in this many slices per minute.
 PACE_SLICES = 10
 RUN_FUNC = "runner.tasks.execution_run"
+FEED_FUNC = "runner.tasks.execution_feed"
 
 _gate_lock = threading.Lock()
 _gate: Gate | None = None
@@ -153,28 +154,90 @@ def _item_specs(execution: Execution, handler: Handler, item_ids: list[int]) -> 
 def _fan_out(execution: Execution, handler: Handler, item_ids: list[int], *, offset: int = 0) -> int:
     """Enqueue the item jobs (after commit, pipelined) on the trigger's priority queue.
 
-    Paced by the tenant's limit: of a run larger than a minute of its tenant's limit, only the first
-    slice (a tenth of a minute's worth) is queued now and each further slice is scheduled 6 s after
-    the one before (the limit's own rate), so a tenant's 100,000 items do not stand in the queue
-    ahead of every other tenant's items (they would only be deferred by the limit, one job at a
-    time). Scheduled jobs count as alive for the recovery pass; the limit itself is still enforced
-    by the admission of each job. `offset`: items of the run fanned out
-    before these (a run produced in chunks)."""
-    specs = list(_item_specs(execution, handler, item_ids))
-    if offset + len(item_ids) > 1:
-        limit = cache.load(
-            handler.integration.integration_key, handler.handler_key, execution.organization_id
-        )[2]["rate_limit_per_minute"]
-        if offset + len(item_ids) > limit:
-            now = timezone.now()
-            seen = offset
-            per_slice = max(int(limit) // PACE_SLICES, 1)
-            for spec in specs:
-                block = seen // per_slice
-                if block:
-                    spec.at = now + timedelta(seconds=block * 60 / PACE_SLICES)
-                seen += len(spec.kwargs["item_ids"])
-    return jobs.enqueue_specs(specs)
+    Paced by the tenant's limit: a run larger than a minute of its tenant's limit is fed to the
+    queue a slice at a time (a tenth of a minute's worth now, then the next every 6 s, the limit's
+    own rate) by its feeder job (`execution_feed`), so a tenant's 100,000 items never stand in the
+    queue ahead of every other tenant's items, and storing them costs no Redis work beyond the
+    first slice. The limit itself is still enforced by the admission of each job. `offset`: items of
+    the run stored before these (a run produced in chunks). Runs inside `transaction.atomic`."""
+    if execution.fed_through is None:
+        limit = _tenant_limit(handler, execution.organization_id)
+        if offset + len(item_ids) <= limit:
+            return jobs.enqueue_specs(_item_specs(execution, handler, item_ids))
+        now_ids = item_ids[: max(_pace_slice(limit) - offset, 0)]
+        # Items of this run stored before these all have jobs: the feed starts after them.
+        execution.fed_through = now_ids[-1] if now_ids else item_ids[0] - 1
+        Execution.objects.filter(pk=execution.pk).update(fed_through=execution.fed_through)
+        _feeder_enqueue(execution, delay=60 / PACE_SLICES)
+        return jobs.enqueue_specs(_item_specs(execution, handler, now_ids))
+    return 0  # the feeder takes them
+
+
+def _tenant_limit(handler: Handler, organization_id: int) -> int:
+    return int(
+        cache.load(handler.integration.integration_key, handler.handler_key, organization_id)[2][
+            "rate_limit_per_minute"
+        ]
+    )
+
+
+def _pace_slice(limit: int) -> int:
+    return max(limit // PACE_SLICES, 1)
+
+
+def _feeder_enqueue(execution: Execution, *, delay: float) -> None:
+    jobs.enqueue(
+        FEED_FUNC,
+        queue=_item_queue(execution.trigger),
+        kwargs={"execution_id": execution.pk},
+        job_id=f"runner-feed-{execution.pk}",
+        at=timezone.now() + timedelta(seconds=delay),
+        unique=True,
+    )
+
+
+def execution_feed(*, execution_id: int) -> str:
+    """The feeder of a paced run: top its items in the queue up to one slice, then wait 6 s.
+
+    Backpressure, not a timetable: of the run's items already fed, those still pending or running
+    count against the slice, so a paused handler, an open circuit, a slow handler or the tenant's
+    limit stop the feeding instead of piling jobs up, and a late feeder never turns the backlog
+    into a burst. Raises Defer (no attempt spent) while items remain; the cursor is the execution's
+    `fed_through`, moved in the same transaction that enqueues the slice (on commit)."""
+    execution = Execution.objects.select_related("handler__integration").filter(pk=execution_id).first()
+    if execution is None or execution.status != Execution.Status.RUNNING or execution.fed_through is None:
+        return "nothing to feed"
+    handler = execution.handler
+    integration, config, tenant = cache.load(
+        handler.integration.integration_key, handler.handler_key, execution.organization_id
+    )
+    if integration is None or config is None:
+        return "integration or handler deleted"
+    every = 60 / PACE_SLICES
+    if not integration["enabled"] or config["paused"]:
+        raise jobs.Defer(max(every, conf.get("RUNNER_PAUSE_DEFER")), "handler paused")
+    size = _pace_slice(int(tenant["rate_limit_per_minute"]))
+    unfinished = [ExecutionItem.Status.PENDING, ExecutionItem.Status.RUNNING]
+    with transaction.atomic():
+        fed_through = (
+            Execution.objects.select_for_update().values_list("fed_through", flat=True).get(pk=execution_id)
+        )
+        waiting = ExecutionItem.objects.filter(
+            execution_id=execution_id, status__in=unfinished, id__lte=fed_through
+        )[:size].count()
+        ids = list(
+            ExecutionItem.objects.filter(
+                execution_id=execution_id, status=ExecutionItem.Status.PENDING, id__gt=fed_through
+            )
+            .order_by("id")
+            .values_list("id", flat=True)[: size - waiting]
+        )
+        if ids:
+            Execution.objects.filter(pk=execution_id).update(fed_through=ids[-1])
+            jobs.enqueue_specs(_item_specs(execution, handler, ids))
+    if len(ids) < size - waiting and execution.fanned_out_at is not None:
+        return "fed"  # every item stored has a job (a run still producing keeps its feeder)
+    raise jobs.Defer(every, "next slice")
 
 
 # --- the RunJob ------------------------------------------------------------------------------
@@ -687,13 +750,19 @@ def _unfinished() -> Iterator[jobs.JobSpec]:
                 kwargs={"execution_id": execution.pk},
                 job_id=f"runner-run-{execution.pk}",
             )
-        ids = list(
-            ExecutionItem.objects.filter(
-                execution=execution, status=ExecutionItem.Status.PENDING, created_at__lt=old
-            )
-            .order_by("id")
-            .values_list("id", flat=True)
+        pending = ExecutionItem.objects.filter(
+            execution=execution, status=ExecutionItem.Status.PENDING, created_at__lt=old
         )
+        if execution.fed_through is not None:
+            # A paced run: its feeder enqueues the items it has not reached yet.
+            yield jobs.JobSpec(
+                func=FEED_FUNC,
+                queue=_item_queue(execution.trigger),
+                kwargs={"execution_id": execution.pk},
+                job_id=f"runner-feed-{execution.pk}",
+            )
+            pending = pending.filter(id__lte=execution.fed_through)
+        ids = list(pending.order_by("id").values_list("id", flat=True))
         ids += list(
             ExecutionItem.objects.filter(
                 execution=execution,

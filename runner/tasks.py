@@ -14,6 +14,11 @@ def execution_run(execution_id: int) -> str:
     return services.execution_run(execution_id=execution_id, last_attempt=last_attempt)
 
 
+def execution_feed(execution_id: int) -> str:
+    """Feeder of a paced run (its items' queue): the next slice of its items; Defers until all are fed."""
+    return services.execution_feed(execution_id=execution_id)
+
+
 def items_process(
     execution_id: int,
     item_ids: list[int],

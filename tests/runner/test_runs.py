@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import threading
 
+import pytest
 from django.core.management import call_command
 from django.db import connection
 
@@ -124,3 +125,84 @@ def test_cancel_leaves_no_pending_item_and_counts_them(py_handler, org):
     assert services.execution_cancel(execution=execution) == 5
     execution.refresh_from_db()
     assert (execution.status, execution.items_cancelled, execution.items_remaining) == ("cancelled", 5, 0)
+
+
+def _paced(org, monkeypatch, limit: int = 600) -> None:
+    """A tenant limit of `limit`/min fed in slices of limit/60 every second (the real pace is limit/10
+    every 6 s: PACE_SLICES is only shortened so the test does not wait minutes)."""
+    from runner.models import RunnerSettings
+
+    RunnerSettings.objects.create(organization=org, rate_limit_per_minute=limit)
+    monkeypatch.setattr(services, "PACE_SLICES", 60)
+
+
+def _events(n: int) -> list[dict]:
+    return [{"external_id": f"ev{i}", "payload": {"i": i}} for i in range(n)]
+
+
+def test_a_run_larger_than_a_minute_of_its_tenants_limit_is_fed_one_slice_at_a_time(
+    py_handler, org, run_jobs, monkeypatch
+):
+    _paced(org, monkeypatch)
+    execution = services.events_store(
+        handler=py_handler, organization_id=org.pk, trigger="queue", events=_events(650)
+    )
+    conn = jobs.get_connection()
+    first = list(
+        ExecutionItem.objects.filter(execution=execution).order_by("id").values_list("id", flat=True)
+    )
+    execution.refresh_from_db()
+    # Only the first slice (600/60 = 10 items, one group job) is queued; the feeder waits its turn.
+    assert conn.llen("rq:queue:items-p3") == 1
+    assert execution.fed_through == first[9]
+    assert conn.zscore("rq:scheduled:items-p3", f"runner-feed-{execution.pk}") is not None
+    # Backpressure: while the slice fed is still pending, the feeder adds nothing.
+    with pytest.raises(jobs.Defer):
+        services.execution_feed(execution_id=execution.pk)
+    assert conn.llen("rq:queue:items-p3") == 1
+
+    # The feeder reads the limit at every slice: raised by the operator, the rest goes in one slice
+    # (and the test does not wait the minute its 650 items are worth at 600/min).
+    from runner.models import RunnerSettings
+
+    settings_row = RunnerSettings.objects.get(organization=org)
+    settings_row.rate_limit_per_minute = 600_000
+    settings_row.save()
+    run_jobs(["items-p3"], settle=1.5)
+    execution.refresh_from_db()
+    assert execution.status == Execution.Status.COMPLETED
+    assert (execution.items_succeeded, execution.fed_through) == (650, first[-1])
+    assert sorted(processed()) == sorted(f"ev{i}" for i in range(650))  # each exactly once
+
+
+def test_recovery_gives_a_paced_run_back_its_feeder_not_every_pending_item(py_handler, org, monkeypatch):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from crm import recovery
+
+    _paced(org, monkeypatch)
+    execution = services.events_store(
+        handler=py_handler, organization_id=org.pk, trigger="queue", events=_events(700)
+    )
+    long_ago = timezone.now() - timedelta(minutes=5)
+    Execution.objects.filter(pk=execution.pk).update(created_at=long_ago)
+    ExecutionItem.objects.filter(execution=execution).update(created_at=long_ago)
+    conn = jobs.get_connection()
+    conn.flushdb()  # Redis loses everything
+
+    recovery.recover()
+    queued = [jobs.fetch_job(j.decode()) for j in conn.lrange("rq:queue:items-p3", 0, -1)]
+    fed = [
+        i for job in queued if job and job.func_name.endswith("items_process") for i in job.kwargs["item_ids"]
+    ]
+    execution.refresh_from_db()
+    # The first slice's items get their job back and the feeder is back; the other 690 wait for it.
+    assert sorted(fed) == list(
+        ExecutionItem.objects.filter(execution=execution, id__lte=execution.fed_through).values_list(
+            "id", flat=True
+        )
+    )
+    assert len(fed) == 10
+    assert any(job and job.id == f"runner-feed-{execution.pk}" for job in queued)
