@@ -1,0 +1,619 @@
+"""The queue pages' Redis side: counts, pages of jobs, search, and the operators' actions.
+
+Plain values in and out, no HTTP. Lists are read by index ranges (LRANGE/ZRANGE) and one pipeline
+per page, never by loading every id; bulk actions claim and act in batches of BULK, so memory
+stays bounded whatever a queue holds. Every action claims its jobs atomically first (ZREM from a
+registry, LREM/LPOP from a queue) and acts only on what it claimed, so a job a worker or another
+operator moved meanwhile is left alone.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from redis import Redis
+from rq import Worker
+from rq.exceptions import DeserializationError
+from rq.job import Job, JobStatus
+from rq.results import Result
+from rq.serializers import JSONSerializer
+from rq.utils import utcparse
+
+from crm import jobs, promote, queues, stats
+
+STATES = ("waiting", "active", "delayed", "completed", "failed")
+JOB_ACTIONS = ("retry", "delete", "promote", "cancel")
+# Each bulk action and the one state it applies to.
+BULK_ACTIONS = {"retry-all": "failed", "delete-all": "failed", "empty": "waiting", "promote-all": "delayed"}
+
+PAGE_SIZE = 50
+SEARCH_LIMIT = 10_000
+SEARCH_CHUNK = 500
+BULK = 1000
+SUMMARY_CHARS = 80
+
+_JOB = Job.redis_job_namespace_prefix
+_LIVE = {JobStatus.QUEUED, JobStatus.SCHEDULED, JobStatus.DEFERRED, JobStatus.STARTED, JobStatus.CREATED}
+# Which list a job of each status is shown in.
+STATE_OF_STATUS = {
+    JobStatus.QUEUED: "waiting",
+    JobStatus.STARTED: "active",
+    JobStatus.SCHEDULED: "delayed",
+    JobStatus.DEFERRED: "delayed",
+    JobStatus.FINISHED: "completed",
+    JobStatus.FAILED: "failed",
+    JobStatus.STOPPED: "failed",
+}
+
+# Pop up to ARGV[1] waiting ids and delete their hashes, atomically per batch.
+_EMPTY = """
+local ids = redis.call('LPOP', KEYS[1], tonumber(ARGV[1]))
+if not ids then return 0 end
+for _, id in ipairs(ids) do
+  redis.call('DEL', ARGV[2] .. id, ARGV[2] .. id .. ':dependents', ARGV[2] .. id .. ':dependencies',
+             'rq:results:' .. id)
+end
+return #ids
+"""
+
+
+class JobGone(LookupError):
+    """The job's hash is not in Redis (deleted, or expired with its result/failure TTL)."""
+
+
+class WrongState(Exception):
+    """The action does not apply to the job as it is now; nothing was changed."""
+
+    def __init__(self, status: str) -> None:
+        super().__init__(status)
+        self.status = status
+
+
+Entry = tuple[str, float | None]  # a job id and, for a scheduled job, when it is due
+
+
+@dataclass
+class JobRow:
+    id: str
+    exists: bool = True
+    status: str = ""
+    func: str = ""
+    arguments: str = ""
+    enqueued_at: datetime | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    due_at: datetime | None = None
+    attempts_left: int | None = None
+    exception: str = ""
+
+
+@dataclass
+class JobPage:
+    rows: list[JobRow]
+    count: int  # jobs in the state, or jobs matched by the search
+    page: int
+    pages: int
+    query: str = ""
+    searched: int = 0  # how many jobs the search looked at
+    capped: bool = False  # the state holds more than SEARCH_LIMIT jobs: only the newest were searched
+
+
+@dataclass
+class JobDetail:
+    id: str
+    origin: str
+    status: str
+    state: str | None  # the list it shows in, None for a canceled job
+    func: str
+    description: str
+    args_json: str
+    kwargs_json: str
+    meta_json: str
+    created_at: datetime | None
+    enqueued_at: datetime | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    due_at: datetime | None
+    worker_name: str
+    timeout: float | None
+    retries_left: int | None
+    attempts_left: int | None
+    queue_attempts: int | None
+    result_json: str | None
+    traceback: str
+    failures: list[tuple[datetime, str]] = field(default_factory=list)
+    dependents: list[str] = field(default_factory=list)
+    dependencies: list[str] = field(default_factory=list)
+    actions: list[str] = field(default_factory=list)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _status(job: Job, *, refresh: bool = False) -> str:
+    status = job.get_status(refresh=refresh)
+    return status.value if isinstance(status, JobStatus) else str(status or "")
+
+
+def _keys(queue: str) -> dict[str, str]:
+    return {
+        "waiting": f"rq:queue:{queue}",
+        "active": f"rq:wip:{queue}",
+        "failed": f"rq:failed:{queue}",
+        "completed": f"rq:finished:{queue}",
+        "scheduled": f"rq:scheduled:{queue}",
+        "deferred": f"rq:deferred:{queue}",
+        "canceled": f"rq:canceled:{queue}",
+    }
+
+
+def is_queue(name: str) -> bool:
+    return name in queues.QUEUE_NAMES
+
+
+# --- the overview -----------------------------------------------------------------------------
+def overview() -> list[dict[str, Any]]:
+    """One dict per queue in worker order: the five counts, live workers, oldest waiting job's age."""
+    counts = stats.queue_stats()
+    connection = jobs.get_connection()
+    listening: dict[str, list[str]] = {name: [] for name in queues.QUEUE_NAMES}
+    for worker in Worker.all(connection=connection, serializer=JSONSerializer):
+        for name in worker.queue_names():
+            if name in listening:
+                listening[name].append(worker.name)
+    oldest = _oldest_waiting(connection)
+    return [
+        {
+            "name": name,
+            **counts[name],
+            "workers": len(listening[name]),
+            "worker_names": sorted(listening[name]),
+            "oldest_waiting_seconds": oldest.get(name),
+        }
+        for name in queues.QUEUE_NAMES
+    ]
+
+
+def _oldest_waiting(connection: Redis) -> dict[str, float]:
+    """Seconds the job at the head of each queue has waited: two round trips for every queue."""
+    with connection.pipeline(transaction=False) as pipe:
+        for name in queues.QUEUE_NAMES:
+            pipe.lindex(f"rq:queue:{name}", 0)
+        heads = pipe.execute()
+    present = [(name, _text(h)) for name, h in zip(queues.QUEUE_NAMES, heads, strict=True) if h]
+    if not present:
+        return {}
+    with connection.pipeline(transaction=False) as pipe:
+        for _, job_id in present:
+            pipe.hget(_JOB + job_id, "enqueued_at")
+        stamps = pipe.execute()
+    now = datetime.now(UTC)
+    oldest = {}
+    for (name, _), stamp in zip(present, stamps, strict=True):
+        if stamp:
+            oldest[name] = round(max((now - utcparse(_text(stamp))).total_seconds(), 0.0), 1)
+    return oldest
+
+
+# --- pages of jobs ----------------------------------------------------------------------------
+def _sizes(connection: Redis, queue: str) -> dict[str, int]:
+    keys = _keys(queue)
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.llen(keys["waiting"])
+        for name in ("active", "failed", "completed", "scheduled", "deferred"):
+            pipe.zcard(keys[name])
+        waiting, active, failed, completed, scheduled, deferred = pipe.execute()
+    return {
+        "waiting": waiting,
+        "active": active,
+        "failed": failed,
+        "completed": completed,
+        "scheduled": scheduled,
+        "deferred": deferred,
+        "delayed": scheduled + deferred,
+    }
+
+
+def _range(
+    connection: Redis, queue: str, state: str, start: int, stop: int, sizes: dict[str, int]
+) -> list[Entry]:
+    """Entries at positions [start, stop) of a state, in display order.
+
+    Newest first, except delayed jobs: the soonest due first (scheduled), then those waiting for a
+    dependency (deferred)."""
+    if stop <= start:
+        return []
+    keys = _keys(queue)
+    if state == "waiting":  # RPUSHed: the newest is at the tail
+        return [(_text(i), None) for i in reversed(connection.lrange(keys["waiting"], -stop, -start - 1))]
+    if state == "delayed":
+        scheduled = sizes["scheduled"]
+        entries: list[Entry] = []
+        if start < scheduled:
+            due: list[Any] = connection.zrange(
+                keys["scheduled"], start, min(stop, scheduled) - 1, withscores=True
+            )
+            entries += [(_text(i), float(score)) for i, score in due]
+        if stop > scheduled:
+            entries += [
+                (_text(i), None)
+                for i in connection.zrange(keys["deferred"], max(start - scheduled, 0), stop - scheduled - 1)
+            ]
+        return entries
+    raw = connection.zrange(keys[state], start, stop - 1, desc=True)
+    if state == "active":  # entries are <job id>:<execution id>
+        return [(_text(i).split(":", 1)[0], None) for i in raw]
+    return [(_text(i), None) for i in raw]
+
+
+def _value_matches(value: Any, needle: str) -> bool:
+    if isinstance(value, str):
+        return needle in value.casefold()
+    if isinstance(value, bool | int | float):
+        return needle == json.dumps(value)
+    if isinstance(value, list):
+        return any(_value_matches(v, needle) for v in value)
+    if isinstance(value, dict):
+        return any(_value_matches(v, needle) for v in value.values())
+    return False
+
+
+def _payload_matches(raw: bytes | None, needle: str) -> bool:
+    """Does a job's stored `data` (zlib'd JSON [func, instance, args, kwargs]) hold the value?"""
+    if not raw:
+        return False
+    try:
+        _func, _instance, args, kwargs = json.loads(zlib.decompress(raw))
+    except (zlib.error, ValueError, TypeError):
+        return False
+    return _value_matches(args, needle) or _value_matches(kwargs, needle)
+
+
+def _search(
+    connection: Redis, queue: str, state: str, query: str, sizes: dict[str, int]
+) -> tuple[list[Entry], int, bool]:
+    """Entries of the newest SEARCH_LIMIT jobs whose id contains `query` or whose arguments hold it.
+
+    Strings match as a substring, numbers and booleans exactly (`42` is not `142`); case-insensitive.
+    Reads only each job's `data` field, SEARCH_CHUNK jobs per pipeline."""
+    needle = query.casefold()
+    limit = min(sizes[state], SEARCH_LIMIT)
+    matched: list[Entry] = []
+    for start in range(0, limit, SEARCH_CHUNK):
+        entries = _range(connection, queue, state, start, min(start + SEARCH_CHUNK, limit), sizes)
+        with connection.pipeline(transaction=False) as pipe:
+            for job_id, _ in entries:
+                pipe.hget(_JOB + job_id, "data")
+            payloads = pipe.execute()
+        matched += [
+            entry
+            for entry, raw in zip(entries, payloads, strict=True)
+            if needle in entry[0].casefold() or _payload_matches(raw, needle)
+        ]
+    return matched, limit, sizes[state] > SEARCH_LIMIT
+
+
+def list_jobs(queue: str, state: str, *, page: int = 1, query: str = "") -> JobPage:
+    """One page (PAGE_SIZE rows) of a queue's jobs in a state, optionally filtered by `query`."""
+    if not is_queue(queue) or state not in STATES:
+        raise ValueError(f"unknown queue or state: {queue!r}, {state!r}")
+    connection = jobs.get_connection()
+    sizes = _sizes(connection, queue)
+    query = query.strip()
+    searched, capped = 0, False
+    if query:
+        matched, searched, capped = _search(connection, queue, state, query, sizes)
+        count = len(matched)
+    else:
+        count = sizes[state]
+    pages = max((count + PAGE_SIZE - 1) // PAGE_SIZE, 1)
+    page = min(max(page, 1), pages)
+    start, stop = (page - 1) * PAGE_SIZE, page * PAGE_SIZE
+    entries = matched[start:stop] if query else _range(connection, queue, state, start, stop, sizes)
+    return JobPage(
+        rows=_rows(connection, state, entries),
+        count=count,
+        page=page,
+        pages=pages,
+        query=query,
+        searched=searched,
+        capped=capped,
+    )
+
+
+def _summary(args: Any, kwargs: Any) -> str:
+    parts = [json.dumps(a, ensure_ascii=False) for a in args or ()]
+    if isinstance(kwargs, dict):
+        parts += [f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in kwargs.items()]
+    text = ", ".join(parts)
+    return text if len(text) <= SUMMARY_CHARS else text[: SUMMARY_CHARS - 1] + "…"
+
+
+def _last_line(text: str | None) -> str:
+    lines = [line for line in (text or "").strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else ""
+
+
+def _attempts_left(job: Job) -> int | None:
+    """Runs still possible, the next one included; 0 for a failed job, None once it finished."""
+    status = job.get_status(refresh=False)
+    if status in _LIVE:
+        return (job.retries_left or 0) + 1
+    if status in (JobStatus.FAILED, JobStatus.STOPPED):
+        return 0
+    return None
+
+
+def _latest_failures(connection: Redis, job_ids: list[str]) -> dict[str, str]:
+    """Each job's latest failure (its exc_string), one pipeline for all of them."""
+    with connection.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.xrevrange(Result.get_key(job_id), "+", "-", count=1)
+        answers = pipe.execute()
+    failures = {}
+    for job_id, answer in zip(job_ids, answers, strict=True):
+        if answer:
+            result_id, payload = answer[0]
+            result = Result.restore(
+                job_id, _text(result_id), payload, connection=connection, serializer=JSONSerializer
+            )
+            if result.type == Result.Type.FAILED:
+                failures[job_id] = result.exc_string or ""
+    return failures
+
+
+def _rows(connection: Redis, state: str, entries: list[Entry]) -> list[JobRow]:
+    ids = [job_id for job_id, _ in entries]
+    found = Job.fetch_many(ids, connection=connection, serializer=JSONSerializer)
+    failures = _latest_failures(connection, ids) if state == "failed" else {}
+    rows = []
+    for (job_id, due), job in zip(entries, found, strict=True):
+        if job is None:  # its hash expired or was deleted while its id was still listed
+            rows.append(JobRow(id=job_id, exists=False))
+            continue
+        try:
+            func, arguments = job.func_name or "", _summary(job.args, job.kwargs)
+        except DeserializationError:
+            func, arguments = "?", ""
+        rows.append(
+            JobRow(
+                id=job_id,
+                status=_status(job),
+                func=func,
+                arguments=arguments,
+                enqueued_at=job.enqueued_at or job.created_at,
+                started_at=job.started_at,
+                ended_at=job.ended_at,
+                due_at=datetime.fromtimestamp(due, UTC) if due is not None else None,
+                attempts_left=_attempts_left(job),
+                exception=_last_line(failures.get(job_id)),
+            )
+        )
+    return rows
+
+
+# --- one job ----------------------------------------------------------------------------------
+def _pretty(value: Any) -> str:
+    return json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def job_detail(job_id: str) -> JobDetail | None:
+    """Everything about one job, and the actions that apply to it now; None if it does not exist."""
+    job = jobs.fetch_job(job_id)
+    if job is None:
+        return None
+    connection = jobs.get_connection()
+    status = job.get_status(refresh=False)
+    keys = _keys(job.origin)
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.zscore(keys["scheduled"], job.id)
+        pipe.zscore(keys["failed"], job.id)
+        pipe.smembers(job.dependents_key)
+        pipe.smembers(job.dependencies_key)
+        due, failed_score, dependents, dependencies = pipe.execute()
+    results = Result.all(job, serializer=JSONSerializer)  # newest first, RQ keeps the last 10
+    failures = [(r.created_at, r.exc_string or "") for r in results if r.type == Result.Type.FAILED]
+    success = next((r for r in results if r.type == Result.Type.SUCCESSFUL), None)
+    try:
+        func, args, kwargs = job.func_name or "", job.args, job.kwargs
+    except DeserializationError:
+        func, args, kwargs = "?", [], {}
+    spec = queues.get_spec(job.origin) if is_queue(job.origin) else None
+    actions = []
+    if spec is not None:
+        if failed_score is not None:
+            actions.append("retry")
+        if due is not None:
+            actions.append("promote")
+        if status == JobStatus.QUEUED:
+            actions.append("cancel")
+    actions.append("delete")
+    return JobDetail(
+        id=job.id,
+        origin=job.origin,
+        status=_status(job),
+        state=STATE_OF_STATUS.get(status),
+        func=func,
+        description=job.description or "",
+        args_json=_pretty(list(args or [])),
+        kwargs_json=_pretty(kwargs),
+        meta_json=_pretty(job.meta or {}),
+        created_at=job.created_at,
+        enqueued_at=job.enqueued_at,
+        started_at=job.started_at,
+        ended_at=job.ended_at,
+        due_at=datetime.fromtimestamp(float(due), UTC) if due is not None else None,
+        worker_name=job.worker_name or "",
+        timeout=job.timeout,
+        retries_left=job.retries_left,
+        attempts_left=_attempts_left(job),
+        queue_attempts=spec.attempts if spec else None,
+        result_json=_pretty(success.return_value) if status == JobStatus.FINISHED and success else None,
+        traceback=failures[0][1] if failures else "",
+        failures=failures,
+        dependents=sorted(_text(d) for d in dependents),
+        dependencies=sorted(_text(d) for d in dependencies),
+        actions=actions,
+    )
+
+
+def _fetch(job_id: str) -> Job:
+    job = jobs.fetch_job(job_id)
+    if job is None:
+        raise JobGone(job_id)
+    return job
+
+
+def _claim(connection: Redis, key: str, job_ids: list[str]) -> list[str]:
+    """ZREM each id from a registry; the ids this call removed are ours to act on."""
+    with connection.pipeline(transaction=False) as pipe:
+        for job_id in job_ids:
+            pipe.zrem(key, job_id)
+        removed = pipe.execute()
+    return [job_id for job_id, r in zip(job_ids, removed, strict=True) if r]
+
+
+def _requeue_failed(connection: Redis, queue: str, job_ids: list[str]) -> int:
+    """Failed jobs back on their queue with the queue's attempts; returns how many.
+
+    RQ's FailedJobRegistry.requeue, in bulk, plus what it leaves out: the attempts are reset to
+    the queue's policy, and the hash loses the failure TTL it was given (a retried job waiting
+    longer than that would vanish from its queue)."""
+    claimed = _claim(connection, _keys(queue)["failed"], job_ids)
+    if not claimed:
+        return 0
+    spec = queues.get_spec(queue)
+    rq_queue = jobs.get_queue(queue)
+    found = [j for j in Job.fetch_many(claimed, connection=connection, serializer=JSONSerializer) if j]
+    with connection.pipeline() as pipe:
+        for job in found:
+            job.retries_left = max(spec.attempts - 1, 0)
+            if spec.attempts > 1:
+                job.retry_intervals = spec.retry_intervals()
+            job.started_at = None
+            job.ended_at = None
+            rq_queue._enqueue_job(job, pipeline=pipe)
+            pipe.persist(job.key)
+        pipe.execute()
+    return len(found)
+
+
+def job_retry(job_id: str) -> tuple[str, int]:
+    """A failed job back on its queue; returns (queue, attempts it now has)."""
+    job = _fetch(job_id)
+    status = _status(job)
+    if not is_queue(job.origin):
+        raise WrongState(status)
+    if not _requeue_failed(jobs.get_connection(), job.origin, [job.id]):
+        raise WrongState(status)
+    return job.origin, queues.get_spec(job.origin).attempts
+
+
+def job_delete(job_id: str) -> str:
+    """Remove a job from its queue and every registry and delete it; returns its queue.
+
+    A job a worker is running keeps running until it ends (this does not stop it)."""
+    job = _fetch(job_id)
+    connection = jobs.get_connection()
+    keys = _keys(job.origin)
+    with connection.pipeline() as pipe:
+        job.delete(pipeline=pipe, remove_from_queue=True)
+        # Whatever its status says, it is in no registry afterwards.
+        for name in ("failed", "completed", "scheduled", "deferred", "canceled"):
+            pipe.zrem(keys[name], job.id)
+        pipe.delete(Result.get_key(job.id))
+        pipe.execute()
+    return job.origin
+
+
+def job_promote(job_id: str) -> str:
+    """A scheduled (delayed) job onto its queue now; returns the queue."""
+    job = _fetch(job_id)
+    if not is_queue(job.origin) or not promote.promote_now(job.origin, [job.id]):
+        raise WrongState(_status(job))
+    return job.origin
+
+
+def job_cancel(job_id: str) -> str:
+    """A waiting job off its queue, canceled (kept for the queue's result TTL); returns the queue."""
+    job = _fetch(job_id)
+    status = job.get_status(refresh=False)
+    if not is_queue(job.origin) or status != JobStatus.QUEUED:
+        raise WrongState(_status(job))
+    connection = jobs.get_connection()
+    if not connection.lrem(_keys(job.origin)["waiting"], 1, job.id):
+        raise WrongState(_status(job, refresh=True))  # a worker took it meanwhile
+    job.cancel()
+    ttl = queues.get_spec(job.origin).result_ttl
+    if ttl > 0:  # RQ keeps a canceled job forever; like a finished one it goes after the result TTL
+        connection.expire(job.key, ttl)
+    return job.origin
+
+
+# --- bulk -------------------------------------------------------------------------------------
+def state_sizes(queue: str) -> dict[str, int]:
+    """{waiting, active, failed, completed, delayed, and delayed's parts: scheduled, deferred}."""
+    return _sizes(jobs.get_connection(), queue)
+
+
+def bulk_count(queue: str, action: str) -> int:
+    """How many jobs `action` would act on now (promote-all: the scheduled ones only)."""
+    sizes = _sizes(jobs.get_connection(), queue)
+    state = BULK_ACTIONS[action]
+    return sizes["scheduled"] if action == "promote-all" else sizes[state]
+
+
+def bulk_run(queue: str, action: str, *, limit: int | None = None) -> int:
+    """Run a bulk action, oldest first, on at most `limit` jobs (and never more than are there now),
+    BULK per batch; returns how many it moved."""
+    if not is_queue(queue) or action not in BULK_ACTIONS:
+        raise ValueError(f"unknown queue or bulk action: {queue!r}, {action!r}")
+    connection = jobs.get_connection()
+    keys = _keys(queue)
+    if action == "empty":
+        return _empty(connection, queue, limit)
+    key = keys["scheduled"] if action == "promote-all" else keys["failed"]
+    limit, seen, done = _bound(connection.zcard(key), limit), 0, 0
+    while seen < limit:
+        ids = [_text(i) for i in connection.zrange(key, 0, min(BULK, limit - seen) - 1)]
+        if not ids:
+            break
+        seen += len(ids)
+        if action == "promote-all":
+            done += promote.promote_now(queue, ids)
+        elif action == "retry-all":
+            done += _requeue_failed(connection, queue, ids)
+        else:
+            done += _delete_failed(connection, queue, ids)
+    return done
+
+
+def _delete_failed(connection: Redis, queue: str, job_ids: list[str]) -> int:
+    claimed = _claim(connection, _keys(queue)["failed"], job_ids)
+    with connection.pipeline(transaction=False) as pipe:
+        for job_id in claimed:
+            key = _JOB + job_id
+            pipe.delete(key, f"{key}:dependents", f"{key}:dependencies", Result.get_key(job_id))
+        pipe.execute()
+    return len(claimed)
+
+
+def _bound(size: int, limit: int | None) -> int:
+    return size if limit is None else min(size, max(limit, 0))
+
+
+def _empty(connection: Redis, queue: str, limit: int | None) -> int:
+    key = _keys(queue)["waiting"]
+    script = connection.register_script(_EMPTY)
+    limit, done = _bound(connection.llen(key), limit), 0
+    while done < limit:
+        popped = int(script(keys=[key], args=[min(BULK, limit - done), _JOB]))
+        if not popped:
+            break
+        done += popped
+    return done
