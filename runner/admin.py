@@ -7,16 +7,20 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import QuerySet
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
+from django.views.decorators.http import require_POST
 
 from integrations.admin import https_urls, write_only_input
-from runner import services
+from runner import dashboard, services
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
 
 
@@ -40,6 +44,70 @@ class IntegrationTypeAdmin(admin.ModelAdmin):
         for it in queryset:
             services.integration_reset_circuit(integration=it)
         self.message_user(request, _("Circuit closed."), messages.SUCCESS)
+
+    # The runner dashboard: one page over every handler, circuit and tenant (staff only: admin_view).
+    def get_urls(self) -> list[URLPattern]:
+        view = self.admin_site.admin_view
+        return [
+            path("dashboard/", view(self.dashboard_view), name="runner_dashboard"),
+            path(
+                "dashboard/handlers/<int:pk>/pause/",
+                view(require_POST(self.handler_pause_view)),
+                {"paused": True},
+                name="runner_dashboard_pause",
+            ),
+            path(
+                "dashboard/handlers/<int:pk>/resume/",
+                view(require_POST(self.handler_pause_view)),
+                {"paused": False},
+                name="runner_dashboard_resume",
+            ),
+            path(
+                "dashboard/integrations/<int:pk>/reset/",
+                view(require_POST(self.integration_reset_view)),
+                name="runner_dashboard_reset",
+            ),
+            *super().get_urls(),
+        ]
+
+    def _handler_admin(self) -> admin.ModelAdmin:
+        return self.admin_site.get_model_admin(Handler)
+
+    def dashboard_view(self, request: HttpRequest) -> TemplateResponse:
+        """Handlers, circuits, tenants and the latest executions (a fixed number of queries)."""
+        if not (self.has_view_permission(request) and self._handler_admin().has_view_permission(request)):
+            raise PermissionDenied
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("Runner dashboard"),
+            "opts": self.model._meta,
+            "board": dashboard.runner_dashboard(),
+            "item_statuses": ExecutionItem.Status.choices,
+            "execution_statuses": Execution.Status.choices,
+            "can_pause": self._handler_admin().has_change_permission(request),
+            "can_reset": self.has_change_permission(request),
+        }
+        return TemplateResponse(request, "admin/runner/dashboard.html", context)
+
+    def handler_pause_view(self, request: HttpRequest, pk: int, paused: bool) -> HttpResponseRedirect:
+        """Pause or resume one handler through the service (so the config cache is invalidated)."""
+        if not self._handler_admin().has_change_permission(request):
+            raise PermissionDenied
+        handler = get_object_or_404(Handler.objects.select_related("integration"), pk=pk)
+        services.handler_set_paused(handler=handler, paused=paused)
+        text = _("Handler %(handler)s paused.") if paused else _("Handler %(handler)s resumed.")
+        self.message_user(request, text % {"handler": handler}, messages.SUCCESS)
+        return HttpResponseRedirect(reverse("admin:runner_dashboard") + f"#handler-{pk}")
+
+    def integration_reset_view(self, request: HttpRequest, pk: int) -> HttpResponseRedirect:
+        if not self.has_change_permission(request):
+            raise PermissionDenied
+        integration = get_object_or_404(IntegrationType, pk=pk)
+        services.integration_reset_circuit(integration=integration)
+        self.message_user(
+            request, _("Circuit of %(integration)s closed.") % {"integration": integration}, messages.SUCCESS
+        )
+        return HttpResponseRedirect(reverse("admin:runner_dashboard") + f"#integration-{pk}")
 
 
 class HandlerForm(forms.ModelForm):

@@ -313,3 +313,102 @@ class Gate:
     def window_count(self, key: str, window_ms: int = WINDOW_MS) -> int:
         now_s, now_us = self.connection.time()
         return int(self.connection.zcount(key, now_s * 1000 + now_us // 1000 - window_ms, "+inf"))
+
+
+# --- read-only views for the operator's dashboard (never change a key) ---------------------------
+
+# KEYS: the breaker hashes (nb), then per handler its semaphore and its rate window (2 per handler), then
+#       the tenant windows. ARGV: 1 nb, 2 nh, 3 window ms.
+# Returns {now ms, {breaker fields…, 'probes', n} per breaker, {in flight, rate used} per handler,
+#          used per tenant}.
+_SNAPSHOT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local nb = tonumber(ARGV[1])
+local nh = tonumber(ARGV[2])
+local since = '(' .. (now - tonumber(ARGV[3]))
+local out = {now}
+for i = 1, nb do
+  local fields = redis.call('HGETALL', KEYS[i])
+  fields[#fields + 1] = 'probes'
+  fields[#fields + 1] = tostring(redis.call('ZCOUNT', KEYS[i] .. ':probes', '(' .. now, '+inf'))
+  out[#out + 1] = fields
+end
+for i = nb + 1, nb + 2 * nh, 2 do
+  local held = redis.call('ZCOUNT', KEYS[i], '(' .. now, '+inf')
+  out[#out + 1] = {held, redis.call('ZCOUNT', KEYS[i + 1], since, '+inf')}
+end
+for i = nb + 2 * nh + 1, #KEYS do
+  out[#out + 1] = redis.call('ZCOUNT', KEYS[i], since, '+inf')
+end
+return out
+"""
+
+
+@dataclass(frozen=True)
+class BreakerView:
+    state: str  # closed | open | half (an open circuit past its time is reported half-open)
+    failures: int = 0  # consecutive failures counted while closed
+    successes: int = 0  # probe successes while half-open
+    probes: int = 0  # probes in flight while half-open
+    open_for: int = 0  # seconds until the half-open probe (open only)
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    breakers: dict[str, BreakerView]  # by integration key
+    in_flight: dict[int, int]  # leases held now, by handler id
+    handler_used: dict[int, int]  # items admitted in the last window, by handler id
+    tenant_used: dict[int, int]  # items admitted in the last window, by organization id
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _breaker_view(now_ms: int, flat: list[bytes | str]) -> BreakerView:
+    data = {_text(flat[i]): _text(flat[i + 1]) for i in range(0, len(flat) - 1, 2)}
+    state = data.get("state", "closed")
+    open_for = 0
+    if state == "open":
+        remaining = int(data.get("until", 0)) - now_ms
+        if remaining <= 0:
+            state = "half"  # the next admission turns it half-open
+        open_for = -(-max(remaining, 0) // 1000)
+    return BreakerView(
+        state=state,
+        failures=int(data.get("failures", 0)),
+        successes=int(data.get("successes", 0)),
+        probes=int(data.get("probes", 0)) if state == "half" else 0,
+        open_for=open_for,
+    )
+
+
+def snapshot(
+    connection: Redis,
+    *,
+    integration_keys: list[str],
+    handler_ids: list[int],
+    organization_ids: list[int],
+    window_ms: int = WINDOW_MS,
+) -> Snapshot:
+    """Breakers, leases held and window counts of many integrations, handlers and tenants, read in
+    one round trip with Redis's clock (the clock `admit` uses). Reads only."""
+    keys = [breaker_key(k) for k in integration_keys]
+    for handler_id in handler_ids:
+        keys += [semaphore_key(handler_id), handler_window_key(handler_id)]
+    keys += [tenant_window_key(o) for o in organization_ids]
+    if not keys:
+        return Snapshot({}, {}, {}, {})
+    reply = connection.register_script(_SNAPSHOT)(
+        keys=keys, args=[len(integration_keys), len(handler_ids), window_ms]
+    )
+    now_ms = int(reply[0])
+    nb, nh = len(integration_keys), len(handler_ids)
+    handlers = reply[1 + nb : 1 + nb + nh]
+    return Snapshot(
+        breakers={k: _breaker_view(now_ms, reply[1 + i]) for i, k in enumerate(integration_keys)},
+        in_flight={h: int(handlers[i][0]) for i, h in enumerate(handler_ids)},
+        handler_used={h: int(handlers[i][1]) for i, h in enumerate(handler_ids)},
+        tenant_used={o: int(reply[1 + nb + nh + i]) for i, o in enumerate(organization_ids)},
+    )
