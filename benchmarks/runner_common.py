@@ -113,6 +113,14 @@ class Workers:
             self.proc.wait()
 
 
+def wait_workers(n: int, timeout: float = 60) -> None:
+    """Until n workers have registered in Redis (they boot slower on a loaded machine)."""
+    from rq import Worker
+
+    connection = jobs.get_connection()
+    wait_for(lambda: Worker.count(connection=connection) >= n, timeout=timeout, what=f"{n} workers to start")
+
+
 def wait_for(check: Callable[[], bool], *, timeout: float, what: str, every: float = 0.05) -> None:
     deadline = time.monotonic() + timeout
     while not check():

@@ -59,7 +59,8 @@ def main() -> int:
         f"{args.processes} worker processes"
     )
     with rc.Workers(args.processes, burst=False):  # not --burst: B comes after they start
-        time.sleep(4)  # the workers boot (the same wait as below)
+        rc.wait_workers(args.processes)
+        time.sleep(1)  # and settle into waiting for work
         alone = b_completion(handler, b.pk, args.b_items, timeout=args.timeout)
     print(f"  B alone: {alone:.2f}s")
     rc.reset()

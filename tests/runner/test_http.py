@@ -52,7 +52,7 @@ def test_single_items_use_process_and_send_the_auth_header(http_handler, org, sa
 def test_an_outage_opens_the_circuit_and_items_wait_without_spending_attempts(
     http_handler, org, sandbox, run_jobs, settings
 ):
-    settings.RUNNER_BREAKER_OPEN_SECONDS = 2
+    settings.RUNNER_BREAKER_OPEN_SECONDS = 5  # long enough for a loaded machine to look before it half-opens
     settings.RUNNER_RETRY_BACKOFF = 0.1
     sandbox.fail_next(5, status=503)
     execution = _events(http_handler, org, 8)
@@ -61,7 +61,7 @@ def test_an_outage_opens_the_circuit_and_items_wait_without_spending_attempts(
     assert state["state"] == "open"
     assert sandbox.calls["/process"] == 5  # nothing called once open
     assert not ExecutionItem.objects.filter(execution=execution, dlq_at__isnull=False).exists()
-    run_jobs(settle=3)  # the circuit half-opens, the probes succeed, everything drains
+    run_jobs(settle=6)  # the circuit half-opens, the probes succeed, everything drains
     execution.refresh_from_db()
     assert (execution.status, execution.items_succeeded) == ("completed", 8)
     assert services.gate().breaker_state("crm-x")["state"] == "closed"

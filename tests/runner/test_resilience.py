@@ -7,7 +7,7 @@ from typing import Any
 from crm import jobs
 from integrations.runner import resilience
 from integrations.runner.resilience import BreakerPolicy, Gate
-from runner import cache, services
+from runner import cache, services, tasks
 from runner.models import ExecutionItem, Handler, RunnerSettings
 from tests.runner.conftest import processed
 
@@ -133,9 +133,12 @@ def test_a_dead_holders_concurrency_slot_frees_when_its_lease_expires():
 
 def test_items_over_the_tenant_limit_wait_without_spending_attempts(py_handler, org, run_jobs, settings):
     settings.RUNNER_TENANT_DEFER = 2.0
-    RunnerSettings.objects.create(organization=org, rate_limit_per_minute=3)
+    tenant = RunnerSettings.objects.create(organization=org, rate_limit_per_minute=10)
     jobs.get_connection().set("runner:test:produce", 6)
-    services.execution_start(handler=py_handler, organization_id=org.pk, trigger="manual")
+    execution = services.execution_start(handler=py_handler, organization_id=org.pk, trigger="manual")
+    tasks.execution_run(execution.pk)  # all six queued at once (under a minute of the limit)
+    tenant.rate_limit_per_minute = 3  # then the limit drops below them
+    tenant.save()
     run_jobs(settle=1.0)
     assert ExecutionItem.objects.filter(status="succeeded").count() == 3
     waiting = ExecutionItem.objects.filter(status="pending")
@@ -145,6 +148,21 @@ def test_items_over_the_tenant_limit_wait_without_spending_attempts(py_handler, 
     deferred = [jobs.fetch_job(j.decode()) for j in scheduled]
     in_deferred = {i for job in deferred if job for i in job.kwargs["item_ids"]}
     assert {i.pk for i in waiting} <= in_deferred
+
+
+def test_items_over_the_handlers_rate_limit_wait_without_spending_attempts(
+    py_handler, org, run_jobs, settings
+):
+    settings.RUNNER_TENANT_DEFER = 2.0
+    py_handler.rate_limit_per_minute = 2
+    py_handler.save()
+    jobs.get_connection().set("runner:test:produce", 5)
+    services.execution_start(handler=py_handler, organization_id=org.pk, trigger="manual")
+    run_jobs(settle=1.0)
+    assert ExecutionItem.objects.filter(status="succeeded").count() == 2
+    waiting = ExecutionItem.objects.filter(status="pending")
+    assert waiting.count() == 3 and all(i.attempts == 0 and i.dlq_at is None for i in waiting)
+    assert sorted(processed()) == ["e0", "e1"]
 
 
 def test_a_paused_handler_keeps_its_items_waiting_and_resumes_them_in_order(
