@@ -39,8 +39,12 @@ def chatwoot_enqueue_mirror(*, campaign_id: int, message_ids: list[int]) -> None
     """Enqueue one mirror job for these messages if the campaign's organization has Chatwoot enabled."""
     if not message_ids:
         return
-    enabled = ChatwootAccount.objects.filter(organization__campaigns__id=campaign_id, enabled=True).exists()
-    if not enabled:
+    organization_id = (
+        ChatwootAccount.objects.filter(organization__campaigns__id=campaign_id, enabled=True)
+        .values_list("organization_id", flat=True)
+        .first()
+    )
+    if organization_id is None:
         return
     ids = [int(pk) for pk in message_ids]
     # Small jobs: each message costs up to three sequential Chatwoot calls.
@@ -50,6 +54,7 @@ def chatwoot_enqueue_mirror(*, campaign_id: int, message_ids: list[int]) -> None
         kwargs_list=[{"message_ids": ids[i : i + MIRROR_CHUNK]} for i in range(0, len(ids), MIRROR_CHUNK)],
         attempts=MIRROR_ATTEMPTS,
         backoff=MIRROR_BACKOFF,
+        organization_id=organization_id,
     )
 
 

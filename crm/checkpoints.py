@@ -135,5 +135,13 @@ def jobrun_enqueue(
         },
     )
     if run.status != JobRun.Status.COMPLETED:
-        enqueue(func, queue=queue, kwargs=kwargs, job_id=job_id, unique=True, delay=delay)
+        enqueue(
+            func,
+            queue=queue,
+            kwargs=kwargs,
+            job_id=job_id,
+            unique=True,
+            delay=delay,
+            organization_id=organization_id,
+        )
     return run

@@ -121,6 +121,7 @@ class JobSpec:
     job_id: str | None = None
     description: str | None = None
     at: datetime | None = None  # run at this time (a scheduled campaign), not now
+    organization_id: int | None = None  # the tenant, for the worker's log line (job.meta)
 
 
 def _retry_for(spec: queues.QueueSpec, attempts: int | None, backoff: int | None) -> Retry | None:
@@ -167,6 +168,7 @@ def enqueue(
     result_ttl: int | None = None,
     description: str | None = None,
     meta: dict[str, Any] | None = None,
+    organization_id: int | None = None,
 ) -> str:
     """Enqueue one job (after the current transaction commits) and return its id.
 
@@ -174,10 +176,13 @@ def enqueue(
     finished), nothing is enqueued — BullMQ's fixed-jobId behaviour. replace=True: an existing job
     with that id is cancelled and deleted first (editing a schedule replaces it).
     `attempts` counts every run, the first included; backoff doubles from `backoff` seconds.
+    `organization_id` goes into job.meta (saved with the job), for the worker's log line.
     """
     spec = queues.get_spec(queue)
     kwargs = dict(kwargs or {})
     check_payload(kwargs)
+    if organization_id is not None:
+        meta = {**(meta or {}), "organization_id": organization_id}
     if meta:
         check_payload(meta, "meta")
     if (unique or replace) and not job_id:
@@ -231,8 +236,13 @@ def enqueue_many(
     backoff: int | None = None,
     timeout: int | None = None,
     result_ttl: int | None = None,
+    organization_id: int | None = None,
+    organization_ids: Sequence[int | None] | None = None,
 ) -> list[str]:
-    """Enqueue many jobs of one function in pipelines of BULK_CHUNK (one round trip each)."""
+    """Enqueue many jobs of one function in pipelines of BULK_CHUNK (one round trip each).
+
+    The tenant goes into each job's meta, for the worker's log line: `organization_id` for all of
+    them, or `organization_ids`, one per job like `job_ids`."""
     spec = queues.get_spec(queue)
     path = func_path(func)
     items = [dict(k) for k in kwargs_list]
@@ -241,6 +251,9 @@ def enqueue_many(
     ids = list(job_ids) if job_ids is not None else [uuid.uuid4().hex for _ in items]
     if len(ids) != len(items):
         raise ValueError("job_ids and kwargs_list differ in length")
+    orgs = list(organization_ids) if organization_ids is not None else [organization_id] * len(items)
+    if len(orgs) != len(items):
+        raise ValueError("organization_ids and kwargs_list differ in length")
     options = _job_options(
         spec, attempts=attempts, backoff=backoff, timeout=timeout, result_ttl=result_ttl, meta=None
     )
@@ -248,11 +261,17 @@ def enqueue_many(
     def _do() -> None:
         rq_queue = get_queue(queue)
         for start in range(0, len(items), BULK_CHUNK):
+            end = start + BULK_CHUNK
             data = [
-                Queue.prepare_data(path, kwargs=k, job_id=jid, description=path, **options)
-                for k, jid in zip(
-                    items[start : start + BULK_CHUNK], ids[start : start + BULK_CHUNK], strict=True
+                Queue.prepare_data(
+                    path,
+                    kwargs=k,
+                    job_id=jid,
+                    description=path,
+                    meta=None if org is None else {"organization_id": org},
+                    **options,
                 )
+                for k, jid, org in zip(items[start:end], ids[start:end], orgs[start:end], strict=True)
             ]
             with rq_queue.connection.pipeline() as pipe:
                 rq_queue.enqueue_many(data, pipeline=pipe)
@@ -269,7 +288,13 @@ def enqueue_specs(specs: Iterable[JobSpec]) -> int:
     for s in specs:
         if s.at is not None:  # few (scheduled starts): one by one
             enqueue(
-                s.func, queue=s.queue, kwargs=s.kwargs, job_id=s.job_id, at=s.at, description=s.description
+                s.func,
+                queue=s.queue,
+                kwargs=s.kwargs,
+                job_id=s.job_id,
+                at=s.at,
+                description=s.description,
+                organization_id=s.organization_id,
             )
             total += 1
         else:
@@ -280,6 +305,7 @@ def enqueue_specs(specs: Iterable[JobSpec]) -> int:
             queue=queue,
             kwargs_list=[s.kwargs for s in group],
             job_ids=[s.job_id or uuid.uuid4().hex for s in group],
+            organization_ids=[s.organization_id for s in group],
         )
         total += len(group)
     return total

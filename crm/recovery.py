@@ -82,7 +82,18 @@ def _stale_job_runs(*, dry_run: bool) -> list[jobs.JobSpec]:
     runs = list(
         JobRun.objects.filter(status=JobRun.Status.RUNNING, started_at__lt=now - MIN_AGE)
         .exclude(func="")
-        .only("id", "kind", "key", "func", "queue", "kwargs", "job_id", "attempts", "started_at")
+        .only(
+            "id",
+            "kind",
+            "key",
+            "func",
+            "queue",
+            "kwargs",
+            "job_id",
+            "attempts",
+            "started_at",
+            "organization_id",
+        )
         .order_by("id")[:10_000]
     )
     if not runs:
@@ -116,6 +127,7 @@ def _stale_job_runs(*, dry_run: bool) -> list[jobs.JobSpec]:
                 kwargs=run.kwargs,
                 job_id=run.job_id,
                 description=f"recovered {run.kind}:{run.key}",
+                organization_id=run.organization_id,
             )
         )
     return specs

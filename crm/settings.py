@@ -181,6 +181,8 @@ CRM_WORKER_TTL = env.int("CRM_WORKER_TTL", default=20)
 CRM_STALE_RUN_AFTER = env.int("CRM_STALE_RUN_AFTER", default=600)
 # Benchmarks: workers add the SQL statements each job ran to the Redis counter crm:stats:db_queries.
 CRM_COUNT_QUERIES = config.parse_bool("CRM_COUNT_QUERIES", env.str("CRM_COUNT_QUERIES", default="false"))
+# GET /metrics (Prometheus) asks for "Authorization: Bearer <METRICS_TOKEN>"; empty = loopback only.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
 
 # --- WhatsApp (Meta Graph API) --------------------------------------------------------------
 WHATSAPP_GRAPH_URL = env.str("WHATSAPP_GRAPH_URL", default="https://graph.facebook.com")

@@ -1,13 +1,15 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 
 from campaigns import link_views, webhook_views
-from crm import views
+from crm import prometheus, views
 from runner import views as runner_views
 from surveys import views as survey_views
 
 urlpatterns = [
     path("healthz", views.healthz, name="healthz"),
+    path("metrics", prometheus.view, name="prometheus-metrics"),
     path("r/<str:signed>", link_views.redirect, name="campaign-redirect"),
     path("r/<str:signed>/<int:index>", link_views.redirect, name="campaign-redirect-link"),
     path("o/<str:signed>", link_views.open_pixel, name="campaign-open"),
@@ -17,6 +19,7 @@ urlpatterns = [
     path("admin/metrics", admin.site.admin_view(views.metrics), name="admin-metrics"),
     path("admin/schedules/", admin.site.admin_view(views.schedules), name="admin-schedules"),
     path("admin/queues/", include("crm.queue_urls")),
+    path("admin/runner/dashboard/", RedirectView.as_view(pattern_name="admin:runner_dashboard")),
     path("admin/rq/", include("django_rq.urls")),
     path("admin/", admin.site.urls),
     path("webhooks/whatsapp/", webhook_views.whatsapp_webhook, name="whatsapp-webhook"),

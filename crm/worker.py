@@ -34,7 +34,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import now
 from rq.worker import SimpleWorker, WorkerStatus
 
-from crm import promote
+from crm import prometheus, promote
 from crm.jobs import Defer
 
 logger = logging.getLogger("crm.jobs")
@@ -121,8 +121,9 @@ class Worker(SimpleWorker):
                 self._beating = False
             beat.join(timeout=5)
             self._close_old_connections()
-        self._log_outcome(job, queue, time.monotonic() - started)
-        self.set_state(WorkerStatus.IDLE)
+        duration = time.monotonic() - started
+        outcome = self._log_outcome(job, queue, duration)
+        self._idle_and_count(queue, outcome, duration)
 
     @staticmethod
     def _close_old_connections() -> None:
@@ -174,10 +175,26 @@ class Worker(SimpleWorker):
             return
         super().handle_exception(job, *exc_info)
 
-    # --- logging ---------------------------------------------------------------------------
-    def _log_outcome(self, job: Job, queue: Queue, duration: float) -> None:
+    # --- logging and counting ----------------------------------------------------------------
+    def _idle_and_count(self, queue: Queue, outcome: str, duration: float) -> None:
+        """Back to idle, and the outcome counted for /metrics, in the one round trip going idle
+        already costs. A failed metrics write is dropped: it never touches the job."""
+        with self.connection.pipeline(transaction=False) as pipeline:
+            prometheus.record_job(pipeline, queue=queue.name, outcome=outcome, duration=duration)
+            self.set_state(WorkerStatus.IDLE, pipeline=pipeline)
+            replies = pipeline.execute(raise_on_error=False)
+        if isinstance(replies[-1], Exception):
+            raise replies[-1]  # the worker's own state, as when it was written alone
+        errors = [r for r in replies[:-1] if isinstance(r, Exception)]
+        if errors:
+            logger.debug("job metrics not recorded for queue %s: %s", queue.name, errors[0])
+
+    def _log_outcome(self, job: Job, queue: Queue, duration: float) -> str:
+        """One line per outcome; returns the outcome (succeeded, failed, retry-scheduled, deferred…)."""
         status = job.get_status(refresh=False)
         kwargs = job.kwargs if isinstance(job.kwargs, dict) else {}
+        # Producers put the tenant in the job's meta; older jobs and the runner's carry it in kwargs.
+        organization_id = job.meta.get("organization_id", kwargs.get("organization_id"))
         outcome = {
             JobStatus.FINISHED: "succeeded",
             JobStatus.SCHEDULED: "retry-scheduled",
@@ -193,14 +210,15 @@ class Worker(SimpleWorker):
             outcome,
             queue.name,
             job.id,
-            kwargs.get("organization_id", "-"),
+            "-" if organization_id is None else organization_id,
             duration,
             extra={
                 "queue": queue.name,
                 "job_id": job.id,
                 "func": job.func_name,
                 "outcome": outcome,
-                "organization_id": kwargs.get("organization_id"),
+                "organization_id": organization_id,
                 "duration": round(duration, 4),
             },
         )
+        return outcome

@@ -34,7 +34,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 
-from crm import jobs, queues
+from crm import jobs, prometheus, queues
 from crm.models import Customer, JobRun, Organization, Sale, Store
 from erp.models import ErpConnection, ErpSyncIssue
 from integrations.millennium.client import (
@@ -518,6 +518,7 @@ def customers_sync(
                 created, changed = customers_upsert(organization_id=org_id, customers=page.records)
                 sync_issues_record(organization_id=org_id, issues=page.malformed)
                 rows.update(**moves)
+            prometheus.count("erp_sync_rows", len(page.records), kind="customers")
             result.pages += 1
             result.read += page.size
             result.upserted += len(page.records)
@@ -583,6 +584,7 @@ def sales_sync(
                 outcome = sales_upsert(store=store, sales=ours)
                 surveys = surveys_schedule(sale_ids=outcome.new_sale_ids) if outcome.new_sale_ids else 0
                 sync_issues_record(organization_id=org_id, store_id=store.pk, issues=malformed)
+            prometheus.count("erp_sync_rows", len(ours), kind="sales")
             result.pages += 1
             result.read += page.size
             result.upserted += len(ours)

@@ -69,12 +69,13 @@ def survey_job_id(survey_id: int) -> str:
     return jobs.make_job_id("survey", survey_id)
 
 
-def _send_spec(survey_id: int) -> jobs.JobSpec:
+def _send_spec(survey_id: int, organization_id: int) -> jobs.JobSpec:
     return jobs.JobSpec(
         func=SEND_FUNC,
         queue=queues.POST_SALE_SURVEY,
         kwargs={"survey_id": survey_id},
         job_id=survey_job_id(survey_id),
+        organization_id=organization_id,
     )
 
 
@@ -160,15 +161,16 @@ def surveys_dispatch(*, limit: int = 5000) -> int:
     second run of a send finds its survey already claimed.
     """
     surveys_settle_stuck()
-    ids = list(_due(timezone.now()).order_by("due_at").values_list("pk", flat=True)[:limit])
-    return recovery.requeue_missing(_send_spec(pk) for pk in ids)
+    due = list(_due(timezone.now()).order_by("due_at").values_list("pk", "organization_id")[:limit])
+    return recovery.requeue_missing(_send_spec(pk, organization_id) for pk, organization_id in due)
 
 
 @recovery.register("post-sale-surveys")
 def _due_surveys() -> Iterator[jobs.JobSpec]:
     """Due surveys whose send job Redis no longer holds (the dispatch cron does the same each minute)."""
-    for pk in _due(timezone.now()).values_list("pk", flat=True).iterator(chunk_size=2000):
-        yield _send_spec(pk)
+    due = _due(timezone.now()).values_list("pk", "organization_id")
+    for pk, organization_id in due.iterator(chunk_size=2000):
+        yield _send_spec(pk, organization_id)
 
 
 def surveys_settle_stuck(*, older_than: timedelta = STUCK_AFTER) -> int:
@@ -183,13 +185,16 @@ def surveys_settle_stuck(*, older_than: timedelta = STUCK_AFTER) -> int:
 
 def surveys_send_now(*, survey_ids: Iterable[int]) -> int:
     """Make the given scheduled surveys due now and enqueue their sends; returns how many."""
-    ids = list(
-        Survey.objects.filter(pk__in=list(survey_ids), status=Status.SCHEDULED).values_list("pk", flat=True)
+    rows = list(
+        Survey.objects.filter(pk__in=list(survey_ids), status=Status.SCHEDULED).values_list(
+            "pk", "organization_id"
+        )
     )
-    if not ids:
+    if not rows:
         return 0
+    ids = [pk for pk, _organization_id in rows]
     Survey.objects.filter(pk__in=ids, status=Status.SCHEDULED).update(due_at=timezone.now())
-    recovery.requeue_missing(_send_spec(pk) for pk in ids)
+    recovery.requeue_missing(_send_spec(pk, organization_id) for pk, organization_id in rows)
     return len(ids)
 
 
