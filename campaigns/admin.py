@@ -1,13 +1,16 @@
 from __future__ import annotations
 
+import re
 from datetime import date
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.options import IncorrectLookupParameters
+from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
-from django.core.paginator import Paginator
-from django.db import models
-from django.db.models import QuerySet
+from django.core.paginator import Page, Paginator
+from django.db import connections, models
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
@@ -31,6 +34,7 @@ from campaigns.models import (
 )
 from campaigns.sending import _variable
 from crm.models import Organization
+from integrations.whatsapp import errors as whatsapp_errors
 
 # Labels of every key in campaign_status()["counts"], both channels.
 COUNT_LABELS = {
@@ -65,6 +69,7 @@ class CampaignAdmin(admin.ModelAdmin):
         "finished_at",
         "stop_reason",
         "live_status",
+        "charts",
         "preview",
         "recurrence_until",
         "parent",
@@ -130,7 +135,7 @@ class CampaignAdmin(admin.ModelAdmin):
                 ),
             },
         ),
-        (_("Progress"), {"fields": ("started_at", "finished_at", "live_status", "preview")}),
+        (_("Progress"), {"fields": ("started_at", "finished_at", "live_status", "charts", "preview")}),
     )
 
     def get_urls(self):
@@ -142,6 +147,11 @@ class CampaignAdmin(admin.ModelAdmin):
                 self.admin_site.admin_view(self.status_view),
                 name="campaigns_campaign_status",
             ),
+            path(
+                "<int:pk>/series/",
+                self.admin_site.admin_view(self.series_view),
+                name="campaigns_campaign_series",
+            ),
             *super().get_urls(),
         ]
 
@@ -151,6 +161,15 @@ class CampaignAdmin(admin.ModelAdmin):
         if campaign is None or not self.has_view_permission(request, campaign):
             return JsonResponse({"error": "not found"}, status=404)
         return JsonResponse(selectors.campaign_status(campaign=campaign))
+
+    def series_view(self, request: HttpRequest, pk: int) -> JsonResponse:
+        """Messages per time bucket and status and the cumulative cost as JSON (the change page's charts)."""
+        from campaigns import dashboards
+
+        campaign = Campaign.objects.select_related("organization").filter(pk=pk).first()
+        if campaign is None or not self.has_view_permission(request, campaign):
+            return JsonResponse({"error": "not found"}, status=404)
+        return JsonResponse(dashboards.campaign_series_cached(campaign=campaign))
 
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         """Times on the form (the schedule) are read and shown in the organization's time zone."""
@@ -227,6 +246,21 @@ class CampaignAdmin(admin.ModelAdmin):
             data["eta_seconds"] or "—",
         )
 
+    @admin.display(description=_("charts"))
+    def charts(self, obj: Campaign) -> str:
+        if not obj.pk or obj.started_at is None:
+            return "—"
+        return format_html(
+            '<div id="campaign-charts" data-url="{}" data-time-label="{}">'
+            '<h4>{}</h4><div id="campaign-chart-events"></div>'
+            '<h4>{}</h4><div id="campaign-chart-cost" data-title="{}"></div></div>',
+            "../series/",
+            _("time"),
+            _("Messages over time"),
+            _("Cost over time (cumulative)"),
+            _("cost"),
+        )
+
     @admin.display(description=_("preview (first recipients)"))
     def preview(self, obj: Campaign) -> str:
         if not obj.pk:
@@ -276,35 +310,178 @@ class CampaignAdmin(admin.ModelAdmin):
 
     @admin.action(description=_("Start (send now)"))
     def start(self, request, queryset):
-        _act(request, queryset, services.campaign_start, "started")
+        _act(request, queryset, services.campaign_start, _("started"))
 
     @admin.action(description=_("Cancel"))
     def cancel(self, request, queryset):
-        _act(request, queryset, services.campaign_cancel, "cancelled")
+        _act(request, queryset, services.campaign_cancel, _("cancelled"))
 
     @admin.action(description=_("Pause"))
     def pause(self, request, queryset):
-        _act(request, queryset, services.campaign_pause, "paused")
+        _act(request, queryset, services.campaign_pause, _("paused"))
 
     @admin.action(description=_("Resume"))
     def resume(self, request, queryset):
-        _act(request, queryset, services.campaign_resume, "resumed")
+        _act(request, queryset, services.campaign_resume, _("resumed"))
 
     @admin.action(description=_("Retry failed messages"))
     def retry_failed(self, request, queryset):
-        _act(request, queryset, services.campaign_retry_failed, "failed messages queued again")
+        _act(request, queryset, services.campaign_retry_failed, _("failed messages queued again"))
 
     @admin.action(description=_("Activate recurrence"))
     def recurrence_activate(self, request, queryset):
-        _act(request, queryset, services.campaign_recurrence_activate, "recurring")
+        _act(request, queryset, services.campaign_recurrence_activate, _("recurring"))
 
     @admin.action(description=_("Stop recurrence"))
     def recurrence_stop(self, request, queryset):
-        _act(request, queryset, services.campaign_recurrence_stop, "recurrence stopped")
+        _act(request, queryset, services.campaign_recurrence_stop, _("recurrence stopped"))
+
+
+# PostgreSQL's row count of a table as its planner sees it: the last ANALYZE's rows per page times the
+# table's pages now (so rows added since are counted), without reading a single row. -1: never analyzed.
+_ESTIMATED_ROWS_SQL = """
+    SELECT CASE WHEN c.reltuples < 0 THEN -1
+                WHEN c.relpages = 0 THEN c.reltuples
+                ELSE c.reltuples / c.relpages * (pg_relation_size(c.oid) / current_setting('block_size')::int)
+           END::bigint
+    FROM pg_class c WHERE c.oid = to_regclass(%s)
+"""
+
+
+class CappedCountPaginator(Paginator):
+    """Never counts a big table: the whole of a table is PostgreSQL's estimate of its rows (when above
+    `cap`), a filtered list is counted up to `cap` + 1 rows (paging a day of a million customers, or a
+    million messages, reads at most that many)."""
+
+    cap = 10_000
+
+    @cached_property
+    def estimate(self) -> int | None:
+        """The table's estimated rows if the list is the whole table and holds more than `cap`, else None."""
+        rows = self.object_list
+        if not isinstance(rows, QuerySet):
+            return None
+        query = rows.query
+        if query.where or query.distinct or query.is_sliced or query.combinator or query.group_by is not None:
+            return None
+        connection = connections[rows.db]
+        if connection.vendor != "postgresql":
+            return None
+        with connection.cursor() as cursor:
+            cursor.execute(_ESTIMATED_ROWS_SQL, [connection.ops.quote_name(rows.model._meta.db_table)])
+            row = cursor.fetchone()
+        estimate = int(row[0]) if row and row[0] is not None else -1
+        return estimate if estimate > self.cap else None
+
+    @cached_property
+    def count(self) -> int:
+        if self.estimate is not None:
+            return self.estimate
+        rows = self.object_list
+        # Unordered: any index holding the filtered columns can count them (the order is the page's).
+        return rows.order_by()[: self.cap + 1].count() if isinstance(rows, QuerySet) else len(rows)
+
+    def page(self, number: int | str) -> Page:
+        """The page's rows by their primary keys, chosen in a subquery (one query still). The keys come
+        from an index-only scan of the (filter, id) index, the offset included, which the planner picks
+        for a bare SELECT id; for the whole rows it may walk the primary key backwards, filtering,
+        because it thinks the rows of a big campaign are spread over the table (they are together, often
+        far from the end), and an OFFSET would run the list's joins for every row skipped."""
+        number = self.validate_number(number)
+        rows = self.object_list
+        if not isinstance(rows, QuerySet):
+            return super().page(number)
+        bottom = (number - 1) * self.per_page
+        top = bottom + self.per_page
+        if top + self.orphans >= self.count:
+            top = self.count
+        return Page(rows.filter(pk__in=rows.values("pk")[bottom:top]), number, self)
+
+    @property
+    def estimated(self) -> bool:
+        return self.estimate is not None
+
+    @property
+    def capped(self) -> bool:
+        return not self.estimated and self.count > self.cap
+
+
+class BigTableChangeList(ChangeList):
+    """The search bar shows no "N results" when N is an estimate or the cap: the paginator says which."""
+
+    def get_results(self, request: HttpRequest) -> None:
+        super().get_results(request)
+        if getattr(self.paginator, "estimated", False) or getattr(self.paginator, "capped", False):
+            self.full_result_count = self.result_count  # search_form shows a count only when they differ
+
+
+class BigTableAdmin(admin.ModelAdmin):
+    """A list over a table of millions of rows: no full COUNT, no sort but the primary key's index, no
+    facet counts, no bulk actions (a "select all" would load every row), and foreign keys as raw ids."""
+
+    paginator = CappedCountPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    ordering = ("-id",)
+    sortable_by = ("id",)
+    actions = None
+
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return BigTableChangeList
+
+
+class CampaignFilter(admin.SimpleListFilter):
+    """The campaign, any one by id in the URL (?campaign__id__exact=), listing only the newest 20 of the
+    list's channel (and the chosen one): never a choice per campaign."""
+
+    title = _("campaign")
+    parameter_name = "campaign__id__exact"
+    newest = 20
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        channel = Channel.EMAIL if model_admin.model is EmailMessage else Channel.WHATSAPP
+        campaigns = list(
+            Campaign.objects.filter(channel=channel).order_by("-pk").values_list("pk", "name")[: self.newest]
+        )
+        chosen = self.value()
+        if chosen and chosen.isdigit() and int(chosen) not in {pk for pk, _name in campaigns}:
+            campaigns += Campaign.objects.filter(pk=int(chosen)).values_list("pk", "name")
+        return [(str(pk), f"{name} (#{pk})") for pk, name in campaigns]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if not value:
+            return queryset
+        if not value.isdigit():
+            raise IncorrectLookupParameters(f"campaign id {value!r}")
+        return queryset.filter(campaign_id=int(value))
+
+
+class ErrorCodeFilter(admin.SimpleListFilter):
+    """Meta's error code: the codes the sender knows, any other through the URL (?error_code__exact=).
+    Django's default filter would list the codes with a SELECT DISTINCT over every message."""
+
+    title = _("error code")
+    parameter_name = "error_code__exact"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+        known = sorted(whatsapp_errors._BY_CODE.items())
+        return [(str(code), f"{code} · {action.value.replace('_', ' ')}") for code, action in known]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        value = self.value()
+        if not value:
+            return queryset
+        if not value.isdigit():
+            raise IncorrectLookupParameters(f"error code {value!r}")
+        return queryset.filter(error_code=int(value))
+
+
+_PHONE_PUNCTUATION = re.compile(r"[\s().-]")
 
 
 @admin.register(WhatsappMessage)
-class WhatsappMessageAdmin(admin.ModelAdmin):
+class WhatsappMessageAdmin(BigTableAdmin):
     list_display = (
         "id",
         "campaign",
@@ -317,18 +494,32 @@ class WhatsappMessageAdmin(admin.ModelAdmin):
         "cost",
     )
     list_select_related = ("campaign", "customer")
-    list_filter = ("status", "error_code")
-    search_fields = ("=phone", "=wamid", "=campaign__id")
+    list_filter = (CampaignFilter, "status", ErrorCodeFilter)
+    search_fields = ("phone", "wamid")  # how they are searched: get_search_results
+    search_help_text = _("A phone number or its beginning (+5511…), or a Meta message id (wamid.…).")
     raw_id_fields = ("campaign", "customer", "organization")
-    show_full_result_count = False
     readonly_fields = [f.name for f in WhatsappMessage._meta.fields]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        """The wamid exactly, or the phone by its beginning: both on an index (Django's default would
+        compare UPPER() of every row)."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        found = Q(wamid=term)
+        digits = _PHONE_PUNCTUATION.sub("", term).removeprefix("+")
+        if digits.isdigit():
+            found |= Q(phone__startswith=f"+{digits}")
+        return queryset.filter(found), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
 
 @admin.register(EmailMessage)
-class EmailMessageAdmin(admin.ModelAdmin):
+class EmailMessageAdmin(BigTableAdmin):
     list_display = (
         "id",
         "campaign",
@@ -342,11 +533,20 @@ class EmailMessageAdmin(admin.ModelAdmin):
         "clicked_at",
     )
     list_select_related = ("campaign", "customer")
-    list_filter = ("status", "bounce_type")
-    search_fields = ("=email", "=campaign__id", "=esp_message_id")
+    list_filter = (CampaignFilter, "status", "bounce_type")
+    search_fields = ("email", "esp_message_id")  # how they are searched: get_search_results
+    search_help_text = _("An address (in any case) or the provider's message id.")
     raw_id_fields = ("campaign", "customer", "organization")
-    show_full_result_count = False
     readonly_fields = [f.name for f in EmailMessage._meta.fields]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        """The provider's id exactly, or the address in any case: both on an index."""
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        return queryset.filter(Q(esp_message_id=term) | Q(email__iexact=term)), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -366,7 +566,7 @@ class EmailSuppressionAdmin(admin.ModelAdmin):
 
 
 @admin.register(CampaignMetric)
-class CampaignMetricAdmin(admin.ModelAdmin):
+class CampaignMetricAdmin(BigTableAdmin):
     list_display = (
         "campaign",
         "queued",
@@ -381,6 +581,7 @@ class CampaignMetricAdmin(admin.ModelAdmin):
         "cost",
     )
     list_select_related = ("campaign",)
+    raw_id_fields = ("campaign",)
     readonly_fields = (
         "campaign",
         "queued",
@@ -394,21 +595,6 @@ class CampaignMetricAdmin(admin.ModelAdmin):
         "bounced",
         "cost",
     )
-
-
-class CappedCountPaginator(Paginator):
-    """Counts at most `cap` + 1 rows: paging a day of a million customers never counts all of them."""
-
-    cap = 10_000
-
-    @cached_property
-    def count(self) -> int:
-        rows = self.object_list
-        return rows[: self.cap + 1].count() if isinstance(rows, QuerySet) else len(rows)
-
-    @property
-    def capped(self) -> bool:
-        return self.count > self.cap
 
 
 class SegmentDayFilter(admin.SimpleListFilter):

@@ -7,6 +7,7 @@ from decimal import Decimal
 
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Upper
 from django.utils import timezone as dj_timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -260,13 +261,24 @@ class WhatsappMessage(models.Model):
         ]
         indexes = [
             models.Index(fields=["campaign", "batch", "status"], name="wamsg_campaign_batch_status"),
-            models.Index(fields=["campaign", "status"], name="wamsg_campaign_status"),
+            # With the id, it also serves the admin's list of a campaign's messages in a status, newest first.
+            models.Index(fields=["campaign", "status", "id"], name="wamsg_campaign_status_id"),
             models.Index(fields=["organization", "customer", "sent_at"], name="wamsg_org_customer_sent"),
             models.Index(
                 fields=["status", "sending_at"],
                 name="wamsg_in_flight",
                 condition=Q(status__in=["queued", "sending"]),
             ),
+            # The admin's list, newest first, by campaign, status or error code, and its search by the
+            # beginning of a phone number: each page an index range, whatever the table's size.
+            models.Index(fields=["campaign", "id"], name="wamsg_campaign_id"),
+            models.Index(fields=["status", "id"], name="wamsg_status_id"),
+            models.Index(
+                fields=["error_code", "id"], name="wamsg_error_code_id", condition=Q(error_code__isnull=False)
+            ),
+            models.Index(fields=["phone"], name="wamsg_phone_prefix", opclasses=["varchar_pattern_ops"]),
+            # The campaign page's send rate (messages sent in the last minute), polled while it sends.
+            models.Index(fields=["campaign", "sent_at"], name="wamsg_campaign_sent"),
         ]
 
     def __str__(self) -> str:
@@ -332,13 +344,18 @@ class EmailMessage(models.Model):
         ]
         indexes = [
             models.Index(fields=["campaign", "batch", "status"], name="emmsg_campaign_batch_status"),
-            models.Index(fields=["campaign", "status"], name="emmsg_campaign_status"),
+            models.Index(fields=["campaign", "status", "id"], name="emmsg_campaign_status_id"),
             models.Index(fields=["organization", "customer", "sent_at"], name="emmsg_org_customer_sent"),
             models.Index(
                 fields=["status", "sending_at"],
                 name="emmsg_in_flight",
                 condition=Q(status__in=["queued", "sending"]),
             ),
+            # The admin's list (as for WhatsApp) and its search by address in any case (`iexact`).
+            models.Index(fields=["campaign", "id"], name="emmsg_campaign_id"),
+            models.Index(fields=["status", "id"], name="emmsg_status_id"),
+            models.Index(Upper("email"), name="emmsg_email_upper"),
+            models.Index(fields=["campaign", "sent_at"], name="emmsg_campaign_sent"),
         ]
 
     def __str__(self) -> str:

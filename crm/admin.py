@@ -76,6 +76,54 @@ class OrganizationAdmin(admin.ModelAdmin):
         ),
     )
 
+    def get_urls(self) -> list:
+        from django.urls import path
+
+        return [
+            path(
+                "<int:pk>/dashboard/",
+                self.admin_site.admin_view(self.dashboard_view),
+                name="crm_organization_dashboard",
+            ),
+            *super().get_urls(),
+        ]
+
+    def dashboard_view(self, request: HttpRequest, pk: int):
+        """The organization's last 30 days: campaigns, sends per day, NPS, paused sending."""
+        from django.core.exceptions import PermissionDenied
+        from django.http import Http404
+        from django.template.response import TemplateResponse
+
+        from campaigns import dashboards
+
+        organization = Organization.objects.filter(pk=pk).first()
+        if organization is None:
+            raise Http404
+        if not self.has_view_permission(request, organization):
+            raise PermissionDenied
+        board = dashboards.organization_dashboard(organization=organization)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": _("%(organization)s: last %(days)d days")
+            % {"organization": organization.name, "days": dashboards.DASHBOARD_DAYS},
+            "opts": self.model._meta,
+            "original": organization,
+            "board": board,
+            "max_campaigns": dashboards.DASHBOARD_MAX_CAMPAIGNS,
+            "chart": {
+                "time_zone": organization.timezone,
+                "days": [row["day"].isoformat() for row in board.days],
+                "whatsapp_sent": [row["whatsapp_sent"] for row in board.days],
+                "email_sent": [row["email_sent"] for row in board.days],
+                "labels": {
+                    "day": str(_("day")),
+                    "whatsapp_sent": str(_("WhatsApp sent")),
+                    "email_sent": str(_("emails sent")),
+                },
+            },
+        }
+        return TemplateResponse(request, "admin/crm/organization/dashboard.html", context)
+
 
 @admin.register(Store)
 class StoreAdmin(admin.ModelAdmin):
