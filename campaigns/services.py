@@ -10,6 +10,7 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F
 from django.utils import timezone
+from django.utils.translation import gettext as _
 
 from campaigns import selectors
 from campaigns.models import (
@@ -72,19 +73,19 @@ def campaign_validate(*, campaign: Campaign) -> None:
         _validate_email(campaign)
         return
     if campaign.whatsapp_number_id is None:
-        raise CampaignError("choose the WhatsApp number to send from")
+        raise CampaignError(_("choose the WhatsApp number to send from"))
     if not campaign.template_name:
-        raise CampaignError("the template name is required")
+        raise CampaignError(_("the template name is required"))
     from campaigns.models import VARIABLE_SOURCES
 
     unknown = [v for v in campaign.template_variables if v not in VARIABLE_SOURCES]
     if unknown:
         raise CampaignError(
-            f"unknown template variable source(s): {', '.join(map(str, unknown))}; "
-            f"use {', '.join(VARIABLE_SOURCES)}"
+            _("unknown template variable source(s): %(unknown)s; use %(known)s")
+            % {"unknown": ", ".join(map(str, unknown)), "known": ", ".join(VARIABLE_SOURCES)}
         )
     if campaign.redirect_button_index is not None and not campaign.redirect_url:
-        raise CampaignError("a redirect button needs a redirect URL")
+        raise CampaignError(_("a redirect button needs a redirect URL"))
 
 
 def _validate_email(campaign: Campaign) -> None:
@@ -92,7 +93,7 @@ def _validate_email(campaign: Campaign) -> None:
     from integrations.models import EmailSettings
 
     if not EmailSettings.objects.filter(organization_id=campaign.organization_id).exists():
-        raise CampaignError("the organization has no email settings: add them under Integrations")
+        raise CampaignError(_("the organization has no email settings: add them under Integrations"))
     try:
         email_render.compile_email(
             subject=campaign.email_subject, body=campaign.email_body, body_format=campaign.email_body_format
@@ -112,7 +113,8 @@ def campaign_start(*, campaign: Campaign) -> Campaign:
         if not updated:
             campaign.refresh_from_db()
             raise CampaignError(
-                f"campaign {campaign.pk} is {campaign.status}; only a draft or scheduled campaign can start"
+                _("campaign %(id)s is %(status)s; only a draft or scheduled campaign can start")
+                % {"id": campaign.pk, "status": campaign.get_status_display()}
             )
         CampaignMetric.objects.get_or_create(campaign=campaign)
         jobrun_enqueue(
@@ -137,16 +139,19 @@ def campaign_schedule(*, campaign: Campaign, at: datetime) -> Campaign:
     One delayed job with the fixed id campaign-<id> on campaign-trigger: rescheduling replaces
     it, so there are never two."""
     if timezone.is_naive(at):
-        raise CampaignError("the schedule needs a time zone")
+        raise CampaignError(_("the schedule needs a time zone"))
     if at <= timezone.now():
-        raise CampaignError("the scheduled time is in the past; start it now instead")
+        raise CampaignError(_("the scheduled time is in the past; start it now instead"))
     campaign_validate(campaign=campaign)
     with transaction.atomic():
         if not Campaign.objects.filter(pk=campaign.pk, status__in=[Status.DRAFT, Status.SCHEDULED]).update(
             status=Status.SCHEDULED, scheduled_at=at
         ):
             campaign.refresh_from_db()
-            raise CampaignError(f"campaign {campaign.pk} is {campaign.status}; only a draft can be scheduled")
+            raise CampaignError(
+                _("campaign %(id)s is %(status)s; only a draft can be scheduled")
+                % {"id": campaign.pk, "status": campaign.get_status_display()}
+            )
         jobs.enqueue(
             "campaigns.tasks.campaign_trigger",
             queue=queues.CAMPAIGN_TRIGGER,
@@ -154,6 +159,7 @@ def campaign_schedule(*, campaign: Campaign, at: datetime) -> Campaign:
             job_id=trigger_job_id(campaign.pk),
             replace=True,
             at=at,
+            organization_id=campaign.organization_id,
         )
     campaign.refresh_from_db()
     return campaign
@@ -171,17 +177,23 @@ def campaign_unschedule(*, campaign: Campaign) -> None:
 @recovery.register("campaign-triggers")
 def _scheduled_starts() -> Iterator[jobs.JobSpec]:
     """Scheduled campaigns whose delayed start Redis no longer holds (due ones start at once)."""
-    for pk, at in Campaign.objects.filter(status=Status.SCHEDULED).values_list("pk", "scheduled_at"):
+    scheduled = Campaign.objects.filter(status=Status.SCHEDULED).values_list(
+        "pk", "scheduled_at", "organization_id"
+    )
+    for pk, at, organization_id in scheduled:
         yield jobs.JobSpec(
             func="campaigns.tasks.campaign_trigger",
             queue=queues.CAMPAIGN_TRIGGER,
             kwargs={"campaign_id": pk},
             job_id=trigger_job_id(pk),
             at=at if at and at > timezone.now() else None,
+            organization_id=organization_id,
         )
 
 
-def _batch_specs(campaign_id: int, batches: list[int], channel: str) -> list[jobs.JobSpec]:
+def _batch_specs(
+    campaign_id: int, batches: list[int], channel: str, organization_id: int | None
+) -> list[jobs.JobSpec]:
     _, func, queue, _, _ = _channel(channel)
     return [
         jobs.JobSpec(
@@ -189,6 +201,7 @@ def _batch_specs(campaign_id: int, batches: list[int], channel: str) -> list[job
             queue=queue,
             kwargs={"campaign_id": campaign_id, "batch": b},
             job_id=batch_job_id(campaign_id, b, channel),
+            organization_id=organization_id,
         )
         for b in batches
     ]
@@ -228,7 +241,7 @@ def campaign_fanout(*, campaign_id: int, chunk: int = 5000) -> int:
             cursor.execute(f"ANALYZE {model._meta.db_table}")
     CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=total)
     batches = _queued_batches(model, campaign.pk)
-    recovery.requeue_missing(_batch_specs(campaign.pk, batches, campaign.channel))
+    recovery.requeue_missing(_batch_specs(campaign.pk, batches, campaign.channel, campaign.organization_id))
     logger.info(
         "campaign %s fanned out: %s recipients in %s batches",
         campaign.pk,
@@ -303,7 +316,10 @@ def campaign_cancel(*, campaign: Campaign) -> int:
         ).update(status=Status.CANCELLED, finished_at=timezone.now())
         if not updated:
             campaign.refresh_from_db()
-            raise CampaignError(f"campaign {campaign.pk} is {campaign.status}; it cannot be cancelled")
+            raise CampaignError(
+                _("campaign %(id)s is %(status)s; it cannot be cancelled")
+                % {"id": campaign.pk, "status": campaign.get_status_display()}
+            )
         cancelled = _cancel_queued(campaign.pk)
     jobs.delete_job(trigger_job_id(campaign.pk))  # a scheduled start, if any
     campaign.refresh_from_db()
@@ -323,14 +339,20 @@ def campaign_stop(*, campaign_id: int, reason: str) -> None:
 def campaign_pause(*, campaign: Campaign) -> None:
     if not Campaign.objects.filter(pk=campaign.pk, status=Status.SENDING).update(status=Status.PAUSED):
         campaign.refresh_from_db()
-        raise CampaignError(f"campaign {campaign.pk} is {campaign.status}; only a sending campaign pauses")
+        raise CampaignError(
+            _("campaign %(id)s is %(status)s; only a sending campaign pauses")
+            % {"id": campaign.pk, "status": campaign.get_status_display()}
+        )
     campaign.refresh_from_db()
 
 
 def campaign_resume(*, campaign: Campaign) -> None:
     if not Campaign.objects.filter(pk=campaign.pk, status=Status.PAUSED).update(status=Status.SENDING):
         campaign.refresh_from_db()
-        raise CampaignError(f"campaign {campaign.pk} is {campaign.status}; only a paused campaign resumes")
+        raise CampaignError(
+            _("campaign %(id)s is %(status)s; only a paused campaign resumes")
+            % {"id": campaign.pk, "status": campaign.get_status_display()}
+        )
     campaign.refresh_from_db()
     requeue_unfinished_batches(campaign_id=campaign.pk)
 
@@ -375,9 +397,11 @@ def campaign_retry_failed(*, campaign: Campaign) -> int:
 def requeue_unfinished_batches(*, campaign_id: int) -> int:
     """Run now the batches that still have queued messages: waiting ones are pulled forward and
     the ones without a live job are enqueued. Returns how many were (re)started."""
-    channel = _channel_of(campaign_id)
+    channel, organization_id = Campaign.objects.filter(pk=campaign_id).values_list(
+        "channel", "organization_id"
+    ).first() or (Channel.WHATSAPP, None)
     model, _, queue, _, _ = _channel(channel)
-    specs = _batch_specs(campaign_id, _queued_batches(model, campaign_id), channel)
+    specs = _batch_specs(campaign_id, _queued_batches(model, campaign_id), channel, organization_id)
     pulled = promote.promote_now(queue, [s.job_id or "" for s in specs])
     return pulled + recovery.requeue_missing(specs)
 
@@ -387,11 +411,11 @@ def _unfinished(channel: str) -> Iterator[jobs.JobSpec]:
     pairs = (
         model.objects.filter(status=MsgStatus.QUEUED, campaign__status__in=[Status.SENDING, Status.PAUSED])
         .order_by("campaign_id", "batch")
-        .values_list("campaign_id", "batch")
+        .values_list("campaign_id", "batch", "campaign__organization_id")  # campaign is joined already
         .distinct()
     )
-    for campaign_id, batch in pairs.iterator(chunk_size=2000):
-        yield from _batch_specs(campaign_id, [batch], channel)
+    for campaign_id, batch, organization_id in pairs.iterator(chunk_size=2000):
+        yield from _batch_specs(campaign_id, [batch], channel, organization_id)
 
 
 @recovery.register("whatsapp-batches")
@@ -485,13 +509,18 @@ def campaign_recurrence_activate(*, campaign: Campaign) -> Campaign:
     from croniter import croniter
 
     if not campaign.recurrence or not croniter.is_valid(campaign.recurrence):
-        raise CampaignError(f"{campaign.recurrence!r} is not a cron expression, e.g. '0 9 * * 1'")
+        raise CampaignError(
+            _("%(value)r is not a cron expression, e.g. '0 9 * * 1'") % {"value": campaign.recurrence}
+        )
     campaign_validate(campaign=campaign)
     if not Campaign.objects.filter(pk=campaign.pk, status=Status.DRAFT).update(
         status=Status.RECURRING, recurrence_until=timezone.now()
     ):
         campaign.refresh_from_db()
-        raise CampaignError(f"campaign {campaign.pk} is {campaign.status}; only a draft becomes recurring")
+        raise CampaignError(
+            _("campaign %(id)s is %(status)s; only a draft becomes recurring")
+            % {"id": campaign.pk, "status": campaign.get_status_display()}
+        )
     campaign.refresh_from_db()
     return campaign
 
@@ -500,7 +529,10 @@ def campaign_recurrence_stop(*, campaign: Campaign) -> None:
     """No further occurrences (the ones already sending go on); back to draft."""
     if not Campaign.objects.filter(pk=campaign.pk, status=Status.RECURRING).update(status=Status.DRAFT):
         campaign.refresh_from_db()
-        raise CampaignError(f"campaign {campaign.pk} is {campaign.status}, not recurring")
+        raise CampaignError(
+            _("campaign %(id)s is %(status)s, not recurring")
+            % {"id": campaign.pk, "status": campaign.get_status_display()}
+        )
     campaign.refresh_from_db()
 
 

@@ -395,7 +395,7 @@ def test_cancel_pause_and_resume_work_for_email(em, smtp, run_jobs):
     assert other.status == Campaign.Status.CANCELLED
 
 
-def test_an_invalid_template_or_missing_settings_is_refused_at_start(em):
+def test_an_invalid_template_or_missing_settings_is_refused_at_start(em, english):
     with pytest.raises(services.CampaignError, match="unknown variable"):
         services.campaign_start(campaign=em["campaign"](email_subject="{{ cpf }}"))
     with pytest.raises(services.CampaignError, match=r"(?i)mjml"):

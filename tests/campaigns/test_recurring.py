@@ -129,7 +129,7 @@ def test_a_lost_occurrence_job_is_recovered_once_and_never_sends_twice(wa, sandb
     assert sandbox.stats()["accepted"] == 2 and sandbox.stats()["by_recipient_max"] == 1
 
 
-def test_recurrence_needs_a_valid_cron_and_a_draft(wa):
+def test_recurrence_needs_a_valid_cron_and_a_draft(wa, english):
     with pytest.raises(services.CampaignError, match="not a cron expression"):
         services.campaign_recurrence_activate(campaign=wa["campaign"](recurrence="every monday"))
     template = _recurring(wa)

@@ -18,7 +18,7 @@ from integrations import services as integration_services
 from integrations.models import WhatsappPrice
 
 
-def test_scheduling_puts_one_delayed_job_and_rescheduling_replaces_it(wa, redis_db, run_jobs):
+def test_scheduling_puts_one_delayed_job_and_rescheduling_replaces_it(wa, redis_db, run_jobs, english):
     wa["customers"](3)
     campaign = wa["campaign"]()
     at = timezone.now() + timedelta(hours=2)

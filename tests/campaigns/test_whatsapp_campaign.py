@@ -198,7 +198,7 @@ def test_two_campaigns_started_together_send_once_to_a_shared_customer(wa, sandb
     assert sandbox.stats()["by_recipient_max"] == 1
 
 
-def test_cancel_pause_resume_and_retry_failed(wa, sandbox, run_jobs):
+def test_cancel_pause_resume_and_retry_failed(wa, sandbox, run_jobs, english):
     people = wa["customers"](6)
     campaign = services.campaign_start(campaign=wa["campaign"]())
     services.campaign_pause(campaign=campaign)
@@ -268,7 +268,7 @@ def test_in_flight_messages_of_a_dead_worker_are_settled_not_resent(wa, sandbox,
     assert sandbox.messages() == []
 
 
-def test_campaign_commands(transactional_db, run_jobs):
+def test_campaign_commands(transactional_db, run_jobs, english):
     from integrations.services import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_ID
     from integrations.whatsapp.sandbox import SandboxServer
 
