@@ -120,6 +120,20 @@ def job_list(request: HttpRequest, queue: str, state: str) -> HttpResponse:
     return TemplateResponse(request, "admin/queues/jobs.html", context)
 
 
+# RQ's job statuses as the operator reads them.
+STATUS_LABELS = {
+    "queued": gettext_lazy("waiting"),
+    "started": gettext_lazy("running"),
+    "scheduled": gettext_lazy("delayed"),
+    "deferred": gettext_lazy("waiting for another job"),
+    "finished": gettext_lazy("completed"),
+    "failed": gettext_lazy("failed"),
+    "stopped": gettext_lazy("stopped"),
+    "canceled": gettext_lazy("canceled"),
+    "created": gettext_lazy("created"),
+}
+
+
 def job_detail(request: HttpRequest, job_id: str) -> HttpResponse:
     """One job: arguments, metadata, times, attempts, result or traceback, and its actions."""
     job = queue_ops.job_detail(job_id)
@@ -134,6 +148,7 @@ def job_detail(request: HttpRequest, job_id: str) -> HttpResponse:
         **admin.site.each_context(request),
         "title": _("Job %(id)s") % {"id": job.id},
         "job": job,
+        "status_label": STATUS_LABELS.get(str(getattr(job.status, "value", job.status)), job.status),
         "back_url": back,
         "actions": [
             (action, ACTION_LABELS[action], reverse("admin-queue-job-action", args=[job.id, action]))
