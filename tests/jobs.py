@@ -43,13 +43,6 @@ def checkpointed(kind: str, key: str) -> str:
     return key
 
 
-def fail_once(key: str) -> str:
-    """Fails the first time it runs and succeeds after: a failed job that an operator retries."""
-    if get_connection().incr(f"crm:test:{key}:runs") == 1:
-        raise RuntimeError("failing the first time on purpose")
-    return "done"
-
-
 def fails_first_run(key: str, message: str = "first run fails") -> str:
     """Raises RuntimeError(message) on its first run and succeeds after; every run is recorded in
     crm:test:<key> (the queue pages' retry tests)."""

@@ -86,6 +86,9 @@ def _campaign_reaches_100_percent(page: Page, stack: Stack) -> None:
     progress = page.locator("#live-status [data-field=progress]")
     expect(progress).to_have_text(re.compile(r"^100(\.0)?%$"), timeout=90_000)
     assert page.locator("#live-status progress").evaluate("bar => bar.value") == 1
+    # The charts are drawn in the browser (uPlot) from the series JSON.
+    expect(page.locator("#campaign-chart-events canvas")).to_have_count(1, timeout=15_000)
+    expect(page.locator("#campaign-chart-cost canvas")).to_have_count(1)
     screenshot(page, "campaign-change-100")
 
     campaign = stack.orm.run(lambda: Campaign.objects.get(pk=pk))
@@ -98,12 +101,20 @@ def _campaign_reaches_100_percent(page: Page, stack: Stack) -> None:
     expect(row.locator("td.field-progress")).to_have_text(f"{DEMO_CUSTOMERS}/{DEMO_CUSTOMERS} (100%)")
     screenshot(page, "campaign-list")
 
+    page.goto(f"/admin/crm/organization/{campaign.organization_id}/dashboard/")
+    expect(page.locator("body")).to_contain_text("Ofertas de inverno")  # among the last 30 days' campaigns
+    screenshot(page, "organization-dashboard")
+
 
 def _failed_job_is_retried_from_the_queue_pages(page: Page, stack: Stack) -> None:
     job_id = "browser-fail-once"
     # `maintenance` has one attempt: the first failure is final until someone retries it.
     stack.orm.run(
-        jobs.enqueue, "tests.jobs.fail_once", queue="maintenance", kwargs={"key": job_id}, job_id=job_id
+        jobs.enqueue,
+        "tests.jobs.fails_first_run",
+        queue="maintenance",
+        kwargs={"key": job_id, "message": "failing the first time on purpose"},
+        job_id=job_id,
     )
     wait_for(lambda: _status(job_id) == "failed", timeout=30, what="the worker to fail the job")
 
@@ -116,6 +127,7 @@ def _failed_job_is_retried_from_the_queue_pages(page: Page, stack: Stack) -> Non
     with page.expect_navigation():
         failed.locator("a").first.click()
     assert _path(page.url) == "/admin/queues/maintenance/failed/"
+    screenshot(page, "failed-list")
     with page.expect_navigation():
         page.locator(f'tr.job[data-job-id="{job_id}"] a[href*="/admin/queues/jobs/"]').first.click()
     assert _path(page.url) == f"/admin/queues/jobs/{job_id}/"
@@ -126,9 +138,13 @@ def _failed_job_is_retried_from_the_queue_pages(page: Page, stack: Stack) -> Non
         page.click("button[name=action][value=retry]")
     expect(page.locator(".messagelist .success")).to_be_visible()
     wait_for(lambda: _status(job_id) == "finished", timeout=30, what="the retried job to succeed")
-    assert jobs.get_connection().get(f"crm:test:{job_id}:runs") == b"2"
+    assert jobs.get_connection().llen(f"crm:test:{job_id}") == 2  # failed once, then succeeded
     page.goto(f"/admin/queues/jobs/{job_id}/")
     expect(page.locator("button[name=action][value=retry]")).to_have_count(0)  # nothing left to retry
+
+    page.goto("/admin/schedules/")
+    expect(page.locator("body")).to_contain_text("recover")  # a cron entry with its next run
+    screenshot(page, "schedules")
 
 
 def _handler_is_paused_and_resumed(page: Page, stack: Stack) -> None:
@@ -145,6 +161,9 @@ def _handler_is_paused_and_resumed(page: Page, stack: Stack) -> None:
         assert stack.orm.run(lambda: Handler.objects.get(pk=handler_id).paused) is paused
         if paused:
             screenshot(page, "handler-list")
+    page.goto("/admin/runner/dashboard/")
+    expect(page.locator(f"#handler-{handler_id}")).to_be_visible()
+    screenshot(page, "runner-dashboard")
 
 
 def _metrics_json_counts_every_queue(page: Page, stack: Stack) -> None:
