@@ -236,3 +236,32 @@ class ExecutionItem(models.Model):
 
     def __str__(self) -> str:
         return f"item #{self.pk} {self.external_id}"
+
+
+class WebhookEvent(models.Model):
+    """A webhook event id seen by a handler for an organization: a provider's retry of the same event
+    is answered without storing it again. Kept WEBHOOK_EVENT_KEEP_DAYS (services), pruned every minute."""
+
+    handler = models.ForeignKey(
+        Handler, on_delete=models.CASCADE, related_name="+", verbose_name=_("handler")
+    )
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="+", verbose_name=_("organization")
+    )
+    event_id = models.CharField(_("event id"), max_length=200)
+    execution = models.ForeignKey(
+        Execution, on_delete=models.SET_NULL, null=True, related_name="+", verbose_name=_("execution")
+    )
+    received_at = models.DateTimeField(_("received at"), auto_now_add=True, db_index=True)
+
+    class Meta:
+        verbose_name = _("webhook event")
+        verbose_name_plural = _("webhook events")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["handler", "organization", "event_id"], name="runner_webhook_event_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return self.event_id

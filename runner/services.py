@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from importlib import import_module
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 from django.utils.module_loading import import_string
@@ -22,12 +22,14 @@ from integrations.runner import client
 from integrations.runner.contract import ItemIn, ItemOutcome, RunIn
 from integrations.runner.resilience import Gate
 from runner import cache, conf
-from runner.models import MAX_ATTEMPTS, Execution, ExecutionItem, Handler, IntegrationType
+from runner.models import MAX_ATTEMPTS, Execution, ExecutionItem, Handler, IntegrationType, WebhookEvent
 
 logger = logging.getLogger(__name__)
 
 CHUNK = 1000
 ANALYZE_AFTER = 10_000
+# How long a webhook event id is remembered (a provider's retries come within hours).
+WEBHOOK_EVENT_KEEP = timedelta(days=7)
 # An item claimed this long ago by a job that never reported back (its worker died) may be claimed again.
 STALE_CLAIM = timedelta(minutes=10)
 ITEM_FUNC = "runner.tasks.items_process"
@@ -79,12 +81,19 @@ def execution_start(*, handler: Handler, organization_id: int, trigger: str) -> 
 
 
 def events_store(
-    *, handler: Handler, organization_id: int, trigger: str, events: list[dict[str, Any]]
+    *,
+    handler: Handler,
+    organization_id: int,
+    trigger: str,
+    events: list[dict[str, Any]],
+    event_id: str = "",
 ) -> Execution:
     """Store incoming events as the items of a new execution; returns only once they are committed.
 
     The extension point of every push trigger: the webhook intake calls it, and so does a queue
     consumer (AMQP) before it acknowledges its messages. Each event is {"external_id", "payload"}.
+    `event_id`: record the call under this id (unique per handler and organization) in the same
+    transaction, so a second call with it raises IntegrityError and stores nothing.
     """
     now = timezone.now()
     with transaction.atomic(durable=True):
@@ -100,6 +109,10 @@ def events_store(
             items_total=len(events),
             items_remaining=len(events),
         )
+        if event_id:
+            WebhookEvent.objects.create(
+                handler=handler, organization_id=organization_id, event_id=event_id, execution=execution
+            )
         items = ExecutionItem.objects.bulk_create(
             [
                 ExecutionItem(
@@ -115,6 +128,47 @@ def events_store(
             _settle(execution.pk)
     _analyze_if_big(len(events))
     return execution
+
+
+def webhook_receive(
+    *, handler: Handler, organization_id: int, event_id: str, payload: Any
+) -> tuple[int | None, bool]:
+    """Store one webhook event as an item, once per event id; returns (execution id, duplicate).
+
+    A provider that retries an event (it timed out waiting for our answer, or never saw it) sends
+    the same id again: the event is recorded under it (handler, organization, id — unique, kept
+    WEBHOOK_EVENT_KEEP) in the transaction that stores the item, so a retry, even one racing the
+    first delivery, stores nothing and learns the first execution. Events without an id are stored
+    every time."""
+    event_id = event_id[:200]
+    seen = WebhookEvent.objects.filter(handler=handler, organization_id=organization_id, event_id=event_id)
+    if event_id:
+        known = list(seen.values_list("execution_id", flat=True)[:1])
+        if known:
+            return known[0], True
+    try:
+        execution = events_store(
+            handler=handler,
+            organization_id=organization_id,
+            trigger="webhook",
+            events=[{"external_id": event_id, "payload": payload}],
+            event_id=event_id,
+        )
+    except IntegrityError:
+        if not event_id:
+            raise
+        return seen.values_list("execution_id", flat=True).first(), True  # a concurrent delivery won
+    return execution.pk, False
+
+
+def webhook_events_prune(*, now: datetime | None = None, limit: int = 10_000) -> int:
+    """Forget event ids older than WEBHOOK_EVENT_KEEP (at most `limit` per call; the cron runs it
+    every minute)."""
+    cutoff = (now or timezone.now()) - WEBHOOK_EVENT_KEEP
+    ids = list(WebhookEvent.objects.filter(received_at__lt=cutoff).values_list("id", flat=True)[:limit])
+    if ids:
+        WebhookEvent.objects.filter(id__in=ids).delete()
+    return len(ids)
 
 
 def _analyze_if_big(stored: int) -> None:

@@ -44,5 +44,7 @@ def items_process(
 
 
 def schedules_dispatch() -> int:
-    """Cron (every minute): start the executions of due handler schedules, once per occurrence."""
+    """Cron (every minute): start the executions of due handler schedules, once per occurrence; and
+    forget webhook event ids past their keep."""
+    services.webhook_events_prune()
     return services.schedules_dispatch()

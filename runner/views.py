@@ -59,10 +59,9 @@ def hook(request: HttpRequest, integration_key: str, handler_key: str) -> JsonRe
     external_id = request.headers.get("X-Event-Id") or (
         payload.get("id") if isinstance(payload, dict) else ""
     )
-    execution = services.events_store(
-        handler=handler,
-        organization_id=organization_id,
-        trigger="webhook",
-        events=[{"external_id": external_id or "", "payload": payload}],
+    execution_id, duplicate = services.webhook_receive(
+        handler=handler, organization_id=organization_id, event_id=str(external_id or ""), payload=payload
     )
-    return JsonResponse({"execution_id": execution.pk, "status": "accepted"}, status=202)
+    if duplicate:  # a retry of an event already stored: nothing stored again
+        return JsonResponse({"execution_id": execution_id, "status": "duplicate"}, status=200)
+    return JsonResponse({"execution_id": execution_id, "status": "accepted"}, status=202)

@@ -85,3 +85,65 @@ def test_a_burst_of_1000_concurrent_webhooks_is_accepted_in_full_and_processed(
         f"evt-{i}" for i in range(1000)
     }
     assert not Execution.objects.exclude(status="completed").exists()
+
+
+def test_a_retried_event_is_stored_once_and_answered_with_the_first_execution(client, py_handler):
+    _hmac_handler(py_handler)
+    body = json.dumps({"id": "evt-retry", "total": 10}).encode()
+    first = _post(client, body, **{"X-Runner-Signature": signature(SECRET, body)})
+    again = _post(client, body, **{"X-Runner-Signature": signature(SECRET, body)})
+    assert first.status_code == 202
+    assert again.status_code == 200
+    assert again.json() == {"execution_id": first.json()["execution_id"], "status": "duplicate"}
+    assert ExecutionItem.objects.count() == 1 and Execution.objects.count() == 1
+    # Without an id there is nothing to recognise a retry by: each delivery is stored.
+    anonymous = json.dumps({"total": 10}).encode()
+    for _ in range(2):
+        assert (
+            _post(client, anonymous, **{"X-Runner-Signature": signature(SECRET, anonymous)}).status_code
+            == 202
+        )
+    assert ExecutionItem.objects.count() == 3
+
+
+def test_concurrent_deliveries_of_one_event_store_it_once(live_server, py_handler):
+    _hmac_handler(py_handler)
+    url = f"{live_server.url}/hooks/crm-x/leads"
+    body = json.dumps({"total": 1}).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "X-Runner-Signature": signature(SECRET, body),
+        "X-Event-Id": "evt-raced",
+    }
+
+    def send(_: int) -> tuple[int, int]:
+        with httpx.Client(timeout=30) as c:
+            r = c.post(url, content=body, headers=headers)
+        return r.status_code, r.json()["execution_id"]
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        answers = list(pool.map(send, range(16)))
+    assert sorted(status for status, _ in answers) == [200] * 15 + [202]
+    assert len({execution for _, execution in answers}) == 1
+    assert ExecutionItem.objects.filter(external_id="evt-raced").count() == 1
+
+
+def test_event_ids_are_forgotten_after_their_keep(client, py_handler):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from runner import services
+    from runner.models import WebhookEvent
+
+    _hmac_handler(py_handler)
+    body = json.dumps({"id": "evt-old"}).encode()
+    assert _post(client, body, **{"X-Runner-Signature": signature(SECRET, body)}).status_code == 202
+    assert services.webhook_events_prune() == 0
+    WebhookEvent.objects.update(
+        received_at=timezone.now() - services.WEBHOOK_EVENT_KEEP - timedelta(minutes=1)
+    )
+    assert services.webhook_events_prune() == 1
+    # Forgotten: the same id is an event again.
+    assert _post(client, body, **{"X-Runner-Signature": signature(SECRET, body)}).status_code == 202
+    assert ExecutionItem.objects.filter(external_id="evt-old").count() == 2
