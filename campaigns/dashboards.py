@@ -42,6 +42,7 @@ BUCKET_STEPS = (
     30 * 86400,
 )
 MAX_POINTS = 300
+MIN_POINTS = 10
 # While these last, "now" is the end of the chart (and the page keeps refreshing it).
 LIVE_STATUSES = (Campaign.Status.SENDING, Campaign.Status.PAUSED, Campaign.Status.SCHEDULED)
 DASHBOARD_DAYS = 30
@@ -188,6 +189,10 @@ def campaign_series(*, campaign: Campaign) -> dict[str, Any]:
         end = max([start, campaign.finished_at or start, *(t for t in lasts.values() if t is not None)])
     origin = _local_midnight(start, zone)
     step, first, count = buckets(start, end, origin)
+    if not live:
+        # A finished campaign of a few minutes still gets a readable time axis (its minutes and the
+        # quiet after them) instead of a lone point.
+        count = max(count, MIN_POINTS)
 
     counts: dict[str, dict[datetime, int]] = {}
     costs: dict[datetime, Decimal] = {}

@@ -76,6 +76,8 @@ def test_a_real_campaigns_buckets_add_up_to_its_metrics(wa, sandbox, run_jobs, a
     assert sums == data["totals"] == {"sent": 11, "delivered": 8, "read": 3, "clicked": 2, "failed": 1}
     assert data["bucket_seconds"] == 60  # a campaign of a few seconds: minute buckets
     assert all(len(values) == len(data["timestamps"]) for values in data["series"].values())
+    assert not data["live"]  # finished: its minute and the quiet after it, not a lone point
+    assert len(data["timestamps"]) >= dashboards.MIN_POINTS
     assert Decimal(data["cost_total"]) == metric.cost == Decimal("0.0625") * 11
     assert data["cost"][-1] == pytest.approx(float(metric.cost))
     assert data["cost"] == sorted(data["cost"])  # cumulative
