@@ -76,6 +76,7 @@ def execution_start(*, handler: Handler, organization_id: int, trigger: str) -> 
         kwargs={"execution_id": execution.pk},
         job_id=f"runner-run-{execution.pk}",
         unique=True,
+        organization_id=organization_id,
     )
     return execution
 
@@ -257,6 +258,7 @@ def _feeder_enqueue(execution: Execution, *, delay: float) -> None:
         job_id=f"runner-feed-{execution.pk}",
         at=timezone.now() + timedelta(seconds=delay),
         unique=True,
+        organization_id=execution.organization_id,
     )
 
 
@@ -814,6 +816,7 @@ def _unfinished() -> Iterator[jobs.JobSpec]:
                 queue=queues.RUNS,
                 kwargs={"execution_id": execution.pk},
                 job_id=f"runner-run-{execution.pk}",
+                organization_id=execution.organization_id,
             )
         pending = ExecutionItem.objects.filter(
             execution=execution, status=ExecutionItem.Status.PENDING, created_at__lt=old
@@ -825,6 +828,7 @@ def _unfinished() -> Iterator[jobs.JobSpec]:
                 queue=_item_queue(execution.trigger),
                 kwargs={"execution_id": execution.pk},
                 job_id=f"runner-feed-{execution.pk}",
+                organization_id=execution.organization_id,
             )
             pending = pending.filter(id__lte=execution.fed_through)
         ids = list(pending.order_by("id").values_list("id", flat=True))

@@ -205,4 +205,5 @@ def test_recovery_gives_a_paced_run_back_its_feeder_not_every_pending_item(py_ha
         )
     )
     assert len(fed) == 10
-    assert any(job and job.id == f"runner-feed-{execution.pk}" for job in queued)
+    feeder = [job for job in queued if job and job.id == f"runner-feed-{execution.pk}"]
+    assert len(feeder) == 1 and feeder[0].meta["organization_id"] == org.pk  # for its log line
