@@ -17,7 +17,6 @@ import ipaddress
 import logging
 from collections import defaultdict
 from collections.abc import Iterator
-from datetime import UTC, datetime
 
 from django.conf import settings
 from django.db import DatabaseError
@@ -38,7 +37,6 @@ from prometheus_client.utils import floatToGoString
 from redis import Redis
 from redis.client import Pipeline
 from redis.exceptions import RedisError
-from rq.utils import str_to_date
 
 from crm import jobs, queues, stats
 
@@ -115,12 +113,10 @@ class PlatformCollector(Collector):
             pipe.hgetall(JOBS_KEY)
             pipe.hgetall(COUNTERS_KEY)
             pipe.smembers("rq:workers")
-            for name in queues.QUEUE_NAMES:
-                pipe.lindex(f"rq:queue:{name}", 0)
-            job_hash, counters, worker_keys, *heads = pipe.execute()
+            job_hash, counters, worker_keys = pipe.execute()
         yield from self._jobs({_text(k): _text(v) for k, v in job_hash.items()})
         yield from self._counters({_text(k): int(v) for k, v in counters.items()})
-        yield from self._workers_and_ages(connection, sorted(_text(k) for k in worker_keys), heads)
+        yield from self._workers_and_ages(connection, sorted(_text(k) for k in worker_keys))
         yield from self._messages()
         yield from self._circuits(connection)
         yield self._dlq()
@@ -182,29 +178,19 @@ class PlatformCollector(Collector):
             yield family
 
     @staticmethod
-    def _workers_and_ages(
-        connection: Redis, worker_keys: list[str], heads: list[bytes | None]
-    ) -> Iterator[Metric]:
+    def _workers_and_ages(connection: Redis, worker_keys: list[str]) -> Iterator[Metric]:
         # A killed worker stays in rq:workers until a sweep; its own key expires with its TTL.
-        waiting = [(name, _text(head)) for name, head in zip(queues.QUEUE_NAMES, heads, strict=True) if head]
         with connection.pipeline(transaction=False) as pipe:
             for key in worker_keys:
                 pipe.exists(key)
-            for _name, job_id in waiting:
-                pipe.hget(f"rq:job:{job_id}", "enqueued_at")
-            replies = pipe.execute()
-        alive, enqueued = replies[: len(worker_keys)], replies[len(worker_keys) :]
+            alive = pipe.execute()
         yield GaugeMetricFamily("crm_workers", "Live RQ workers.", value=sum(1 for a in alive if a))
         oldest = GaugeMetricFamily(
             "crm_oldest_waiting_seconds",
             "Age of the oldest job waiting in each queue (0 when the queue is empty).",
             labels=["queue"],
         )
-        now = datetime.now(UTC)
-        ages = dict.fromkeys(queues.QUEUE_NAMES, 0.0)
-        for (name, _job_id), at in zip(waiting, enqueued, strict=True):
-            if at:
-                ages[name] = max((now - str_to_date(at)).total_seconds(), 0.0)
+        ages = {**dict.fromkeys(queues.QUEUE_NAMES, 0.0), **stats.oldest_waiting()}
         for name, age in ages.items():
             oldest.add_metric([name], round(age, 3))
         yield oldest
@@ -232,7 +218,7 @@ class PlatformCollector(Collector):
 
     @staticmethod
     def _circuits(connection: Redis) -> Iterator[Metric]:
-        from integrations.runner.resilience import breaker_key
+        from integrations.runner.resilience import snapshot
         from runner.models import IntegrationType
 
         family = GaugeMetricFamily(
@@ -243,18 +229,10 @@ class PlatformCollector(Collector):
         keys = list(
             IntegrationType.objects.order_by("integration_key").values_list("integration_key", flat=True)
         )
-        if keys:
-            with connection.pipeline(transaction=False) as pipe:
-                pipe.time()
-                for key in keys:
-                    pipe.hmget(breaker_key(key), "state", "until")
-                (seconds, micros), *states = pipe.execute()
-            now_ms = seconds * 1000 + micros // 1000
-            for key, (state, until) in zip(keys, states, strict=True):
-                name = _text(state) if state else "closed"
-                if name == "open" and int(until or 0) <= now_ms:
-                    name = "half"  # its time is up: the next admission probes
-                family.add_metric([key], CIRCUIT_STATES.get(name, 0))
+        # The dashboard's read (Redis's clock; an open circuit past its time reads half-open).
+        breakers = snapshot(connection, integration_keys=keys, handler_ids=[], organization_ids=[]).breakers
+        for key in keys:
+            family.add_metric([key], CIRCUIT_STATES.get(breakers[key].state, 0))
         yield family
 
     @staticmethod

@@ -21,7 +21,6 @@ from rq.exceptions import DeserializationError
 from rq.job import Job, JobStatus
 from rq.results import Result
 from rq.serializers import JSONSerializer
-from rq.utils import utcparse
 
 from crm import jobs, promote, queues, stats
 
@@ -166,7 +165,7 @@ def overview() -> list[dict[str, Any]]:
         for name in worker.queue_names():
             if name in listening:
                 listening[name].append(worker.name)
-    oldest = _oldest_waiting(connection)
+    oldest = {name: round(age, 1) for name, age in stats.oldest_waiting().items()}
     return [
         {
             "name": name,
@@ -177,27 +176,6 @@ def overview() -> list[dict[str, Any]]:
         }
         for name in queues.QUEUE_NAMES
     ]
-
-
-def _oldest_waiting(connection: Redis) -> dict[str, float]:
-    """Seconds the job at the head of each queue has waited: two round trips for every queue."""
-    with connection.pipeline(transaction=False) as pipe:
-        for name in queues.QUEUE_NAMES:
-            pipe.lindex(f"rq:queue:{name}", 0)
-        heads = pipe.execute()
-    present = [(name, _text(h)) for name, h in zip(queues.QUEUE_NAMES, heads, strict=True) if h]
-    if not present:
-        return {}
-    with connection.pipeline(transaction=False) as pipe:
-        for _, job_id in present:
-            pipe.hget(_JOB + job_id, "enqueued_at")
-        stamps = pipe.execute()
-    now = datetime.now(UTC)
-    oldest = {}
-    for (name, _), stamp in zip(present, stamps, strict=True):
-        if stamp:
-            oldest[name] = round(max((now - utcparse(_text(stamp))).total_seconds(), 0.0), 1)
-    return oldest
 
 
 # --- pages of jobs ----------------------------------------------------------------------------

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
+
+from rq.utils import utcparse
+
 from crm import jobs, queues
 
 STATES = ("waiting", "active", "failed", "completed", "delayed")
@@ -32,3 +36,30 @@ def queue_stats() -> dict[str, dict[str, int]]:
             "delayed": scheduled + deferred,
         }
     return result
+
+
+def oldest_waiting() -> dict[str, float]:
+    """Seconds the job at the head of each non-empty queue has waited (two pipelined round trips);
+    queues with nothing waiting are left out."""
+    connection = jobs.get_connection()
+    with connection.pipeline(transaction=False) as pipe:
+        for name in queues.QUEUE_NAMES:
+            pipe.lindex(f"rq:queue:{name}", 0)
+        heads = pipe.execute()
+    present = [(name, _text(h)) for name, h in zip(queues.QUEUE_NAMES, heads, strict=True) if h]
+    if not present:
+        return {}
+    with connection.pipeline(transaction=False) as pipe:
+        for _, job_id in present:
+            pipe.hget(f"rq:job:{job_id}", "enqueued_at")
+        stamps = pipe.execute()
+    now = datetime.now(UTC)
+    return {
+        name: max((now - utcparse(_text(stamp))).total_seconds(), 0.0)
+        for (name, _), stamp in zip(present, stamps, strict=True)
+        if stamp
+    }
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

@@ -35,12 +35,8 @@ def _redis() -> None:
 
 def _background() -> dict:
     """Workers and schedulers alive, and how long the oldest waiting job has waited (seconds)."""
-    from datetime import UTC, datetime
-
     from rq import Worker
     from rq.serializers import JSONSerializer
-
-    from crm import queues
 
     connection = jobs.get_connection()
     workers = Worker.all(connection=connection, serializer=JSONSerializer)
@@ -49,16 +45,7 @@ def _background() -> dict:
         for key in connection.scan_iter("rq:scheduler_instance:*", count=100)
         if not connection.hexists(key, "death")
     ]
-    oldest: dict[str, float] = {}
-    now = datetime.now(UTC)
-    for name in queues.QUEUE_NAMES:
-        head = connection.lindex(f"rq:queue:{name}", 0)
-        if head is None:
-            continue
-        job = jobs.fetch_job(head.decode() if isinstance(head, bytes) else head)
-        if job is not None and job.enqueued_at is not None:
-            enqueued = job.enqueued_at if job.enqueued_at.tzinfo else job.enqueued_at.replace(tzinfo=UTC)
-            oldest[name] = round((now - enqueued).total_seconds(), 1)
+    oldest = {name: round(age, 1) for name, age in stats.oldest_waiting().items()}
     return {
         "workers": {"ok": bool(workers), "alive": len(workers)},
         "scheduler": {"ok": bool(schedulers), "alive": len(schedulers)},
