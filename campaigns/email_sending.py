@@ -167,11 +167,19 @@ class Delivery:
 
 
 def deliver(
-    server: SmtpServer | esp.EspAccount, build: Callable[[], MimeMessage], *, bulk: bool = True
-) -> Delivery:
+    server: SmtpServer | esp.EspAccount,
+    build: Callable[[], MimeMessage],
+    *,
+    bulk: bool = True,
+    ready: Callable[[], bool] | None = None,
+) -> Delivery | None:
     """Send over the process's pooled connection (or the ESP's API) and classify what was answered.
-    `bulk`: marketing mail (the ESP's broadcast stream); False for a one-off message."""
+    `bulk`: marketing mail (the ESP's broadcast stream); False for a one-off message. `ready`: called
+    right before the hand-over, once the connection is open (see pool.send); when it answers False
+    nothing is sent and None is returned."""
     if isinstance(server, esp.EspAccount):
+        if ready is not None and not ready():
+            return None
         result = esp.send(
             provider=server.provider,
             api_key=server.api_key,
@@ -187,7 +195,8 @@ def deliver(
             transient=result.transient,
         )
     try:
-        return Delivery(reply=pool.send(server, build, idle_check=settings.EMAIL_CONNECTION_IDLE_CHECK))
+        reply = pool.send(server, build, idle_check=settings.EMAIL_CONNECTION_IDLE_CHECK, ready=ready)
+        return None if reply is None else Delivery(reply=reply)
     except OutcomeUnknown as exc:
         return Delivery(unknown=str(exc))
     except (smtplib.SMTPException, OSError) as exc:
@@ -353,14 +362,12 @@ def _send_chunk(
     stop = threading.Event()  # the server refused the account, or the ESP is down: send no more
 
     def send(m: EmailMessage) -> Delivery | None:
-        """In a sender thread: book the next slot of the organization's schedule, wait for it, hand
-        the message over (no database here). A slot is booked only when a thread is free to use
-        it, so a slow sender never leaves slots behind that another would catch up on in a burst."""
-        if stop.is_set():
-            return None
-        slot = ratelimit.reserve(f"email:{org.pk}", 1, per_second)  # 7: shared by every worker
-        if slot.start > 0:
-            stop.wait(slot.start)
+        """In a sender thread: render and build the message, check a connection out (opening and
+        logging in when needed), then book the next slot of the organization's schedule, wait for
+        it and hand the message over (no database here). The slot is booked only when the message
+        can go the moment it comes, so connecting never eats into the schedule (a late first
+        message would let the next ones bunch up behind it) and a slow sender never leaves slots
+        behind that another would catch up on in a burst."""
         if stop.is_set():
             return None
         unsubscribe_url = links.link_url("u", m)
@@ -370,18 +377,24 @@ def _send_chunk(
             click_url=links.link_url("r", m),
             open_pixel_url=links.link_url("o", m),
         )
-        outcome = deliver(
-            server,
-            functools.partial(
-                build_message,
-                email_settings=email_settings,
-                to_name=m.customer.name,
-                to_address=m.email,
-                rendered=rendered,
-                unsubscribe_url=unsubscribe_url,
-            ),
+        message = build_message(
+            email_settings=email_settings,
+            to_name=m.customer.name,
+            to_address=m.email,
+            rendered=rendered,
+            unsubscribe_url=unsubscribe_url,
         )
-        if outcome.transient or (outcome.failure is not None and outcome.failure.kind is Failure.SENDER):
+
+        def on_time() -> bool:
+            slot = ratelimit.reserve(f"email:{org.pk}", 1, per_second)  # 7: shared by every worker
+            if slot.start > 0:
+                stop.wait(slot.start)
+            return not stop.is_set()
+
+        outcome = deliver(server, lambda: message, ready=on_time)
+        if outcome is not None and (
+            outcome.transient or (outcome.failure is not None and outcome.failure.kind is Failure.SENDER)
+        ):
             stop.set()
         return outcome
 

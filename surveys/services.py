@@ -438,6 +438,7 @@ def _send_email(survey: Survey) -> str:
         ),
         bulk=False,  # one message about the customer's purchase, not a broadcast
     )
+    assert outcome is not None  # no `ready` hook: there is always an outcome
     if outcome.unknown:
         _fail(survey, f"{OUTCOME_UNKNOWN} ({outcome.unknown})")
         return "failed"

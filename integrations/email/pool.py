@@ -69,12 +69,24 @@ def connection(server: SmtpServer, *, idle_check: float = 15.0) -> SmtpConnectio
     return conn
 
 
-def send(server: SmtpServer, build: Callable[[], EmailMessage], *, idle_check: float = 15.0) -> str:
+def send(
+    server: SmtpServer,
+    build: Callable[[], EmailMessage],
+    *,
+    idle_check: float = 15.0,
+    ready: Callable[[], bool] | None = None,
+) -> str | None:
     """Send `build()` over a pooled connection; reconnects once when the server had closed it before
     anything of this message was handed over. Returns the server's answer. Thread-safe: each call
-    has a connection of its own while it sends."""
+    has a connection of its own while it sends.
+
+    `ready` is called once the connection is open and checked, right before the hand-over (a rate
+    limiter waits for its slot there, so connecting and logging in never eat into the schedule);
+    when it answers False nothing is sent and None is returned."""
     conn = checkout(server, idle_check=idle_check)
     try:
+        if ready is not None and not ready():
+            return None
         try:
             return conn.send(build())
         except smtplib.SMTPServerDisconnected:

@@ -47,6 +47,33 @@ def test_one_connection_carries_many_messages_and_returns_the_servers_answer(smt
     assert "s3nha" not in repr(server)
 
 
+def test_the_pool_asks_ready_only_once_the_connection_is_open_and_sends_nothing_on_no(smtp):
+    """A rate limiter waits for its slot in `ready`: connecting and logging in come before it, so
+    they never delay a message past its slot."""
+    from integrations.email import pool
+
+    server = SmtpServer(smtp.host, smtp.port, "none", "loja", "s3nha-smtp")
+    pool.discard(server)
+    seen: list[int] = []
+
+    def ready(answer: bool):
+        def check() -> bool:
+            seen.append(smtp.connections())  # the session is open (and logged in) by now
+            return answer
+
+        return check
+
+    try:
+        assert pool.send(server, lambda: _message("no@example.com.br"), ready=ready(False)) is None
+        assert smtp.messages() == []
+        reply = pool.send(server, lambda: _message("yes@example.com.br"), ready=ready(True))
+        assert reply is not None and reply.startswith("250 ")
+    finally:
+        pool.discard(server)
+    assert seen == [1, 1]  # one connection, opened before the first question and kept for the second
+    assert [m["rcpt_tos"] for m in smtp.messages()] == [["yes@example.com.br"]]
+
+
 def test_a_refused_recipient_raises_with_the_code_and_the_session_goes_on(smtp):
     smtp.reply_for(
         "gone@example.com.br", 550, "5.1.1 <gone@example.com.br>: Recipient address rejected: User unknown"
