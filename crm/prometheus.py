@@ -205,10 +205,11 @@ class PlatformCollector(Collector):
             .values("campaign__channel")
             .annotate(**{status: Sum(status) for status in MESSAGE_STATUSES})
         )
-        family = CounterMetricFamily(
+        # A gauge, not a counter: a retry of failed messages lowers failed and deleting a campaign
+        # lowers them all, which a counter must never do (Prometheus would read a reset).
+        family = GaugeMetricFamily(
             "crm_messages",
-            "Campaign messages by channel and status: the sum of the campaigns' counters (a retry of "
-            "failed messages lowers failed).",
+            "Campaign messages by channel and status now: the sum of the campaigns' counters.",
             labels=["channel", "status"],
         )
         for row in rows:

@@ -258,7 +258,7 @@ def test_a_campaign_batch_job_logs_its_organization(wa, run_jobs, caplog):
     assert as_json["organization_id"] == org_id and as_json["job_id"] == batch_id
 
 
-def test_messages_total_sums_the_campaign_counters_by_channel(wa, run_jobs, client):
+def test_the_messages_gauge_sums_the_campaign_counters_by_channel(wa, run_jobs, client):
     wa["customers"](4)
     wa["customers"](1, start=10, name="")  # an empty template variable: skipped, never sent
     campaign = campaign_services.campaign_start(campaign=wa["campaign"]())
@@ -266,10 +266,11 @@ def test_messages_total_sums_the_campaign_counters_by_channel(wa, run_jobs, clie
     metric = CampaignMetric.objects.get(campaign=campaign)
     assert (metric.sent, metric.skipped) == (4, 1)
     samples = scrape(client)
-    assert value(samples, "crm_messages_total", channel="whatsapp", status="sent") == 4
-    assert value(samples, "crm_messages_total", channel="whatsapp", status="skipped") == 1
-    assert value(samples, "crm_messages_total", channel="whatsapp", status="failed") == 0
-    assert not [k for k in samples if k[0] == "crm_messages_total" and dict(k[1])["channel"] == "email"]
+    assert value(samples, "crm_messages", channel="whatsapp", status="sent") == 4
+    assert value(samples, "crm_messages", channel="whatsapp", status="skipped") == 1
+    assert value(samples, "crm_messages", channel="whatsapp", status="failed") == 0
+    assert not [k for k in samples if k[0] == "crm_messages" and dict(k[1])["channel"] == "email"]
+    assert "# TYPE crm_messages gauge" in client.get("/metrics").content.decode()
 
 
 def test_a_rescheduled_campaign_start_carries_its_organization(wa):
