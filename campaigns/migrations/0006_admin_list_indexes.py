@@ -3,55 +3,60 @@
 import django.db.models.functions.text
 from django.db import migrations, models
 
+from crm.online_schema import AddIndexOnline, RemoveIndexOnline
+
 
 class Migration(migrations.Migration):
+    # The message and item tables are written while this runs: indexes are built CONCURRENTLY.
+    atomic = False
+
     dependencies = [
         ("campaigns", "0005_segments"),
         ("crm", "0005_customer_sale_erp_fields"),
     ]
 
     operations = [
-        migrations.RemoveIndex(
+        RemoveIndexOnline(
             model_name="emailmessage",
             name="emmsg_campaign_status",
         ),
-        migrations.RemoveIndex(
+        RemoveIndexOnline(
             model_name="whatsappmessage",
             name="wamsg_campaign_status",
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name="emailmessage",
             index=models.Index(fields=["campaign", "status", "id"], name="emmsg_campaign_status_id"),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name="emailmessage",
             index=models.Index(fields=["campaign", "id"], name="emmsg_campaign_id"),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name="emailmessage",
             index=models.Index(fields=["status", "id"], name="emmsg_status_id"),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name="emailmessage",
             index=models.Index(django.db.models.functions.text.Upper("email"), name="emmsg_email_upper"),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name="emailmessage",
             index=models.Index(fields=["campaign", "sent_at"], name="emmsg_campaign_sent"),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name="whatsappmessage",
             index=models.Index(fields=["campaign", "status", "id"], name="wamsg_campaign_status_id"),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name="whatsappmessage",
             index=models.Index(fields=["campaign", "id"], name="wamsg_campaign_id"),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name="whatsappmessage",
             index=models.Index(fields=["status", "id"], name="wamsg_status_id"),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name="whatsappmessage",
             index=models.Index(
                 condition=models.Q(("error_code__isnull", False)),
@@ -59,13 +64,13 @@ class Migration(migrations.Migration):
                 name="wamsg_error_code_id",
             ),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name="whatsappmessage",
             index=models.Index(
                 fields=["phone"], name="wamsg_phone_prefix", opclasses=["varchar_pattern_ops"]
             ),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name="whatsappmessage",
             index=models.Index(fields=["campaign", "sent_at"], name="wamsg_campaign_sent"),
         ),

@@ -2,14 +2,19 @@
 
 from django.db import migrations, models
 
+from crm.online_schema import AddIndexOnline, RemoveIndexOnline
+
 
 class Migration(migrations.Migration):
+    # The message and item tables are written while this runs: indexes are built CONCURRENTLY.
+    atomic = False
+
     dependencies = [
         ("runner", "0001_initial"),
     ]
 
     operations = [
-        migrations.RemoveIndex(
+        RemoveIndexOnline(
             model_name="executionitem",
             name="runner_item_exec_status_idx",
         ),
@@ -20,7 +25,7 @@ class Migration(migrations.Migration):
                 blank=True, editable=False, null=True, verbose_name="fed through item"
             ),
         ),
-        migrations.AddIndex(
+        AddIndexOnline(
             model_name="executionitem",
             index=models.Index(fields=["execution", "status", "id"], name="runner_item_exec_status_idx"),
         ),
