@@ -354,8 +354,8 @@ def test_the_password_is_encrypted_at_rest_and_never_in_redis(em, smtp, run_jobs
 
 
 def test_the_rate_limit_holds_across_worker_processes(em, smtp, worker_process):
-    em["customers"](40)
-    EmailSettings.objects.filter(pk=em["settings"].pk).update(messages_per_minute=1200)  # 20/s
+    em["customers"](30)
+    EmailSettings.objects.filter(pk=em["settings"].pk).update(messages_per_minute=600)  # 10/s
     from tests.conftest import child_env
 
     env = child_env(EMAIL_BATCH_SIZE="10")
@@ -364,23 +364,23 @@ def test_the_rate_limit_holds_across_worker_processes(em, smtp, worker_process):
     two = worker_process("--queues", "campaign-trigger,email-send", "--burst", env=env)
     assert one.wait(timeout=60) == 0 and two.wait(timeout=60) == 0
     received = sorted(m["received_at"] for m in smtp.messages())
-    assert len(received) == 40
-    span = (received[-1] - received[0]).total_seconds()
-    # 40 sends at 20/s need 39 intervals of 50 ms (~1.95 s) whatever the number of workers; the
-    # first ones also open connections, so allow some jitter on the edges.
-    assert span >= 1.5, span
+    assert len(received) == 30
+    offsets = [round((t - received[0]).total_seconds(), 3) for t in received]
+    # 30 sends at 10/s need 29 intervals of 100 ms (2.9 s) whatever the number of workers.
+    assert offsets[-1] >= 2.4, offsets
     # and the shared schedule held in every stretch, not only on average: any window of 1 s (and of
-    # 0.5 s) starting at an arrival holds at most 20 (10) emails plus two of slack. A sender stalled
-    # by the machine adds one late email to a window (the next ones keep their slots); sends without
-    # a shared limit would put all 40 in one.
-    for width, most in ((1.0, 20 + 2), (0.5, 10 + 2)):
+    # 2 s) starting at an arrival holds at most 10 (20) emails plus three of slack, for arrival
+    # jitter on a loaded machine (a stalled sender or sandbox turns up to 300 ms of sends into one
+    # bunch; the schedule itself never lets a late sender catch up). Sends without the shared limit
+    # would put all 30 in one second; at twice the rate, 20 would be in one.
+    for width, most in ((1.0, 10 + 3), (2.0, 20 + 3)):
         crowded = [
             (i, n)
-            for i, start in enumerate(received)
-            if (n := sum(1 for t in received[i:] if (t - start).total_seconds() < width)) > most
+            for i, start in enumerate(offsets)
+            if (n := sum(1 for t in offsets[i:] if t - start < width)) > most
         ]
-        assert crowded == [], (width, crowded)
-    assert _statuses(campaign) == {"sent": 40}
+        assert crowded == [], (width, crowded, offsets)
+    assert _statuses(campaign) == {"sent": 30}
     assert smtp.connections() <= 2 * 4  # at most EMAIL_CONNECTIONS per worker process
 
 
