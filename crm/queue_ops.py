@@ -410,7 +410,8 @@ def job_detail(job_id: str) -> JobDetail | None:
             actions.append("promote")
         if status == JobStatus.QUEUED:
             actions.append("cancel")
-    actions.append("delete")
+    if status != JobStatus.STARTED:
+        actions.append("delete")
     return JobDetail(
         id=job.id,
         origin=job.origin,
@@ -495,8 +496,12 @@ def job_retry(job_id: str) -> tuple[str, int]:
 def job_delete(job_id: str) -> str:
     """Remove a job from its queue and every registry and delete it; returns its queue.
 
-    A job a worker is running keeps running until it ends (this does not stop it)."""
+    A job a worker is running is refused (WrongState): deleting it would not stop it, and the worker
+    would write it back when it ends. Once it ends, or its dead worker's job is swept back onto
+    its queue (within about 15 s), it can be deleted."""
     job = _fetch(job_id)
+    if job.get_status(refresh=False) == JobStatus.STARTED:
+        raise WrongState(_status(job))
     connection = jobs.get_connection()
     keys = _keys(job.origin)
     with connection.pipeline() as pipe:

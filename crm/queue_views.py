@@ -204,7 +204,8 @@ def job_action(request: HttpRequest, job_id: str, action: str) -> HttpResponse:
         messages.error(request, _("Job %(id)s no longer exists.") % values)
         return _back(request, reverse("admin-queues"))
     except queue_ops.WrongState as exc:
-        messages.error(request, _WRONG_STATE[action] % {**values, "status": exc.status})
+        status = STATUS_LABELS.get(exc.status, exc.status)
+        messages.error(request, _WRONG_STATE[action] % {**values, "status": status})
         return _back(request, detail)
     messages.success(request, text)
     return _back(request, detail)

@@ -3,6 +3,7 @@ actions, on real jobs in a real Redis run by real (in-process) workers."""
 
 from __future__ import annotations
 
+import time
 from html.parser import HTMLParser
 from typing import Any
 
@@ -231,7 +232,7 @@ def test_retry_puts_a_failed_job_back_with_the_queues_attempts_and_it_succeeds(s
     assert recorded("flaky") == ["run", "run"]
 
     again = staff_client.post("/admin/queues/jobs/flaky/retry/")
-    assert _messages(again) == ["Only a failed job can be retried; job flaky is finished."]
+    assert _messages(again) == ["Only a failed job can be retried; job flaky is completed."]
     assert _job("flaky").get_status() == JobStatus.FINISHED
     assert _connection().llen("rq:queue:runs") == 0
 
@@ -261,6 +262,28 @@ def test_delete_removes_a_job_from_everywhere(staff_client, run_jobs):
     assert _messages(missing) == ["Job gone-waiting no longer exists."]
 
 
+def test_a_running_job_cannot_be_deleted_and_ends_normally(staff_client, worker_process):
+    """Deleting does not stop a running job, and its worker would write it back when it ends, so
+    the page offers no delete while it runs and refuses one that is posted anyway."""
+    jobs.enqueue(
+        "tests.jobs.sleep_and_record", queue="runs", kwargs={"key": "s", "seconds": 2}, job_id="busy"
+    )
+    worker = worker_process("--queues", "runs", "--burst")
+    deadline = time.monotonic() + 30
+    while (job := _job("busy")) is None or job.get_status() != JobStatus.STARTED:
+        assert time.monotonic() < deadline, "the worker never started the job"
+        time.sleep(0.05)
+
+    page = staff_client.get("/admin/queues/jobs/busy/").content.decode()
+    assert "/admin/queues/jobs/busy/delete/" not in page
+    refused = staff_client.post("/admin/queues/jobs/busy/delete/")
+    assert _messages(refused) == ["Job busy could not be deleted: it is running."]
+    assert worker.wait(timeout=30) == 0
+    assert recorded("s") and _job("busy").get_status() == JobStatus.FINISHED
+    deleted = staff_client.post("/admin/queues/jobs/busy/delete/")
+    assert _messages(deleted) == ["Job busy was deleted from runs."] and _job("busy") is None
+
+
 def test_promote_runs_a_delayed_job_now(staff_client, run_jobs):
     jobs.enqueue(
         "tests.jobs.record",
@@ -282,7 +305,7 @@ def test_promote_runs_a_delayed_job_now(staff_client, run_jobs):
     assert recorded("p") == ["x"]
 
     wrong = staff_client.post("/admin/queues/jobs/now/promote/")
-    assert _messages(wrong) == ["Only a delayed job can be run now; job now is queued."]
+    assert _messages(wrong) == ["Only a delayed job can be run now; job now is waiting."]
     assert _connection().lrange("rq:queue:email-send", 0, -1) == [b"now"]
 
 
@@ -301,7 +324,7 @@ def test_cancel_takes_a_waiting_job_off_its_queue(staff_client, run_jobs):
     assert recorded("c") == ["2"]
 
     wrong = staff_client.post("/admin/queues/jobs/keep-me/cancel/")
-    assert _messages(wrong) == ["Only a waiting job can be canceled; job keep-me is finished."]
+    assert _messages(wrong) == ["Only a waiting job can be canceled; job keep-me is completed."]
     assert _job("keep-me").get_status() == JobStatus.FINISHED
 
 

@@ -402,7 +402,7 @@ def test_latency_lets_200_concurrent_requests_overlap(server: SandboxServer) -> 
     statuses = asyncio.run(burst())
     elapsed = time.monotonic() - started
     assert statuses == [200] * 200
-    assert latency <= elapsed < 20 * latency  # concurrent: one after another would take 200 × latency
+    assert latency <= elapsed < 20 * latency  # concurrent: one after another would take 200 times the latency
     stats = server.stats()
     assert (stats["accepted"], stats["by_recipient_max"]) == (200, 1)
 
