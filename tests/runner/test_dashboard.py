@@ -9,6 +9,7 @@ from django.urls import reverse
 
 from crm import jobs
 from crm.models import Organization
+from integrations.runner import resilience
 from integrations.runner.resilience import Admission
 from runner import cache, conf, services
 from runner.models import Execution, Handler, IntegrationType, RunnerSettings
@@ -83,6 +84,41 @@ def test_an_open_circuit_shows_the_seconds_until_half_open_and_reset_closes_it(
     assert "Circuit of crm-x closed." in response.content.decode()
     row = _row(response.content.decode(), f"integration-{integration.pk}")
     assert 'data-state="closed"' in row and 'data-field="failures">0<' in row
+
+
+def test_the_integration_list_shows_each_circuit_read_in_one_round_trip(
+    staff_client, py_handler, org, english, monkeypatch
+):
+    quiet = IntegrationType.objects.create(integration_key="erp-quiet", name="ERP quieto")
+    shaky = IntegrationType.objects.create(integration_key="erp-shaky", name="ERP instavel")
+    shaky_handler = Handler.objects.create(
+        integration=shaky, handler_key="orders", direction="inbound", kind=Handler.Kind.PYTHON,
+        callable_path="tests.runner.handlers", organization=org,
+    )  # fmt: skip
+    _fail(py_handler, 5)  # crm-x: open
+    _fail(shaky_handler, 2)  # erp-shaky: closed, two failures counted
+
+    reads: list[list[str]] = []
+
+    def counted(connection, **kwargs):  # the real read, counted
+        reads.append(kwargs["integration_keys"])
+        return real_snapshot(connection, **kwargs)
+
+    real_snapshot = resilience.snapshot
+    monkeypatch.setattr(resilience, "snapshot", counted)
+    html = staff_client.get("/admin/runner/integrationtype/").content.decode()
+    cells = dict(
+        re.findall(
+            r'<th class="field-integration_key"><a [^>]*>([^<]+)</a></th>'
+            r'.*?<td class="field-circuit">([^<]*)</td>',
+            html,
+            re.S,
+        )
+    )
+    assert re.fullmatch(r"open \((29|30) s\)", cells["crm-x"]), cells
+    assert cells["erp-shaky"] == "closed (2 ✗)"
+    assert cells[quiet.integration_key] == "closed"
+    assert [sorted(keys) for keys in reads] == [["crm-x", "erp-quiet", "erp-shaky"]]  # one read, not three
 
 
 def test_tenant_and_handler_windows_and_leases_show_what_was_admitted(staff_client, py_handler, org, english):
