@@ -420,7 +420,12 @@ def _send_email(survey: Survey) -> str:
             raise Defer(PAUSED_DELAY, "organization has no email settings")
         server = email_sending.email_transport(email_settings)  # its SMTP server or its ESP
         rendered = render_survey_email(survey)
-        _wait_for_slot(f"email:{org.pk}", email_settings.messages_per_minute / 60, survey)
+        message = email_sending.build_message(
+            email_settings=email_settings,
+            to_name=survey.customer.name,
+            to_address=address,
+            rendered=rendered,
+        )
     except Defer:
         raise
     except Exception as exc:
@@ -428,17 +433,20 @@ def _send_email(survey: Survey) -> str:
         _retry_or_fail(survey, f"{type(exc).__name__}: {exc}")
         raise
 
-    outcome = email_sending.deliver(
-        server,
-        lambda: email_sending.build_message(
-            email_settings=email_settings,
-            to_name=survey.customer.name,
-            to_address=address,
-            rendered=rendered,
-        ),
-        bulk=False,  # one message about the customer's purchase, not a broadcast
-    )
-    assert outcome is not None  # no `ready` hook: there is always an outcome
+    def on_time() -> bool:
+        # The slot is taken once the connection is open, so connecting never eats into it.
+        try:
+            _wait_for_slot(f"email:{org.pk}", email_settings.messages_per_minute / 60, survey)
+        except Defer:
+            raise
+        except Exception as exc:
+            _retry_or_fail(survey, f"{type(exc).__name__}: {exc}")
+            raise
+        return True
+
+    # bulk=False: one message about the customer's purchase, not a broadcast
+    outcome = email_sending.deliver(server, lambda: message, bulk=False, ready=on_time)
+    assert outcome is not None  # `on_time` never answers no (it raises Defer instead)
     if outcome.unknown:
         _fail(survey, f"{OUTCOME_UNKNOWN} ({outcome.unknown})")
         return "failed"
