@@ -38,6 +38,7 @@ def b_completion(handler: Handler, tenant_b: int, n: int, *, timeout: float) -> 
     b = services.events_store(
         handler=handler, organization_id=tenant_b, trigger="queue", events=rc.events("b", n)
     )
+    assert b is not None  # events without ids are never duplicates
     rc.wait_for(lambda: rc.completed([b.pk]), timeout=timeout, what="tenant B's execution", every=0.02)
     return time.monotonic() - start
 
@@ -68,6 +69,7 @@ def main() -> int:
     backlog = services.events_store(
         handler=handler, organization_id=a.pk, trigger="queue", events=rc.events("a", args.a_items)
     )
+    assert backlog is not None
     print(f"  stored and queued A's items in {time.monotonic() - t0:.1f}s")
     with rc.Workers(args.processes, burst=False):
         rc.wait_for(lambda: rc.items_started([backlog.pk]) > 0, timeout=60, what="the workers to start")

@@ -55,19 +55,20 @@ def main() -> int:
         trigger="schedule",
         events=rc.events("s", args.schedule_items),
     )
+    assert backlog is not None  # events without ids are never duplicates
     print(f"  stored and queued the schedule items in {time.monotonic() - t0:.1f}s")
     with rc.Workers(args.processes):
         rc.wait_for(lambda: rc.items_started([backlog.pk]) > 0, timeout=60, what="the workers to start")
         hooks = []
         for i in range(args.webhooks):
-            hooks.append(
-                services.events_store(
-                    handler=handler,
-                    organization_id=tenant.pk,
-                    trigger="webhook",
-                    events=[{"external_id": f"w{i}", "payload": {}}],
-                ).pk
+            hook = services.events_store(
+                handler=handler,
+                organization_id=tenant.pk,
+                trigger="webhook",
+                events=[{"external_id": f"w{i}", "payload": {}}],
             )
+            assert hook is not None
+            hooks.append(hook.pk)
             time.sleep(args.spacing)
         rc.wait_for(lambda: rc.completed(hooks), timeout=300, what="the webhook items")
         left = ExecutionItem.objects.filter(execution=backlog, status="pending").count()

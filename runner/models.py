@@ -239,8 +239,9 @@ class ExecutionItem(models.Model):
 
 
 class WebhookEvent(models.Model):
-    """A webhook event id seen by a handler for an organization: a provider's retry of the same event
-    is answered without storing it again. Kept WEBHOOK_EVENT_KEEP_DAYS (services), pruned every minute."""
+    """An event id seen by a handler for an organization (a webhook's event id, an AMQP message's
+    id): a provider's retry or a broker's redelivery of the same event is not stored again. Kept
+    WEBHOOK_EVENT_KEEP (services), pruned every minute."""
 
     handler = models.ForeignKey(
         Handler, on_delete=models.CASCADE, related_name="+", verbose_name=_("handler")

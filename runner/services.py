@@ -87,17 +87,37 @@ def events_store(
     organization_id: int,
     trigger: str,
     events: list[dict[str, Any]],
-    event_id: str = "",
-) -> Execution:
+) -> Execution | None:
     """Store incoming events as the items of a new execution; returns only once they are committed.
 
     The extension point of every push trigger: the webhook intake calls it, and so does a queue
-    consumer (AMQP) before it acknowledges its messages. Each event is {"external_id", "payload"}.
-    `event_id`: record the call under this id (unique per handler and organization) in the same
-    transaction, so a second call with it raises IntegrityError and stores nothing.
+    consumer (AMQP) before it acknowledges its messages. Each event is {"external_id", "payload"}
+    and may carry an "event_id": its sender's id for it (a webhook's X-Event-Id, an AMQP
+    message_id). An event whose id this handler and organization have seen (within
+    WEBHOOK_EVENT_KEEP), or that repeats an id earlier in `events`, is a redelivery and is not
+    stored again; the new ids are recorded in the transaction that stores their items, so a
+    concurrent call with one of them raises IntegrityError and stores nothing. Returns None when
+    every event was such a duplicate (no execution is created).
     """
+    ids = [str(e.get("event_id") or "")[:200] for e in events]
     now = timezone.now()
     with transaction.atomic(durable=True):
+        if any(ids):
+            seen = set(
+                WebhookEvent.objects.filter(
+                    handler=handler, organization_id=organization_id, event_id__in={i for i in ids if i}
+                ).values_list("event_id", flat=True)
+            )
+            fresh: list[tuple[str, dict[str, Any]]] = []
+            for event_id, event in zip(ids, events, strict=True):
+                if event_id in seen:
+                    continue
+                if event_id:
+                    seen.add(event_id)
+                fresh.append((event_id, event))
+            if not fresh:
+                return None
+            ids, events = [i for i, _e in fresh], [e for _i, e in fresh]
         execution = Execution.objects.create(
             organization_id=organization_id,
             integration_id=handler.integration_id,
@@ -110,10 +130,15 @@ def events_store(
             items_total=len(events),
             items_remaining=len(events),
         )
-        if event_id:
-            WebhookEvent.objects.create(
-                handler=handler, organization_id=organization_id, event_id=event_id, execution=execution
-            )
+        WebhookEvent.objects.bulk_create(
+            [
+                WebhookEvent(
+                    handler=handler, organization_id=organization_id, event_id=i, execution=execution
+                )
+                for i in ids
+                if i
+            ]
+        )
         items = ExecutionItem.objects.bulk_create(
             [
                 ExecutionItem(
@@ -137,28 +162,25 @@ def webhook_receive(
     """Store one webhook event as an item, once per event id; returns (execution id, duplicate).
 
     A provider that retries an event (it timed out waiting for our answer, or never saw it) sends
-    the same id again: the event is recorded under it (handler, organization, id — unique, kept
+    the same id again: `events_store` records the id (handler, organization, id — unique, kept
     WEBHOOK_EVENT_KEEP) in the transaction that stores the item, so a retry, even one racing the
     first delivery, stores nothing and learns the first execution. Events without an id are stored
     every time."""
     event_id = event_id[:200]
     seen = WebhookEvent.objects.filter(handler=handler, organization_id=organization_id, event_id=event_id)
-    if event_id:
-        known = list(seen.values_list("execution_id", flat=True)[:1])
-        if known:
-            return known[0], True
     try:
         execution = events_store(
             handler=handler,
             organization_id=organization_id,
             trigger="webhook",
-            events=[{"external_id": event_id, "payload": payload}],
-            event_id=event_id,
+            events=[{"external_id": event_id, "payload": payload, "event_id": event_id}],
         )
     except IntegrityError:
         if not event_id:
             raise
-        return seen.values_list("execution_id", flat=True).first(), True  # a concurrent delivery won
+        execution = None  # a concurrent delivery won
+    if execution is None:
+        return seen.values_list("execution_id", flat=True).first(), True
     return execution.pk, False
 
 

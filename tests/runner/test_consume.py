@@ -20,7 +20,7 @@ from django.conf import settings
 
 from crm import jobs, queues
 from integrations.runner import amqp
-from runner.management.commands.runner_consume import PAUSE_ENV
+from runner.management.commands.runner_consume import ACK_PAUSE_ENV, PAUSE_ENV
 from runner.models import Execution, ExecutionItem
 from tests.conftest import ROOT, child_env, wait_for
 from tests.runner.conftest import processed
@@ -180,6 +180,44 @@ def test_a_consumer_killed_before_storing_leaves_its_messages_unacknowledged_and
     assert _ready(amqp_queue) == 0
 
 
+def test_a_consumer_killed_after_storing_but_before_acknowledging_stores_nothing_twice(
+    py_handler, amqp_queue, consumer, run_jobs
+):
+    """The broker redelivers what was never acknowledged, stored or not: the message ids recorded
+    with the items recognise the redelivery, which is acknowledged and not stored again."""
+    ids = _publish(amqp_queue, 20)
+    first = consumer(amqp_queue, "--idle-exit", "30", env={ACK_PAUSE_ENV: "60"})
+    wait_for(lambda: first.saw(ACK_PAUSE_ENV), timeout=30, what="the first batch stored")
+    first.signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    assert Counter(ExecutionItem.objects.values_list("external_id", flat=True)) == Counter(ids)
+    wait_for(lambda: _ready(amqp_queue) == 20, timeout=15, what="the unacknowledged messages requeued")
+
+    second = consumer(amqp_queue, "--idle-exit", "2", "--batch", "7")
+    assert second.wait() == 0, second.output()
+    assert second.saw("0 stored, 0 dropped, 20 already stored"), second.output()
+    assert Counter(ExecutionItem.objects.values_list("external_id", flat=True)) == Counter(ids)
+    assert _ready(amqp_queue) == 0
+    run_jobs()
+    assert sorted(processed()) == sorted(ids)  # the handler saw each message once
+
+
+def test_a_publishers_resend_is_acknowledged_and_stored_once(py_handler, amqp_queue, consumer):
+    ids = _publish(amqp_queue, 5)
+    amqp.publish(  # m1 and m3 again (a publisher that lost its confirms), and one new message
+        URL, amqp_queue, [b'{"n": 1}', b'{"n": 3}', b'{"n": 5}'], message_ids=["m1", "m3", "m5"]
+    )
+    # A message without a message_id is known by its JSON id: the same event twice in one batch.
+    amqp.publish(URL, amqp_queue, [b'{"id": "evt-7"}', b'{"id": "evt-7"}'])
+    proc = consumer(amqp_queue, "--idle-exit", "2", "--batch", "4")
+    assert proc.wait() == 0, proc.output()
+    assert proc.saw("7 stored, 0 dropped, 3 already stored"), proc.output()
+    assert Counter(ExecutionItem.objects.values_list("external_id", flat=True)) == Counter(
+        [*ids, "m5", "evt-7"]
+    )
+    assert _ready(amqp_queue) == 0
+
+
 def test_sigterm_stops_consuming_but_finishes_the_current_batch(py_handler, amqp_queue, consumer):
     ids = _publish(amqp_queue, 20)
     proc = consumer(amqp_queue, "--batch", "8", env={PAUSE_ENV: "2"})
@@ -191,7 +229,7 @@ def test_sigterm_stops_consuming_but_finishes_the_current_batch(py_handler, amqp
     assert len(stored) == 8 and len(set(stored)) == 8  # the batch in hand, stored once
     assert set(stored) <= set(ids)
     assert _ready(amqp_queue) == 12  # the rest is back in the queue, unacknowledged
-    assert proc.saw("stopped: 8 messages handled, 8 stored, 0 dropped")
+    assert proc.saw("stopped: 8 messages handled, 8 stored, 0 dropped, 0 already stored")
 
 
 def test_max_messages_stops_after_that_many(py_handler, amqp_queue, consumer):

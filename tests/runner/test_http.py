@@ -6,12 +6,14 @@ from runner.models import Execution, ExecutionItem
 
 
 def _events(handler, org, n: int) -> Execution:
-    return services.events_store(
+    execution = services.events_store(
         handler=handler,
         organization_id=org.pk,
         trigger="webhook",
         events=[{"external_id": f"x{i}", "payload": {"i": i}} for i in range(n)],
     )
+    assert execution is not None
+    return execution
 
 
 def test_a_batch_handler_gets_process_batch_and_its_per_item_errors_are_kept_apart(

@@ -2,6 +2,9 @@
 
 A message is acknowledged only after `services.events_store` returned, i.e. after its item is
 committed: a consumer killed at any point leaves its unacknowledged messages to be redelivered.
+A message's id (its message_id, else its JSON body's `id`) is recorded with its item, so a
+redelivery of a stored message (the consumer died between storing and acknowledging it) or a
+publisher's resend is acknowledged without being stored again.
 """
 
 from __future__ import annotations
@@ -28,17 +31,21 @@ logger = logging.getLogger("runner.consume")
 # Test-only hook: seconds to wait after a batch is received and before it is stored, so a test
 # can kill the consumer in that gap deterministically. Never set it in production.
 PAUSE_ENV = "CRM_TEST_CONSUME_PAUSE_BEFORE_STORE"
+# The same, after a batch is stored and before it is acknowledged.
+ACK_PAUSE_ENV = "CRM_TEST_CONSUME_PAUSE_BEFORE_ACK"
 BACKOFF_MAX = 30.0
 
 
 def event_of(message: amqp.Message) -> dict[str, Any] | None:
-    """The event a message carries ({"external_id", "payload"}), or None if its body is not JSON."""
+    """The event a message carries ({"external_id", "payload", "event_id"}), or None if its body is
+    not JSON. Its id (message_id, else the body's `id`) is both the item's external id and the
+    event id that recognises a redelivery."""
     try:
         payload = json.loads(message.body)
     except ValueError:  # UnicodeDecodeError included
         return None
-    external_id = message.message_id or (payload.get("id") if isinstance(payload, dict) else "")
-    return {"external_id": str(external_id or ""), "payload": payload}
+    external_id = str(message.message_id or (payload.get("id") if isinstance(payload, dict) else "") or "")
+    return {"external_id": external_id, "payload": payload, "event_id": external_id}
 
 
 class Command(BaseCommand):
@@ -74,6 +81,7 @@ class Command(BaseCommand):
         queue = options["queue"] or f"runner.{handler.integration.integration_key}.{handler.handler_key}"
         url = options["amqp_url"] or getattr(settings, "AMQP_URL", amqp.DEFAULT_URL)
         pause = float(os.environ.get(PAUSE_ENV) or 0)
+        ack_pause = float(os.environ.get(ACK_PAUSE_ENV) or 0)
 
         stopping = False
 
@@ -88,7 +96,7 @@ class Command(BaseCommand):
         except Exception as exc:
             raise CommandError(f"cannot consume {queue!r}: {exc}") from exc
         logger.info("consuming %s into %s (organization %s)", queue, handler, org_id)
-        handled = stored = dropped = 0
+        handled = stored = dropped = duplicates = 0
         last_message = time.monotonic()
         backoff = 1.0
         try:
@@ -164,24 +172,36 @@ class Command(BaseCommand):
                     handled += len(messages)
                     stored += len(events)
                     continue
+                if ack_pause:
+                    logger.warning("test hook %s: stored, acknowledging in %.1f s", ACK_PAUSE_ENV, ack_pause)
+                    time.sleep(ack_pause)
                 consumer.ack_through(messages[-1].delivery_tag)
                 backoff = 1.0
                 handled += len(messages)
-                stored += len(events)
+                new = execution.items_total if execution is not None else 0
+                stored += new
+                duplicates += len(events) - new
                 logger.info(
-                    "batch: %d messages from %s -> execution %s (%d items, %d dropped)",
+                    "batch: %d messages from %s -> execution %s (%d items, %d already stored, %d dropped)",
                     len(messages),
                     queue,
-                    execution.pk,
-                    len(events),
+                    execution.pk if execution is not None else "-",
+                    new,
+                    len(events) - new,
                     len(messages) - len(events),
                 )
         finally:
             consumer.close()
             for sig, old in previous.items():
                 signal.signal(sig, old)
-        logger.info("stopped: %d messages handled, %d stored, %d dropped", handled, stored, dropped)
-        self.stdout.write(f"{stored} stored, {dropped} dropped")
+        logger.info(
+            "stopped: %d messages handled, %d stored, %d dropped, %d already stored",
+            handled,
+            stored,
+            dropped,
+            duplicates,
+        )
+        self.stdout.write(f"{stored} stored, {dropped} dropped, {duplicates} already stored")
 
     def _one_by_one(
         self,
