@@ -25,6 +25,7 @@ import django
 
 django.setup()
 
+from benchmarks import runner_common as rc  # noqa: E402
 from crm import jobs, workers  # noqa: E402
 from crm.models import Organization  # noqa: E402
 from integrations.runner.sandbox import HandlerSandbox  # noqa: E402
@@ -110,6 +111,7 @@ def main() -> int:
     parser.add_argument("--http-items", type=int, default=3000, help="items for the batch HTTP handler")
     parser.add_argument("--batch-size", type=int, default=50, help="batch size of the HTTP handler")
     args = parser.parse_args()
+    rc.check_scratch()  # refuses any database but crm_runner / Redis DB 10 (flushed next); creates it
     jobs.get_connection().flushdb()
     org, it = _setup()
     print(f"runner throughput: {args.n} no-op items vs {args.n} no-op RQ jobs, one in-process burst worker")
