@@ -266,7 +266,7 @@ def test_a_running_job_cannot_be_deleted_and_ends_normally(staff_client, worker_
     """Deleting does not stop a running job, and its worker would write it back when it ends, so
     the page offers no delete while it runs and refuses one that is posted anyway."""
     jobs.enqueue(
-        "tests.jobs.sleep_and_record", queue="runs", kwargs={"key": "s", "seconds": 2}, job_id="busy"
+        "tests.jobs.sleep_and_record", queue="runs", kwargs={"key": "s", "seconds": 4}, job_id="busy"
     )
     worker = worker_process("--queues", "runs", "--burst")
     deadline = time.monotonic() + 30
