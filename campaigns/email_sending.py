@@ -36,7 +36,7 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
 from campaigns import email_render, links, services
@@ -234,12 +234,14 @@ def _senders() -> ThreadPoolExecutor:
         return _executor
 
 
-def _claim(campaign_id: int, batch: int, limit: int, exclude: set[int]) -> list[int]:
+def _claim(campaign_id: int, batch: int, limit: int) -> list[int]:
+    """Up to `limit` queued messages of the batch, moved to SENDING (an attempt each); a soft-bounced
+    one only once its retry_at has come."""
     with transaction.atomic():
         ids = list(
             EmailMessage.objects.select_for_update(skip_locked=True)
             .filter(campaign_id=campaign_id, batch=batch, status=Status.QUEUED)
-            .exclude(id__in=exclude)
+            .filter(Q(retry_at__isnull=True) | Q(retry_at__lte=timezone.now()))
             .order_by("id")
             .values_list("id", flat=True)[:limit]
         )
@@ -276,7 +278,6 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
     per_second = email_settings.messages_per_minute / 60
     store_name = campaign.audience_store.name if campaign.audience_store else org.name
     counts: Counter[str] = Counter()
-    retrying: dict[int, int] = {}  # soft-bounced message id -> attempts so far
     started = time.monotonic()
     while True:
         if counts:  # a pause, a cancel or a paused organization takes effect between claims
@@ -284,12 +285,11 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
             org.refresh_from_db(fields=["email_paused_at", "email_paused_reason"])
             if not services.batch_may_send(campaign=campaign, batch=batch):
                 return dict(counts)
-        ids = _claim(campaign_id, batch, _claim_size(per_second), set(retrying))
+        ids = _claim(campaign_id, batch, _claim_size(per_second))
         if not ids:
             break
         chunk = _send_chunk(campaign, org, email_settings, server, compiled, store_name, ids, per_second)
         _record(campaign, chunk, counts)
-        retrying.update({m.pk: m.attempts for m in chunk.retry})
         if chunk.sender_failure:
             pause_organization_email(organization_id=org.pk, reason=chunk.sender_failure)
             raise Defer(PAUSED_DELAY * 2, f"email sending paused: {chunk.sender_failure}")
@@ -297,9 +297,11 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
             raise Defer(settings.EMAIL_RETRY_BACKOFF, f"email provider unavailable: {chunk.transient}")
         if time.monotonic() - started > JOB_BUDGET:
             raise Defer(0, "yielding the worker; the batch continues")
-    if retrying:
-        backoff = float(settings.EMAIL_RETRY_BACKOFF) * 2 ** (max(retrying.values()) - 1)
-        raise Defer(backoff, "soft bounces wait for a retry")
+    next_retry = EmailMessage.objects.filter(
+        campaign_id=campaign_id, batch=batch, status=Status.QUEUED, retry_at__isnull=False
+    ).aggregate(at=Min("retry_at"))["at"]
+    if next_retry is not None:
+        raise Defer(max((next_retry - timezone.now()).total_seconds(), 0.0), "soft bounces wait for a retry")
     services.campaign_complete_if_done(campaign_id=campaign_id, channel=Channel.EMAIL)
     return dict(counts)
 
@@ -463,9 +465,13 @@ def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
             EmailMessage, chunk.failed, ["status", "email", "error_reason", "failed_at"], only_if=guard
         )
         bulk.update_rows(EmailMessage, chunk.skipped, ["status", "email", "error_reason"], only_if=guard)
-        for m in chunk.retry:
+        for m in chunk.retry:  # exponential from EMAIL_RETRY_BACKOFF: 60 s, 120 s, …
             m.status = Status.QUEUED
-        bulk.update_rows(EmailMessage, chunk.retry, ["status", "email", "bounce_message"], only_if=guard)
+            backoff = float(settings.EMAIL_RETRY_BACKOFF) * 2 ** (max(m.attempts, 1) - 1)
+            m.retry_at = timezone.now() + timedelta(seconds=backoff)
+        bulk.update_rows(
+            EmailMessage, chunk.retry, ["status", "email", "bounce_message", "retry_at"], only_if=guard
+        )
         if chunk.release:
             EmailMessage.objects.filter(id__in=chunk.release, status=Status.SENDING).update(
                 status=Status.QUEUED, sending_at=None, attempts=F("attempts") - 1

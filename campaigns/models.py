@@ -351,6 +351,9 @@ class EmailMessage(models.Model):
     token = models.CharField(_("link token"), max_length=32, unique=True, default=_token)
     queued_at = models.DateTimeField(_("queued at"), default=dj_timezone.now)
     sending_at = models.DateTimeField(_("sending since"), null=True, blank=True)
+    # A soft-bounced message is not claimed again before this (kept in the row, so the backoff
+    # holds across the job's runs, its yields and a recovery).
+    retry_at = models.DateTimeField(_("next attempt not before"), null=True, blank=True)
     sent_at = models.DateTimeField(_("sent at"), null=True, blank=True)
     failed_at = models.DateTimeField(_("failed at"), null=True, blank=True)
     opened_at = models.DateTimeField(_("opened at"), null=True, blank=True)

@@ -207,6 +207,39 @@ def test_a_soft_bounce_is_retried_with_backoff_then_bounces_soft(em, smtp, run_j
     assert CampaignMetric.objects.get(campaign=campaign).bounced == 0
 
 
+def test_a_soft_bounce_waits_its_backoff_even_when_the_job_yields_and_runs_again(
+    em, smtp, run_jobs, settings, monkeypatch
+):
+    """The backoff is kept in the message (retry_at), not in the job run that saw the bounce: a run
+    that yields its worker (JOB_BUDGET) and comes back at once must not retry early."""
+    from campaigns import email_sending
+    from crm.jobs import Defer
+
+    settings.EMAIL_RETRY_BACKOFF = 3.0
+    monkeypatch.setattr(email_sending, "JOB_BUDGET", -1.0)  # yield after every claim
+    flaky, *_others = em["customers"](3)
+    smtp.reply_for(flaky.email, 450, "4.7.1 Greylisted, please try again later", times=1)
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    services.campaign_fanout(campaign_id=campaign.pk, chunk=1000)
+
+    email_send_batch = email_sending.email_send_batch
+    with pytest.raises(Defer, match="yielding"):
+        email_send_batch(campaign_id=campaign.pk, batch=0)
+    message = EmailMessage.objects.get(customer=flaky)
+    assert (message.status, message.attempts) == (S.QUEUED, 1) and message.retry_at is not None
+    # The next run, straight away: nothing is due, so it waits for the retry instead of sending.
+    with pytest.raises(Defer, match="soft bounces wait") as waiting:
+        email_send_batch(campaign_id=campaign.pk, batch=0)
+    assert 1.5 < waiting.value.seconds <= 3.0, waiting.value.seconds
+    assert smtp.messages(to=flaky.email) == []
+    assert len(smtp.messages()) == 2  # the other two
+
+    run_jobs(settle=5)
+    message.refresh_from_db()
+    assert (message.status, message.attempts) == (S.SENT, 2)
+    assert message.sent_at >= message.retry_at
+
+
 @pytest.mark.parametrize(
     ("setup", "reason"),
     [
