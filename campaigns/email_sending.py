@@ -39,7 +39,7 @@ from django.db import transaction
 from django.db.models import Count, F, Min, Q
 from django.utils import timezone
 
-from campaigns import email_render, links, services
+from campaigns import email_render, esp_tracking, links, services
 from campaigns.models import (
     OUTCOME_UNKNOWN,
     BounceType,
@@ -496,6 +496,8 @@ def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
                 ],
                 ignore_conflicts=True,
             )
+    # After the commit: an ESP webhook that came before it was kept, and is applied now.
+    esp_tracking.apply_early([m.esp_message_id for m in chunk.sent if m.esp_message_id])
     counts.update(
         sent=len(chunk.sent),
         bounced=len(chunk.bounced),

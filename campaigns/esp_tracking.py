@@ -11,13 +11,17 @@ as "bounced" too, is only noted) · deferred: noted in bounce_message · complai
 suppressed ("complaint") and the customer opted out of email · unsubscribed: opted out · opened,
 clicked: counted once (campaigns.links).
 
-Every transition is a compare-and-set, so an event the ESP posts twice counts once. Events for ids we
-never sent (another system on the same ESP account) are logged and ignored, not refused, so the ESP
-does not retry them forever.
+Every transition is a compare-and-set, so an event the ESP posts twice counts once. An event whose id
+is not (yet) stored is kept in Redis for EARLY_TTL: the ESP can report a bounce before the send job
+has recorded the chunk that carried the message (a chunk spans a few seconds at the organization's
+rate), and the job applies such early events right after it records the ids (`apply_early`). Events
+for ids we never sent (another system on the same ESP account) simply expire there; they are
+answered 200, not refused, so the ESP does not retry them forever.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -29,6 +33,7 @@ from django.utils import timezone
 
 from campaigns import links
 from campaigns.models import BounceType, CampaignMetric, EmailMessage, EmailSuppression
+from crm import jobs
 from crm.models import Customer, OptOutSource
 
 logger = logging.getLogger(__name__)
@@ -46,17 +51,85 @@ def on_tracking(sender: Any, event: AnymailTrackingEvent, esp_name: str, **kwarg
     if not event.message_id:
         logger.info("%s %s event without a message id: ignored", esp_name, event.event_type)
         return
-    message = (
-        EmailMessage.objects.filter(esp_message_id=str(event.message_id))
+    message = _message(str(event.message_id))
+    if message is None:
+        _keep_early(event, esp_name)
+        # The send may have been recorded between the lookup and the keeping, after its job looked
+        # for early events: look once more (applying an event twice changes nothing).
+        message = _message(str(event.message_id))
+        if message is None:
+            logger.info(
+                "%s %s event for unknown message id %s: kept %d s in case its send is being recorded",
+                esp_name,
+                event.event_type,
+                event.message_id,
+                EARLY_TTL,
+            )
+            return
+    handler(message, event, esp_name)
+
+
+EARLY_KEY = "crm:esp:early:"  # + the ESP's message id: a list of JSON events
+EARLY_TTL = 3600
+
+
+def _message(esp_message_id: str) -> EmailMessage | None:
+    return (
+        EmailMessage.objects.filter(esp_message_id=esp_message_id)
         .only("id", "status", "campaign_id", "organization_id", "customer_id", "email")
         .first()
     )
-    if message is None:
-        logger.info(
-            "%s %s event for unknown message id %s: ignored", esp_name, event.event_type, event.message_id
-        )
-        return
-    handler(message, event, esp_name)
+
+
+def _keep_early(event: AnymailTrackingEvent, esp_name: str) -> None:
+    raw = event.esp_event if isinstance(event.esp_event, Mapping) else {}
+    kept = {
+        "esp": esp_name,
+        "event_type": event.event_type,
+        # only the raw fields _detail and _is_soft_bounce read
+        "esp_event": {k: raw[k] for k in ("Type", "event") if isinstance(raw.get(k), str)},
+        "description": event.description,
+        "mta_response": event.mta_response,
+        "reject_reason": event.reject_reason,
+    }
+    key = EARLY_KEY + str(event.message_id)
+    with jobs.get_connection().pipeline() as pipe:
+        pipe.rpush(key, json.dumps(kept))
+        pipe.expire(key, EARLY_TTL)
+        pipe.execute()
+
+
+def apply_early(esp_message_ids: list[str]) -> int:
+    """Apply the events kept for these just-recorded messages (one round trip to find them);
+    returns how many were applied."""
+    if not esp_message_ids:
+        return 0
+    with jobs.get_connection().pipeline() as pipe:  # MULTI: read and forget each list at once
+        for message_id in esp_message_ids:
+            pipe.lrange(EARLY_KEY + message_id, 0, -1)
+            pipe.delete(EARLY_KEY + message_id)
+        replies = pipe.execute()
+    applied = 0
+    for message_id, kept in zip(esp_message_ids, replies[::2], strict=True):
+        for raw in kept:
+            data = json.loads(raw)
+            handler = _HANDLERS.get(data["event_type"])
+            message = _message(message_id) if handler else None
+            if handler is None or message is None:
+                continue
+            event = AnymailTrackingEvent(
+                event_type=data["event_type"],
+                message_id=message_id,
+                esp_event=data["esp_event"],
+                description=data["description"],
+                mta_response=data["mta_response"],
+                reject_reason=data["reject_reason"],
+            )
+            handler(message, event, data["esp"])
+            applied += 1
+    if applied:
+        logger.info("applied %d ESP events that had arrived before their sends were recorded", applied)
+    return applied
 
 
 def message_bounced(*, message: EmailMessage, detail: str) -> bool:

@@ -7,6 +7,8 @@ import base64
 import json
 import logging
 import socket
+import threading
+import time
 from collections.abc import Iterator
 from email.message import EmailMessage as MimeMessage
 
@@ -15,9 +17,9 @@ from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
 
-from campaigns import links, selectors, services
+from campaigns import esp_tracking, links, selectors, services
 from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage, EmailSuppression
-from crm import promote
+from crm import jobs, promote
 from crm.models import Customer, Organization, Store
 from integrations.email import esp
 from integrations.email.bounces import Failure
@@ -375,6 +377,45 @@ def test_a_bounce_webhook_bounces_the_message_hard_once(em, postmark, run_jobs):
     b.refresh_from_db()
     assert b.status == S.SENT and "SoftBounce" in b.bounce_message and "4.2.2" in b.bounce_message
     assert EmailSuppression.objects.count() == 1 and _metric(campaign) == (2, 1, 1, 0, 0)
+
+
+def test_a_bounce_that_arrives_before_its_send_is_recorded_is_applied_once_it_is(em, postmark, run_jobs):
+    """A chunk is recorded after its last send (seconds at the organization's rate); the ESP's
+    bounce for its first message can come before that. It is kept, and applied with the record."""
+    EmailSettings.objects.filter(pk=em["settings"].pk).update(messages_per_minute=60)  # a chunk of 3: 2 s
+    em["customers"](3)
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    seen: dict[str, object] = {}
+
+    def bounce_the_first_as_soon_as_it_is_sent() -> None:
+        try:
+            deadline = time.monotonic() + 30
+            while not postmark.messages() and time.monotonic() < deadline:
+                time.sleep(0.005)
+            first = postmark.messages()[0]
+            seen["recorded"] = EmailMessage.objects.filter(esp_message_id=first["MessageID"]).exists()
+            seen["status"] = _post(
+                bounce_event(message_id=first["MessageID"], recipient=first["_to"][0]), **_auth()
+            )
+            seen["still_unknown"] = not EmailMessage.objects.filter(
+                esp_message_id=first["MessageID"]
+            ).exists()
+            seen["id"] = first["MessageID"]
+        finally:
+            connection.close()
+
+    webhook = threading.Thread(target=bounce_the_first_as_soon_as_it_is_sent)
+    webhook.start()
+    run_jobs()
+    webhook.join(timeout=30)
+
+    assert seen["recorded"] is False and seen["status"] == 200 and seen["still_unknown"] is True, seen
+    bounced = EmailMessage.objects.get(esp_message_id=seen["id"])
+    assert (bounced.status, bounced.bounce_type) == (S.BOUNCED, "hard")
+    assert EmailSuppression.objects.get().email == bounced.email
+    assert _statuses(campaign) == {"sent": 2, "bounced": 1}
+    assert _metric(campaign) == (3, 2, 1, 0, 0)
+    assert not jobs.get_connection().exists(esp_tracking.EARLY_KEY + str(seen["id"]))  # applied, forgotten
 
 
 def test_a_spam_complaint_suppresses_the_address_and_opts_the_customer_out(em, postmark, run_jobs):
