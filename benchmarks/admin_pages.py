@@ -48,6 +48,7 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from benchmarks.common import ensure_database  # noqa: E402
+from campaigns.admin import WhatsappMessageAdmin  # noqa: E402
 from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage  # noqa: E402
 from crm.models import Customer, Organization  # noqa: E402
 
@@ -276,18 +277,8 @@ def _delete_messages(model: type[models.Model], campaign: Campaign) -> None:
 class BeforeWhatsappMessageAdmin(admin.ModelAdmin):
     """The WhatsApp message list as it was configured before: Django's stock Paginator counts every row."""
 
-    list_display = (
-        "id",
-        "campaign",
-        "customer",
-        "phone",
-        "status",
-        "error_code",
-        "error_reason",
-        "sent_at",
-        "cost",
-    )
-    list_select_related = ("campaign", "customer")
+    list_display = WhatsappMessageAdmin.list_display  # the same columns as the project's list
+    list_select_related = WhatsappMessageAdmin.list_select_related
     list_filter = ("status", "error_code")
     search_fields = ("=phone", "=wamid", "=campaign__id")
     raw_id_fields = ("campaign", "customer", "organization")
