@@ -125,8 +125,11 @@ def buckets(start: datetime, end: datetime, origin: datetime) -> tuple[int, date
 
 
 def _local_midnight(moment: datetime, zone: ZoneInfo) -> datetime:
+    """The start of `moment`'s day in `zone`, in UTC: bucket times are then added in absolute time,
+    as PostgreSQL's date_bin adds them (a local datetime plus a timedelta is wall-clock arithmetic,
+    an hour off after a daylight-saving change)."""
     local = moment.astimezone(zone)
-    return local.replace(hour=0, minute=0, second=0, microsecond=0)
+    return local.replace(hour=0, minute=0, second=0, microsecond=0).astimezone(UTC)
 
 
 # How long a campaign's series is reused (seconds): a sending campaign's page polls every 10 s; a
@@ -284,8 +287,8 @@ class OrganizationDashboard:
 
 def _window(organization: Organization, now: datetime) -> tuple[datetime, datetime]:
     zone = ZoneInfo(organization.timezone)
-    today = _local_midnight(now, zone)
-    return today - timedelta(days=DASHBOARD_DAYS - 1), now
+    today = now.astimezone(zone).replace(hour=0, minute=0, second=0, microsecond=0)
+    return today - timedelta(days=DASHBOARD_DAYS - 1), now  # local midnights, whatever the offsets
 
 
 def nps_window(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from datetime import datetime, timedelta
@@ -115,6 +116,34 @@ def test_buckets_are_minutes_of_the_organizations_day_and_hold_what_happened_in_
     assert data["series"]["read"][60] == 2 and sum(data["series"]["read"]) == 2
     assert data["cost"][:4] == [0.1875, 0.25, 0.375, 0.375]
     assert data["time_zone"] == "America/Sao_Paulo"
+
+
+def test_a_campaign_across_a_daylight_saving_change_keeps_every_message_in_its_bucket(world):
+    """Buckets are counted by the database in absolute time; the chart's times must be too, or every
+    bucket after the clock change is an hour off and reads 0."""
+    org = world["org"]
+    org.timezone = "America/New_York"  # clocks go forward on 2025-03-09 at 02:00
+    org.save(update_fields=["timezone"])
+    zone = ZoneInfo(org.timezone)
+    start = datetime(2025, 3, 8, 12, 0, tzinfo=zone)
+    sent_at = [start + timedelta(hours=h) for h in (0, 5, 13, 20, 26, 33, 40, 47)]
+    campaign = _campaign(org, start, finished_at=sent_at[-1])
+    people = _customers(org, len(sent_at))
+    WhatsappMessage.objects.bulk_create(
+        [
+            WhatsappMessage(campaign=campaign, organization=org, customer=c, status="sent", sent_at=at)
+            for c, at in zip(people, sent_at, strict=True)
+        ]
+    )
+
+    data = dashboards.campaign_series(campaign=campaign)
+
+    step, stamps, sent = data["bucket_seconds"], data["timestamps"], data["series"]["sent"]
+    assert sum(sent) == len(sent_at)
+    for at in sent_at:  # each message counted in the bucket that holds its moment
+        i = max(i for i, t in enumerate(stamps) if t <= at.timestamp())
+        assert at.timestamp() < stamps[i] + step and sent[i] >= 1, (at, i)
+    assert all(b - a == step for a, b in itertools.pairwise(stamps))
 
 
 def test_a_long_campaign_gets_wider_buckets_and_never_more_than_300_points(world):
