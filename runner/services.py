@@ -93,7 +93,8 @@ def events_store(
     The extension point of every push trigger: the webhook intake calls it, and so does a queue
     consumer (AMQP) before it acknowledges its messages. Each event is {"external_id", "payload"}
     and may carry an "event_id": its sender's id for it (a webhook's X-Event-Id, an AMQP
-    message_id). An event whose id this handler and organization have seen (within
+    message_id; never a body's own `id`, which usually names a record that may change again). An
+    event whose id this handler and organization have seen (within
     WEBHOOK_EVENT_KEEP), or that repeats an id earlier in `events`, is a redelivery and is not
     stored again; the new ids are recorded in the transaction that stores their items, so a
     concurrent call with one of them raises IntegrityError and stores nothing. Returns None when
@@ -157,7 +158,7 @@ def events_store(
 
 
 def webhook_receive(
-    *, handler: Handler, organization_id: int, event_id: str, payload: Any
+    *, handler: Handler, organization_id: int, event_id: str, payload: Any, external_id: str = ""
 ) -> tuple[int | None, bool]:
     """Store one webhook event as an item, once per event id; returns (execution id, duplicate).
 
@@ -173,7 +174,7 @@ def webhook_receive(
             handler=handler,
             organization_id=organization_id,
             trigger="webhook",
-            events=[{"external_id": event_id, "payload": payload, "event_id": event_id}],
+            events=[{"external_id": external_id or event_id, "payload": payload, "event_id": event_id}],
         )
     except IntegrityError:
         if not event_id:

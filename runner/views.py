@@ -56,11 +56,16 @@ def hook(request: HttpRequest, integration_key: str, handler_key: str) -> JsonRe
         payload = json.loads(request.body or b"null")
     except ValueError:
         return JsonResponse({"error": _("The body is not JSON.")}, status=400)
-    external_id = request.headers.get("X-Event-Id") or (
-        payload.get("id") if isinstance(payload, dict) else ""
-    )
+    # Only the sender's event id recognises a retry: a body's `id` usually names the record (an
+    # order updated twice is two events), so it labels the item and de-duplicates nothing.
+    event_id = request.headers.get("X-Event-Id", "")
+    external_id = event_id or (payload.get("id") if isinstance(payload, dict) else "")
     execution_id, duplicate = services.webhook_receive(
-        handler=handler, organization_id=organization_id, event_id=str(external_id or ""), payload=payload
+        handler=handler,
+        organization_id=organization_id,
+        event_id=event_id,
+        external_id=str(external_id or ""),
+        payload=payload,
     )
     if duplicate:  # a retry of an event already stored: nothing stored again
         return JsonResponse({"execution_id": execution_id, "status": "duplicate"}, status=200)

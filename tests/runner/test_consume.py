@@ -207,13 +207,14 @@ def test_a_publishers_resend_is_acknowledged_and_stored_once(py_handler, amqp_qu
     amqp.publish(  # m1 and m3 again (a publisher that lost its confirms), and one new message
         URL, amqp_queue, [b'{"n": 1}', b'{"n": 3}', b'{"n": 5}'], message_ids=["m1", "m3", "m5"]
     )
-    # A message without a message_id is known by its JSON id: the same event twice in one batch.
-    amqp.publish(URL, amqp_queue, [b'{"id": "evt-7"}', b'{"id": "evt-7"}'])
+    # Without a message_id the JSON id labels the item but names a record, not the event: two
+    # messages about order 7 are two events, both stored.
+    amqp.publish(URL, amqp_queue, [b'{"id": "order-7"}', b'{"id": "order-7", "status": "paid"}'])
     proc = consumer(amqp_queue, "--idle-exit", "2", "--batch", "4")
     assert proc.wait() == 0, proc.output()
-    assert proc.saw("7 stored, 0 dropped, 3 already stored"), proc.output()
+    assert proc.saw("8 stored, 0 dropped, 2 already stored"), proc.output()
     assert Counter(ExecutionItem.objects.values_list("external_id", flat=True)) == Counter(
-        [*ids, "m5", "evt-7"]
+        [*ids, "m5", "order-7", "order-7"]
     )
     assert _ready(amqp_queue) == 0
 

@@ -89,21 +89,27 @@ def test_a_burst_of_1000_concurrent_webhooks_is_accepted_in_full_and_processed(
 
 def test_a_retried_event_is_stored_once_and_answered_with_the_first_execution(client, py_handler):
     _hmac_handler(py_handler)
-    body = json.dumps({"id": "evt-retry", "total": 10}).encode()
-    first = _post(client, body, **{"X-Runner-Signature": signature(SECRET, body)})
-    again = _post(client, body, **{"X-Runner-Signature": signature(SECRET, body)})
+    body = json.dumps({"id": "order-7", "total": 10}).encode()
+    headers = {"X-Runner-Signature": signature(SECRET, body), "X-Event-Id": "evt-retry"}
+    first = _post(client, body, **headers)
+    again = _post(client, body, **headers)
     assert first.status_code == 202
     assert again.status_code == 200
     assert again.json() == {"execution_id": first.json()["execution_id"], "status": "duplicate"}
     assert ExecutionItem.objects.count() == 1 and Execution.objects.count() == 1
-    # Without an id there is nothing to recognise a retry by: each delivery is stored.
+    assert ExecutionItem.objects.get().external_id == "evt-retry"
+    # Without an event id there is nothing to recognise a retry by: each delivery is stored, and a
+    # body's own `id` names the record (an order updated twice), not the event.
     anonymous = json.dumps({"total": 10}).encode()
     for _ in range(2):
         assert (
             _post(client, anonymous, **{"X-Runner-Signature": signature(SECRET, anonymous)}).status_code
             == 202
         )
-    assert ExecutionItem.objects.count() == 3
+    for _ in range(2):
+        assert _post(client, body, **{"X-Runner-Signature": signature(SECRET, body)}).status_code == 202
+    assert ExecutionItem.objects.count() == 5
+    assert ExecutionItem.objects.filter(external_id="order-7").count() == 2
 
 
 def test_concurrent_deliveries_of_one_event_store_it_once(live_server, py_handler):
@@ -137,13 +143,15 @@ def test_event_ids_are_forgotten_after_their_keep(client, py_handler):
     from runner.models import WebhookEvent
 
     _hmac_handler(py_handler)
-    body = json.dumps({"id": "evt-old"}).encode()
-    assert _post(client, body, **{"X-Runner-Signature": signature(SECRET, body)}).status_code == 202
+    body = json.dumps({"total": 1}).encode()
+    headers = {"X-Runner-Signature": signature(SECRET, body), "X-Event-Id": "evt-old"}
+    assert _post(client, body, **headers).status_code == 202
+    assert _post(client, body, **headers).status_code == 200  # remembered
     assert services.webhook_events_prune() == 0
     WebhookEvent.objects.update(
         received_at=timezone.now() - services.WEBHOOK_EVENT_KEEP - timedelta(minutes=1)
     )
     assert services.webhook_events_prune() == 1
     # Forgotten: the same id is an event again.
-    assert _post(client, body, **{"X-Runner-Signature": signature(SECRET, body)}).status_code == 202
+    assert _post(client, body, **headers).status_code == 202
     assert ExecutionItem.objects.filter(external_id="evt-old").count() == 2

@@ -2,9 +2,9 @@
 
 A message is acknowledged only after `services.events_store` returned, i.e. after its item is
 committed: a consumer killed at any point leaves its unacknowledged messages to be redelivered.
-A message's id (its message_id, else its JSON body's `id`) is recorded with its item, so a
-redelivery of a stored message (the consumer died between storing and acknowledging it) or a
-publisher's resend is acknowledged without being stored again.
+A message's AMQP message_id is recorded with its item, so a redelivery of a stored message (the
+consumer died between storing and acknowledging it) or a publisher's resend is acknowledged without
+being stored again.
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ BACKOFF_MAX = 30.0
 
 def event_of(message: amqp.Message) -> dict[str, Any] | None:
     """The event a message carries ({"external_id", "payload", "event_id"}), or None if its body is
-    not JSON. Its id (message_id, else the body's `id`) is both the item's external id and the
-    event id that recognises a redelivery."""
+    not JSON. The item's external id is the message_id, else the body's `id`; only the message_id
+    recognises a redelivery (a body's `id` usually names a record, which may change again)."""
     try:
         payload = json.loads(message.body)
     except ValueError:  # UnicodeDecodeError included
         return None
     external_id = str(message.message_id or (payload.get("id") if isinstance(payload, dict) else "") or "")
-    return {"external_id": external_id, "payload": payload, "event_id": external_id}
+    return {"external_id": external_id, "payload": payload, "event_id": message.message_id}
 
 
 class Command(BaseCommand):
