@@ -65,14 +65,14 @@ def _fetch_handler(integration_key: str, handler_key: str) -> dict[str, Any] | N
 
 
 def _fetch_org(organization_id: int) -> dict[str, Any]:
-    from runner.models import RunnerSettings
+    from runner.models import DEFAULT_TENANT_LIMIT, RunnerSettings
 
     limit = (
         RunnerSettings.objects.filter(organization_id=organization_id)
         .values_list("rate_limit_per_minute", flat=True)
         .first()
     )
-    return {"rate_limit_per_minute": limit or 1000}
+    return {"rate_limit_per_minute": limit or DEFAULT_TENANT_LIMIT}
 
 
 def load(

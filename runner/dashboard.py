@@ -19,11 +19,10 @@ from django.utils import timezone
 from crm import jobs
 from crm.models import Organization
 from integrations.runner import resilience
-from runner.models import Execution, ExecutionItem, Handler, IntegrationType
+from runner.models import DEFAULT_TENANT_LIMIT, Execution, ExecutionItem, Handler, IntegrationType
 
 RECENT = 20
 ACTIVITY_WINDOW = timedelta(hours=24)
-DEFAULT_TENANT_LIMIT = 1000  # RunnerSettings.rate_limit_per_minute's default (runner.cache too)
 
 
 @dataclass

@@ -123,6 +123,9 @@ class Handler(models.Model):
         return crypto.decrypt(self.webhook_secret_encrypted, context="runner:webhook")
 
 
+DEFAULT_TENANT_LIMIT = 1000  # items per minute of an organization without RunnerSettings
+
+
 class RunnerSettings(models.Model):
     """Runner settings of one organization (kept here so crm's migrations stay untouched)."""
 
@@ -130,7 +133,7 @@ class RunnerSettings(models.Model):
         Organization, on_delete=models.CASCADE, related_name="runner_settings", verbose_name=_("organization")
     )
     rate_limit_per_minute = models.PositiveIntegerField(
-        _("items per minute"), default=1000, validators=[MinValueValidator(1)]
+        _("items per minute"), default=DEFAULT_TENANT_LIMIT, validators=[MinValueValidator(1)]
     )
 
     class Meta:
@@ -243,11 +246,17 @@ class WebhookEvent(models.Model):
     id): a provider's retry or a broker's redelivery of the same event is not stored again. Kept
     WEBHOOK_EVENT_KEEP (services), pruned every minute."""
 
+    # No index of their own (a row is written per event with an id): the unique constraint leads
+    # with the handler, and an organization's events are looked up only when it is deleted.
     handler = models.ForeignKey(
-        Handler, on_delete=models.CASCADE, related_name="+", verbose_name=_("handler")
+        Handler, on_delete=models.CASCADE, related_name="+", verbose_name=_("handler"), db_index=False
     )
     organization = models.ForeignKey(
-        Organization, on_delete=models.CASCADE, related_name="+", verbose_name=_("organization")
+        Organization,
+        on_delete=models.CASCADE,
+        related_name="+",
+        verbose_name=_("organization"),
+        db_index=False,
     )
     event_id = models.CharField(_("event id"), max_length=200)
     execution = models.ForeignKey(

@@ -249,7 +249,8 @@ def _fan_out(execution: Execution, handler: Handler, item_ids: list[int], *, off
     first slice. The limit itself is still enforced by the admission of each job. `offset`: items of
     the run stored before these (a run produced in chunks). Runs inside `transaction.atomic`."""
     if execution.fed_through is None:
-        limit = _tenant_limit(handler, execution.organization_id)
+        # A limit is at least 1: a run of one item (a webhook's) needs no read of it.
+        limit = 1 if offset + len(item_ids) <= 1 else _tenant_limit(handler, execution.organization_id)
         if offset + len(item_ids) <= limit:
             return jobs.enqueue_specs(_item_specs(execution, handler, item_ids))
         now_ids = item_ids[: max(_pace_slice(limit) - offset, 0)]

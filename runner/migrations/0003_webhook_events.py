@@ -19,8 +19,8 @@ class Migration(migrations.Migration):
                 ('event_id', models.CharField(max_length=200, verbose_name='event id')),
                 ('received_at', models.DateTimeField(auto_now_add=True, db_index=True, verbose_name='received at')),
                 ('execution', models.ForeignKey(null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='+', to='runner.execution', verbose_name='execution')),
-                ('handler', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='runner.handler', verbose_name='handler')),
-                ('organization', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='+', to='crm.organization', verbose_name='organization')),
+                ('handler', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='runner.handler', verbose_name='handler')),
+                ('organization', models.ForeignKey(db_index=False, on_delete=django.db.models.deletion.CASCADE, related_name='+', to='crm.organization', verbose_name='organization')),
             ],
             options={
                 'verbose_name': 'webhook event',
