@@ -258,12 +258,16 @@ def _search(
     """Entries of the newest SEARCH_LIMIT jobs whose id contains `query` or whose arguments hold it.
 
     Strings match as a substring, numbers and booleans exactly (`42` is not `142`); case-insensitive.
-    Reads only each job's `data` field, SEARCH_CHUNK jobs per pipeline."""
+    Reads only each job's `data` field, SEARCH_CHUNK jobs per pipeline. Positions shift when jobs
+    arrive or leave between chunks, so a job met twice is listed once."""
     needle = query.casefold()
     limit = min(sizes[state], SEARCH_LIMIT)
     matched: list[Entry] = []
+    met: set[str] = set()
     for start in range(0, limit, SEARCH_CHUNK):
         entries = _range(connection, queue, state, start, min(start + SEARCH_CHUNK, limit), sizes)
+        entries = [e for e in entries if e[0] not in met]
+        met.update(e[0] for e in entries)
         with connection.pipeline(transaction=False) as pipe:
             for job_id, _ in entries:
                 pipe.hget(_JOB + job_id, "data")

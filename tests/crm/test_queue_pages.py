@@ -184,6 +184,33 @@ def test_search_matches_a_job_id_or_a_value_of_its_arguments(staff_client, monke
     assert "Only the newest 4 jobs of this list were searched." in capped.content.decode()
 
 
+def test_a_search_lists_each_job_once_while_new_jobs_shift_the_list(staff_client, monkeypatch):
+    jobs.enqueue_many(
+        EMAIL_BATCH,
+        queue="email-send",
+        kwargs_list=[{"campaign_id": 7, "batch": b} for b in range(4)],
+        job_ids=[f"s-{b}" for b in range(4)],
+    )
+    monkeypatch.setattr(queue_ops, "SEARCH_CHUNK", 2)
+    real_range = queue_ops._range
+    calls = []
+
+    def range_then_a_job_arrives(*args, **kwargs):  # the real read; a new job lands after the first
+        entries = real_range(*args, **kwargs)
+        calls.append(len(entries))
+        if len(calls) == 1:
+            jobs.enqueue(
+                EMAIL_BATCH, queue="email-send", kwargs={"campaign_id": 8, "batch": 9}, job_id="late"
+            )
+        return entries
+
+    monkeypatch.setattr(queue_ops, "_range", range_then_a_job_arrives)
+    found = _ids(staff_client.get("/admin/queues/email-send/waiting/", {"q": "7"}))
+    # The newest first; the late job pushed the list one place, so the second chunk met s-2 again
+    # (listed once) and the last of the four searched positions now held s-1.
+    assert found == ["s-3", "s-2", "s-1"], found
+
+
 def test_a_failed_job_shows_its_exception_in_the_list_and_its_traceback_in_detail(staff_client, run_jobs):
     job_id = jobs.enqueue(
         "tests.jobs.fail",
