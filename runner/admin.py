@@ -26,6 +26,18 @@ from runner import dashboard, services
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
 
 
+def _snapshot(
+    *, integration_keys: tuple[str, ...] = (), handler_ids: tuple[int, ...] = ()
+) -> resilience.Snapshot:
+    """Breakers and leases read in one round trip."""
+    return resilience.snapshot(
+        jobs.get_connection(),
+        integration_keys=list(integration_keys),
+        handler_ids=list(handler_ids),
+        organization_ids=[],
+    )
+
+
 @admin.register(IntegrationType)
 class IntegrationTypeAdmin(admin.ModelAdmin):
     list_display = ("integration_key", "name", "enabled", "circuit")
@@ -35,12 +47,7 @@ class IntegrationTypeAdmin(admin.ModelAdmin):
         """The page's circuits read in one round trip (not one per row) for `circuit`."""
         changelist = super().get_changelist_instance(request)
         rows = list(changelist.result_list)
-        states = resilience.snapshot(
-            jobs.get_connection(),
-            integration_keys=[it.integration_key for it in rows],
-            handler_ids=[],
-            organization_ids=[],
-        ).breakers
+        states = _snapshot(integration_keys=tuple(it.integration_key for it in rows)).breakers
         for it in rows:
             it.breaker = states[it.integration_key]
         return changelist
@@ -49,12 +56,7 @@ class IntegrationTypeAdmin(admin.ModelAdmin):
     def circuit(self, obj: IntegrationType) -> str:
         state = getattr(obj, "breaker", None)
         if state is None:  # shown outside the changelist
-            state = resilience.snapshot(
-                jobs.get_connection(),
-                integration_keys=[obj.integration_key],
-                handler_ids=[],
-                organization_ids=[],
-            ).breakers[obj.integration_key]
+            state = _snapshot(integration_keys=(obj.integration_key,)).breakers[obj.integration_key]
         label = {"closed": _("closed"), "open": _("open"), "half": _("half-open")}[state.state]
         if state.state == "open":
             return f"{label} ({state.open_for} s)"
@@ -191,9 +193,19 @@ class HandlerAdmin(admin.ModelAdmin):
     list_select_related = ("integration", "organization")
     actions = ["pause", "resume", "run_now", "replay_dlq"]
 
+    def get_changelist_instance(self, request: HttpRequest) -> Any:
+        """The page's leases read in one round trip (not one per row) for `in_flight`."""
+        changelist = super().get_changelist_instance(request)
+        rows = list(changelist.result_list)
+        leases = _snapshot(handler_ids=tuple(h.pk for h in rows)).in_flight
+        for h in rows:
+            h.leases = leases[h.pk]
+        return changelist
+
     @admin.display(description=_("in flight"))
     def in_flight(self, obj: Handler) -> int:
-        return services.gate().in_flight(obj.pk)
+        leases = getattr(obj, "leases", None)
+        return _snapshot(handler_ids=(obj.pk,)).in_flight[obj.pk] if leases is None else leases
 
     @admin.display(description=_("DLQ"))
     def dlq(self, obj: Handler) -> str:

@@ -121,6 +121,29 @@ def test_the_integration_list_shows_each_circuit_read_in_one_round_trip(
     assert [sorted(keys) for keys in reads] == [["crm-x", "erp-quiet", "erp-shaky"]]  # one read, not three
 
 
+def test_the_handler_list_shows_leases_held_read_in_one_round_trip(
+    staff_client, py_handler, org, monkeypatch
+):
+    idle = Handler.objects.create(
+        integration=py_handler.integration, handler_key="idle", direction="inbound",
+        kind=Handler.Kind.PYTHON, callable_path="tests.runner.handlers", organization=org,
+    )  # fmt: skip
+    for _ in range(3):  # three jobs of the handler admitted, each holding a lease
+        _admit(py_handler)
+    reads: list[list[int]] = []
+
+    def counted(connection, **kwargs):  # the real read, counted
+        reads.append(kwargs["handler_ids"])
+        return real_snapshot(connection, **kwargs)
+
+    real_snapshot = resilience.snapshot
+    monkeypatch.setattr(resilience, "snapshot", counted)
+    html = staff_client.get("/admin/runner/handler/").content.decode()
+    cells = re.findall(r'<td class="field-in_flight">(\d+)</td>', html)
+    assert sorted(cells) == ["0", "3"], cells
+    assert [sorted(ids) for ids in reads] == [sorted([py_handler.pk, idle.pk])]  # one read, not two
+
+
 def test_tenant_and_handler_windows_and_leases_show_what_was_admitted(staff_client, py_handler, org, english):
     RunnerSettings.objects.create(organization=org, rate_limit_per_minute=10)
     py_handler.rate_limit_per_minute = 20
