@@ -45,11 +45,10 @@ from django.utils import timezone
 from django.utils.functional import Promise
 from django.utils.translation import gettext_lazy as _
 
+from crm import bulk
+
 ACTIVE_DAYS = 365
 NEW_CUSTOMER_DAYS = 30
-# Above this many rows, refresh the planner's statistics right after the snapshot (as the fan-out
-# does), so today's audience queries are not planned on yesterday's numbers.
-ANALYZE_AFTER_ROWS = 10_000
 
 
 class Segment(models.TextChoices):
@@ -228,9 +227,7 @@ def segments_snapshot(*, organization_id: int, day: date) -> dict[str, int]:
         )
         if later is not None:
             _movement_store(cursor, organization_id=organization_id, day=later)
-    if inserted >= ANALYZE_AFTER_ROWS and connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute("ANALYZE {segment}".format(**tables))
+    bulk.analyze_if_grown(CustomerSegment, inserted)  # today's audience queries, on today's numbers
     return segment_counts(organization_id=organization_id, day=day)
 
 

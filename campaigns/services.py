@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.db.models import Count, F
 from django.utils import timezone
 from django.utils.translation import gettext as _
@@ -22,7 +22,7 @@ from campaigns.models import (
     EmailMessage,
     WhatsappMessage,
 )
-from crm import jobs, promote, queues, recovery
+from crm import bulk, jobs, promote, queues, recovery
 from crm.checkpoints import jobrun_enqueue
 
 logger = logging.getLogger(__name__)
@@ -234,11 +234,7 @@ def campaign_fanout(*, campaign_id: int, chunk: int = 5000) -> int:
     if rows:
         model.objects.bulk_create(rows, ignore_conflicts=True)  # type: ignore[arg-type]
     total = model.objects.filter(campaign_id=campaign.pk).count()
-    if total >= 10_000 and connection.vendor == "postgresql":
-        # Tens of thousands of fresh rows: refresh the planner's statistics now, or until
-        # autovacuum gets to it the send batches' limit checks pick plans 200x slower.
-        with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE {model._meta.db_table}")
+    bulk.analyze_if_grown(model, total)  # or the send batches' limit checks pick plans 200x slower
     CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=total)
     batches = _queued_batches(model, campaign.pk)
     recovery.requeue_missing(_batch_specs(campaign.pk, batches, campaign.channel, campaign.organization_id))

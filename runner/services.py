@@ -16,7 +16,7 @@ from django.db.models import F
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from crm import jobs, queues, recovery
+from crm import bulk, jobs, queues, recovery
 from integrations.errors import IntegrationError
 from integrations.runner import client
 from integrations.runner.contract import ItemIn, ItemOutcome, RunIn
@@ -27,7 +27,6 @@ from runner.models import MAX_ATTEMPTS, Execution, ExecutionItem, Handler, Integ
 logger = logging.getLogger(__name__)
 
 CHUNK = 1000
-ANALYZE_AFTER = 10_000
 # How long a webhook event id is remembered (a provider's retries come within hours).
 WEBHOOK_EVENT_KEEP = timedelta(days=7)
 # An item claimed this long ago by a job that never reported back (its worker died) may be claimed again.
@@ -153,7 +152,7 @@ def events_store(
         _fan_out(execution, handler, [i.pk for i in items])
         if not events:
             _settle(execution.pk)
-    _analyze_if_big(len(events))
+    bulk.analyze_if_grown(ExecutionItem, len(events))  # or every item job's claim scans the table
     return execution
 
 
@@ -193,14 +192,6 @@ def webhook_events_prune(*, now: datetime | None = None, limit: int = 10_000) ->
     if ids:
         WebhookEvent.objects.filter(id__in=ids).delete()
     return len(ids)
-
-
-def _analyze_if_big(stored: int) -> None:
-    """Tens of thousands of fresh items: refresh the planner's statistics now. Until autovacuum gets
-    to it, a table the planner believes small is read by sequential scans in every item job's claim."""
-    if stored >= ANALYZE_AFTER and connection.vendor == "postgresql":
-        with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE {ExecutionItem._meta.db_table}")
 
 
 def _item_queue(trigger: str) -> str:
@@ -405,7 +396,7 @@ def execution_run(*, execution_id: int, last_attempt: bool = True) -> str:
     with transaction.atomic():
         if Execution.objects.filter(pk=execution_id, fanned_out_at__isnull=True).update(fanned_out_at=now):
             _settle(execution_id, released=1)
-    _analyze_if_big(execution.items_total - skip)
+    bulk.analyze_if_grown(ExecutionItem, execution.items_total - skip)
     return "fanned-out"
 
 

@@ -1,0 +1,30 @@
+"""crm.bulk.analyze_if_grown: after a big bulk write the planner's statistics are refreshed at once,
+on the real PostgreSQL (pg_class.reltuples is what ANALYZE writes)."""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from crm import bulk
+from crm.models import Customer, Organization
+
+
+def _reltuples() -> float:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT reltuples FROM pg_class WHERE oid = %s::regclass", [Customer._meta.db_table])
+        return float(cursor.fetchone()[0])
+
+
+def test_a_table_is_analyzed_after_a_big_write_and_not_after_a_small_one(db):
+    org = Organization.objects.create(name="Loja", slug="loja")
+    Customer.objects.bulk_create(
+        [
+            Customer(organization=org, erp_id=f"A{i}", name=f"Cliente {i}")
+            for i in range(bulk.ANALYZE_AFTER_ROWS)
+        ]
+    )
+    before = _reltuples()
+    bulk.analyze_if_grown(Customer, bulk.ANALYZE_AFTER_ROWS - 1)
+    assert _reltuples() == before  # below the threshold: left to autovacuum
+    bulk.analyze_if_grown(Customer, bulk.ANALYZE_AFTER_ROWS)
+    assert _reltuples() >= bulk.ANALYZE_AFTER_ROWS  # the planner now knows the rows are there
