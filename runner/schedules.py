@@ -11,4 +11,11 @@ ENTRIES = [
         queue=queues.MAINTENANCE,
         description="Start the integration runs whose handler schedule is due (organization time zone)",
     ),
+    CronEntry(
+        name="runner-event-ids-prune",
+        cron="*/10 * * * *",
+        func="runner.tasks.webhook_events_prune",
+        queue=queues.MAINTENANCE,
+        description="Forget the webhook and AMQP event ids older than 7 days",
+    ),
 ]

@@ -185,8 +185,8 @@ def webhook_receive(
 
 
 def webhook_events_prune(*, now: datetime | None = None, limit: int = 10_000) -> int:
-    """Forget event ids older than WEBHOOK_EVENT_KEEP (at most `limit` per call; the cron runs it
-    every minute)."""
+    """Forget event ids older than WEBHOOK_EVENT_KEEP (at most `limit` per call; the
+    runner-event-ids-prune cron calls it until nothing is left)."""
     cutoff = (now or timezone.now()) - WEBHOOK_EVENT_KEEP
     ids = list(WebhookEvent.objects.filter(received_at__lt=cutoff).values_list("id", flat=True)[:limit])
     if ids:

@@ -44,7 +44,14 @@ def items_process(
 
 
 def schedules_dispatch() -> int:
-    """Cron (every minute): start the executions of due handler schedules, once per occurrence; and
-    forget webhook event ids past their keep."""
-    services.webhook_events_prune()
+    """Cron (every minute): start the executions of due handler schedules, once per occurrence."""
     return services.schedules_dispatch()
+
+
+def webhook_events_prune() -> int:
+    """Cron (every 10 minutes): forget event ids past their keep (a slow or failed prune never
+    holds up the schedules), 10,000 per statement until none is left."""
+    total = 0
+    while pruned := services.webhook_events_prune():
+        total += pruned
+    return total

@@ -155,3 +155,24 @@ def test_event_ids_are_forgotten_after_their_keep(client, py_handler):
     # Forgotten: the same id is an event again.
     assert _post(client, body, **headers).status_code == 202
     assert ExecutionItem.objects.filter(external_id="evt-old").count() == 2
+
+
+def test_the_prune_cron_forgets_every_old_event_id_beyond_one_statements_worth(py_handler, org):
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from crm import cron
+    from runner import services, tasks
+    from runner.models import WebhookEvent
+
+    old = timezone.now() - services.WEBHOOK_EVENT_KEEP - timedelta(minutes=1)
+    WebhookEvent.objects.bulk_create(
+        [WebhookEvent(handler=py_handler, organization=org, event_id=f"e{i}") for i in range(10_005)]
+    )
+    WebhookEvent.objects.update(received_at=old)  # auto_now_add: aged after the insert
+    WebhookEvent.objects.create(handler=py_handler, organization=org, event_id="recent")
+    assert tasks.webhook_events_prune() == 10_005
+    assert list(WebhookEvent.objects.values_list("event_id", flat=True)) == ["recent"]
+    entry = cron.cron_table()["runner-event-ids-prune"]
+    assert (entry.func, entry.cron) == ("runner.tasks.webhook_events_prune", "*/10 * * * *")
