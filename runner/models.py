@@ -244,7 +244,7 @@ class ExecutionItem(models.Model):
 class WebhookEvent(models.Model):
     """An event id seen by a handler for an organization (a webhook's event id, an AMQP message's
     id): a provider's retry or a broker's redelivery of the same event is not stored again. Kept
-    WEBHOOK_EVENT_KEEP (services), pruned every minute."""
+    WEBHOOK_EVENT_KEEP (services), pruned by the runner-event-ids-prune cron."""
 
     # No index of their own (a row is written per event with an id): the unique constraint leads
     # with the handler, and an organization's events are looked up only when it is deleted.
