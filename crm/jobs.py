@@ -20,6 +20,7 @@ from redis import Redis
 from rq import Queue, Retry
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Job
+from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from crm import queues
@@ -312,13 +313,20 @@ def enqueue_specs(specs: Iterable[JobSpec]) -> int:
 
 
 def delete_job(job_id: str) -> bool:
-    """Cancel and delete a job wherever it is (queue, delayed, failed). True if it existed."""
+    """Delete a job wherever it is (queue, delayed, failed, …), with its results: whatever its
+    status says, it is in no registry afterwards. True if it existed."""
     connection = get_connection()
     try:
         job = Job.fetch(job_id, connection=connection, serializer=JSONSerializer)
     except NoSuchJobError:
         return False
-    job.delete(remove_from_queue=True)
+    keys = queues.redis_keys(job.origin)
+    with connection.pipeline() as pipe:
+        job.delete(pipeline=pipe, remove_from_queue=True)
+        for name in ("failed", "completed", "scheduled", "deferred", "canceled"):
+            pipe.zrem(keys[name], job.id)
+        pipe.delete(Result.get_key(job.id))
+        pipe.execute()
     return True
 
 

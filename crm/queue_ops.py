@@ -139,18 +139,6 @@ def _status(job: Job, *, refresh: bool = False) -> str:
     return status.value if isinstance(status, JobStatus) else str(status or "")
 
 
-def _keys(queue: str) -> dict[str, str]:
-    return {
-        "waiting": f"rq:queue:{queue}",
-        "active": f"rq:wip:{queue}",
-        "failed": f"rq:failed:{queue}",
-        "completed": f"rq:finished:{queue}",
-        "scheduled": f"rq:scheduled:{queue}",
-        "deferred": f"rq:deferred:{queue}",
-        "canceled": f"rq:canceled:{queue}",
-    }
-
-
 def is_queue(name: str) -> bool:
     return name in queues.QUEUE_NAMES
 
@@ -180,7 +168,7 @@ def overview() -> list[dict[str, Any]]:
 
 # --- pages of jobs ----------------------------------------------------------------------------
 def _sizes(connection: Redis, queue: str) -> dict[str, int]:
-    keys = _keys(queue)
+    keys = queues.redis_keys(queue)
     with connection.pipeline(transaction=False) as pipe:
         pipe.llen(keys["waiting"])
         for name in ("active", "failed", "completed", "scheduled", "deferred"):
@@ -206,7 +194,7 @@ def _range(
     dependency (deferred)."""
     if stop <= start:
         return []
-    keys = _keys(queue)
+    keys = queues.redis_keys(queue)
     if state == "waiting":  # RPUSHed: the newest is at the tail
         return [(_text(i), None) for i in reversed(connection.lrange(keys["waiting"], -stop, -start - 1))]
     if state == "delayed":
@@ -391,7 +379,7 @@ def job_detail(job_id: str) -> JobDetail | None:
         return None
     connection = jobs.get_connection()
     status = job.get_status(refresh=False)
-    keys = _keys(job.origin)
+    keys = queues.redis_keys(job.origin)
     with connection.pipeline(transaction=False) as pipe:
         pipe.zscore(keys["scheduled"], job.id)
         pipe.zscore(keys["failed"], job.id)
@@ -467,7 +455,7 @@ def _requeue_failed(connection: Redis, queue: str, job_ids: list[str]) -> int:
     RQ's FailedJobRegistry.requeue, in bulk, plus what it leaves out: the attempts are reset to
     the queue's policy, and the hash loses the failure TTL it was given (a retried job waiting
     longer than that would vanish from its queue)."""
-    claimed = _claim(connection, _keys(queue)["failed"], job_ids)
+    claimed = _claim(connection, queues.redis_keys(queue)["failed"], job_ids)
     if not claimed:
         return 0
     spec = queues.get_spec(queue)
@@ -506,15 +494,8 @@ def job_delete(job_id: str) -> str:
     job = _fetch(job_id)
     if job.get_status(refresh=False) == JobStatus.STARTED:
         raise WrongState(_status(job))
-    connection = jobs.get_connection()
-    keys = _keys(job.origin)
-    with connection.pipeline() as pipe:
-        job.delete(pipeline=pipe, remove_from_queue=True)
-        # Whatever its status says, it is in no registry afterwards.
-        for name in ("failed", "completed", "scheduled", "deferred", "canceled"):
-            pipe.zrem(keys[name], job.id)
-        pipe.delete(Result.get_key(job.id))
-        pipe.execute()
+    if not jobs.delete_job(job.id):
+        raise JobGone(job.id)
     return job.origin
 
 
@@ -533,7 +514,7 @@ def job_cancel(job_id: str) -> str:
     if not is_queue(job.origin) or status != JobStatus.QUEUED:
         raise WrongState(_status(job))
     connection = jobs.get_connection()
-    if not connection.lrem(_keys(job.origin)["waiting"], 1, job.id):
+    if not connection.lrem(queues.redis_keys(job.origin)["waiting"], 1, job.id):
         raise WrongState(_status(job, refresh=True))  # a worker took it meanwhile
     job.cancel()
     ttl = queues.get_spec(job.origin).result_ttl
@@ -561,7 +542,7 @@ def bulk_run(queue: str, action: str, *, limit: int | None = None) -> int:
     if not is_queue(queue) or action not in BULK_ACTIONS:
         raise ValueError(f"unknown queue or bulk action: {queue!r}, {action!r}")
     connection = jobs.get_connection()
-    keys = _keys(queue)
+    keys = queues.redis_keys(queue)
     if action == "empty":
         return _empty(connection, queue, limit)
     key = keys["scheduled"] if action == "promote-all" else keys["failed"]
@@ -581,7 +562,7 @@ def bulk_run(queue: str, action: str, *, limit: int | None = None) -> int:
 
 
 def _delete_failed(connection: Redis, queue: str, job_ids: list[str]) -> int:
-    claimed = _claim(connection, _keys(queue)["failed"], job_ids)
+    claimed = _claim(connection, queues.redis_keys(queue)["failed"], job_ids)
     with connection.pipeline(transaction=False) as pipe:
         for job_id in claimed:
             key = _JOB + job_id
@@ -595,7 +576,7 @@ def _bound(size: int, limit: int | None) -> int:
 
 
 def _empty(connection: Redis, queue: str, limit: int | None) -> int:
-    key = _keys(queue)["waiting"]
+    key = queues.redis_keys(queue)["waiting"]
     script = connection.register_script(_EMPTY)
     limit, done = _bound(connection.llen(key), limit), 0
     while done < limit:

@@ -94,3 +94,17 @@ def get_spec(name: str) -> QueueSpec:
         return _BY_NAME[name]
     except KeyError:
         raise ValueError(f"unknown queue {name!r}; known queues: {', '.join(QUEUE_NAMES)}") from None
+
+
+def redis_keys(queue: str) -> dict[str, str]:
+    """RQ's keys for a queue, by the state the operator reads in them: the waiting list and the
+    registries (active = started, completed = finished)."""
+    return {
+        "waiting": f"rq:queue:{queue}",
+        "active": f"rq:wip:{queue}",
+        "failed": f"rq:failed:{queue}",
+        "completed": f"rq:finished:{queue}",
+        "scheduled": f"rq:scheduled:{queue}",
+        "deferred": f"rq:deferred:{queue}",
+        "canceled": f"rq:canceled:{queue}",
+    }

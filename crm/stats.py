@@ -16,12 +16,10 @@ def queue_stats() -> dict[str, dict[str, int]]:
     connection = jobs.get_connection()
     with connection.pipeline(transaction=False) as pipe:
         for name in queues.QUEUE_NAMES:
-            pipe.llen(f"rq:queue:{name}")
-            pipe.zcard(f"rq:wip:{name}")
-            pipe.zcard(f"rq:failed:{name}")
-            pipe.zcard(f"rq:finished:{name}")
-            pipe.zcard(f"rq:scheduled:{name}")
-            pipe.zcard(f"rq:deferred:{name}")
+            keys = queues.redis_keys(name)
+            pipe.llen(keys["waiting"])
+            for state in ("active", "failed", "completed", "scheduled", "deferred"):
+                pipe.zcard(keys[state])
         raw = pipe.execute()
     result = {}
     for i, name in enumerate(queues.QUEUE_NAMES):
