@@ -282,37 +282,20 @@ class Gate:
                 logger.warning("renewing runner leases failed", exc_info=True)
 
     def breaker_state(self, integration_key: str) -> dict[str, str | int]:
-        """{state: closed|open|half, failures, successes, open_for (s)} for the admin."""
-        raw = self.connection.hgetall(breaker_key(integration_key))
-        data = {
-            (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
-            for k, v in raw.items()
+        """{state: closed|open|half, failures, successes, open_for (s)}: one breaker's `snapshot`."""
+        view = snapshot(
+            self.connection, integration_keys=[integration_key], handler_ids=[], organization_ids=[]
+        ).breakers[integration_key]
+        return {
+            "state": view.state,
+            "failures": view.failures,
+            "successes": view.successes,
+            "open_for": view.open_for,
         }
-        state = data.get("state", "closed")
-        result: dict[str, str | int] = {
-            "state": state,
-            "failures": int(data.get("failures", 0)),
-            "successes": int(data.get("successes", 0)),
-        }
-        if state == "open":
-            now_s, now_us = self.connection.time()
-            remaining = int(data.get("until", 0)) - (now_s * 1000 + now_us // 1000)
-            if remaining <= 0:
-                result["state"] = "half"
-            result["open_for"] = max(remaining, 0) // 1000
-        return result
 
     def breaker_reset(self, integration_key: str) -> None:
         key = breaker_key(integration_key)
         self.connection.delete(key, key + ":probes")
-
-    def in_flight(self, handler_id: int) -> int:
-        now_s, now_us = self.connection.time()
-        return int(self.connection.zcount(semaphore_key(handler_id), now_s * 1000 + now_us // 1000, "+inf"))
-
-    def window_count(self, key: str, window_ms: int = WINDOW_MS) -> int:
-        now_s, now_us = self.connection.time()
-        return int(self.connection.zcount(key, now_s * 1000 + now_us // 1000 - window_ms, "+inf"))
 
 
 # --- read-only views for the operator's dashboard (never change a key) ---------------------------
