@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import zoneinfo
-from pathlib import Path
 from urllib.parse import urlparse
 
 from django.core.exceptions import ImproperlyConfigured
@@ -95,12 +93,3 @@ def parse_redis_url(name: str, value: str) -> dict:
             config["PASSWORD"] = password
         return config
     raise setting_error(name, f"{value!r} must start with redis://, rediss://, unix:// or sentinel://")
-
-
-def embedded_redis_socket(base_dir: Path, var_dir: Path) -> Path:
-    """Where the embedded Redis listens: inside the checkout, so two checkouts never share one."""
-    sock = var_dir / "redis.sock"
-    if len(str(sock)) > 100:  # AF_UNIX paths are limited to ~108 bytes
-        digest = hashlib.sha1(str(base_dir).encode()).hexdigest()[:12]  # noqa: S324 - a name, not security
-        sock = Path("/tmp") / f"crm-redis-{digest}.sock"  # noqa: S108
-    return sock

@@ -1,18 +1,20 @@
 """Django settings, read from the environment (and from `.env` beside manage.py when present).
 
-Without DATABASE_URL and REDIS_URL the project runs embedded: a SQLite file under var/ and a
-Redis that `manage.py up` starts on a socket inside the checkout.
+Without DATABASE_URL and REDIS_URL the project runs embedded: a PostgreSQL and a Redis that
+`manage.py up` starts on Unix sockets inside the checkout (crm/embedded.py).
 """
 
 from __future__ import annotations
 
 import secrets
+import urllib.parse
 from pathlib import Path
+from typing import Any
 
 import environ
 from django.core.exceptions import ImproperlyConfigured
 
-from crm import config, queues
+from crm import config, embedded, queues
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 
@@ -47,19 +49,17 @@ CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
 EMBEDDED_DATABASE = "DATABASE_URL" not in env
 EMBEDDED_REDIS = "REDIS_URL" not in env
-EMBEDDED_REDIS_SOCKET = config.embedded_redis_socket(BASE_DIR, VAR_DIR)
+EMBEDDED_POSTGRES, EMBEDDED_REDIS_SERVER = embedded.servers(VAR_DIR)
+EMBEDDED_REDIS_SOCKET = EMBEDDED_REDIS_SERVER.socket
 
+DATABASES: dict[str, dict[str, Any]]
 if EMBEDDED_DATABASE:
     DATABASES = {
         "default": {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": VAR_DIR / "crm.sqlite3",
-            "OPTIONS": {
-                "init_command": (
-                    "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA busy_timeout=10000;"
-                ),
-                "transaction_mode": "IMMEDIATE",
-            },
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": embedded.DATABASE_NAME,
+            "USER": "postgres",
+            "HOST": str(EMBEDDED_POSTGRES.socket_dir),
         }
     }
 else:
@@ -67,13 +67,12 @@ else:
         DATABASES = {"default": env.db("DATABASE_URL")}
     except (ImproperlyConfigured, ValueError, KeyError) as exc:
         raise config.setting_error("DATABASE_URL", f"cannot be parsed ({exc})") from None
-    if DATABASES["default"]["ENGINE"] not in ("django.db.backends.postgresql", "django.db.backends.sqlite3"):
-        raise config.setting_error(
-            "DATABASE_URL", "must be postgres://… (or sqlite:///path for a local file)"
-        )
-    if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
-        DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
-        DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+    if DATABASES["default"].get("ENGINE") != "django.db.backends.postgresql":
+        raise config.setting_error("DATABASE_URL", "must be postgres://user:password@host:5432/database")
+    # libpq's URL form of a Unix socket: the directory, percent-encoded, as the host.
+    DATABASES["default"]["HOST"] = urllib.parse.unquote(DATABASES["default"].get("HOST") or "")
+DATABASES["default"].setdefault("CONN_MAX_AGE", env.int("DATABASE_CONN_MAX_AGE", default=60))
+DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
 
 REDIS_URL = f"unix://{EMBEDDED_REDIS_SOCKET}" if EMBEDDED_REDIS else env.str("REDIS_URL")
 _REDIS = config.parse_redis_url("REDIS_URL", REDIS_URL)

@@ -37,7 +37,9 @@ class Proc:
     env: dict[str, str] | None = None
     popen: subprocess.Popen | None = field(default=None, repr=False)
     restarts: int = 0
-    stop_last: bool = False  # infrastructure (the embedded Redis) outlives the processes using it
+    stop_last: bool = False  # infrastructure (the embedded servers) outlives the processes using it
+    stop_signal: int = signal.SIGTERM
+    user: str | None = None  # run as this system user (the embedded PostgreSQL under root)
 
 
 class Supervisor:
@@ -57,8 +59,10 @@ class Supervisor:
         restart: bool = True,
         env: dict[str, str] | None = None,
         stop_last: bool = False,
+        stop_signal: int = signal.SIGTERM,
+        user: str | None = None,
     ) -> Proc:
-        proc = Proc(name, list(argv), restart, env, stop_last=stop_last)
+        proc = Proc(name, list(argv), restart, env, stop_last=stop_last, stop_signal=stop_signal, user=user)
         self.procs.append(proc)
         self.width = max(self.width, len(name))
         return proc
@@ -73,6 +77,9 @@ class Supervisor:
             stdin=subprocess.DEVNULL,
             preexec_fn=_die_with_parent,
             start_new_session=True,
+            user=proc.user,
+            group=proc.user,
+            extra_groups=None if proc.user is None else [],
         )
         color = _COLORS[self.procs.index(proc) % len(_COLORS)]
         threading.Thread(target=self._pump, args=(proc, proc.popen, color), daemon=True).start()
@@ -145,7 +152,7 @@ class Supervisor:
         for proc in alive:
             assert proc.popen is not None
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.popen.pid, signal.SIGTERM)
+                os.killpg(proc.popen.pid, proc.stop_signal)
         deadline = time.monotonic() + self.stop_timeout
         for proc in alive:
             assert proc.popen is not None

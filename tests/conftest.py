@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -113,9 +114,9 @@ def child_env(**extra: str) -> dict[str, str]:
     """Environment for a child process that must see this test's database and Redis."""
     env = dict(os.environ)
     db = settings.DATABASES["default"]
-    env["DATABASE_URL"] = (
-        f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
-    )
+    host = urllib.parse.quote(db["HOST"], safe="")  # a socket directory is percent-encoded
+    port = f":{db['PORT']}" if db.get("PORT") else ""
+    env["DATABASE_URL"] = f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{host}{port}/{db['NAME']}"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env

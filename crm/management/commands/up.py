@@ -2,15 +2,16 @@ from __future__ import annotations
 
 import os
 import secrets
+import signal
 import socket
 import sys
-import time
 from pathlib import Path
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
+from django.db import connections
 
 from crm import embedded
 from crm.supervisor import Supervisor
@@ -18,7 +19,8 @@ from crm.supervisor import Supervisor
 
 class Command(BaseCommand):
     help = (
-        "Run everything: the embedded Redis (when REDIS_URL is unset), migrations, an admin login, "
+        "Run everything: the embedded PostgreSQL and Redis (when DATABASE_URL / REDIS_URL are unset), "
+        "migrations, an admin login, "
         "the demo data, then web + workers + scheduler under one supervisor. Ctrl-C stops all."
     )
 
@@ -48,25 +50,18 @@ class Command(BaseCommand):
         os.environ.setdefault("PUBLIC_URL", f"http://{options['host']}:{options['port']}")
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
         supervisor = Supervisor()
-        if settings.EMBEDDED_REDIS:
-            try:
-                argv = embedded.server_argv()
-            except embedded.EmbeddedRedisError as exc:
-                raise CommandError(str(exc)) from None
-            redis_proc = supervisor.add("redis", argv, restart=True, stop_last=True)
-            supervisor.start(redis_proc)
-            deadline = time.monotonic() + 15
-            while not embedded.ping(settings.EMBEDDED_REDIS_SOCKET):
-                if (redis_proc.popen and redis_proc.popen.poll() is not None) or time.monotonic() > deadline:
-                    supervisor.stop()
-                    raise CommandError("the embedded Redis did not start; see its output above")
-                time.sleep(0.05)
-            supervisor.say(f"embedded Redis on {settings.EMBEDDED_REDIS_SOCKET}")
+        try:
+            self._start_embedded(supervisor)
+        except embedded.EmbeddedError as exc:
+            supervisor.stop()
+            raise CommandError(str(exc)) from None
         try:
             self._prepare(options, supervisor)
         except BaseException:
+            connections.close_all()
             supervisor.stop()
             raise
+        connections.close_all()  # the embedded PostgreSQL stops last; it waits for no session of ours
         supervisor.add(
             "web", [*manage_gunicorn(), "--bind", f"{options['host']}:{options['port']}"], restart=False
         )
@@ -99,6 +94,32 @@ class Command(BaseCommand):
         code = supervisor.run()
         if code:
             raise CommandError(f"stopped: a process exited with status {code}")
+
+    @staticmethod
+    def _start_embedded(supervisor: Supervisor) -> None:
+        """The embedded PostgreSQL and Redis (each unless its URL is set), stopped last."""
+        if settings.EMBEDDED_DATABASE:
+            postgres: embedded.Postgres = settings.EMBEDDED_POSTGRES
+            postgres.ensure_initialized()
+            proc = supervisor.add(
+                "postgres",
+                postgres.server_argv(),
+                stop_last=True,
+                stop_signal=signal.SIGINT,  # fast shutdown: roll back sessions, checkpoint, exit
+                user=postgres.system_user,
+            )
+            supervisor.start(proc)
+            postgres.wait_ready(
+                timeout=60, alive=lambda: proc.popen is not None and proc.popen.poll() is None
+            )
+            postgres.ensure_database()
+            supervisor.say(f"embedded PostgreSQL in {postgres.data}")
+        if settings.EMBEDDED_REDIS:
+            server: embedded.Redis = settings.EMBEDDED_REDIS_SERVER
+            proc = supervisor.add("redis", server.server_argv(), stop_last=True)
+            supervisor.start(proc)
+            server.wait_ready(timeout=15, alive=lambda: proc.popen is not None and proc.popen.poll() is None)
+            supervisor.say(f"embedded Redis on {server.socket}")
 
     def _prepare(self, options: dict, supervisor: Supervisor) -> None:
         supervisor.say("migrating the database")
@@ -153,6 +174,9 @@ class Command(BaseCommand):
 
 def _check_port(host: str, port: int, option: str) -> None:
     with socket.socket() as probe:
+        # As the servers themselves do: a port whose last connections sit in TIME_WAIT (a restart
+        # right after Ctrl-C) is free to listen on.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as exc:
