@@ -365,8 +365,6 @@ class CappedCountPaginator(Paginator):
         if query.where or query.distinct or query.is_sliced or query.combinator or query.group_by is not None:
             return None
         connection = connections[rows.db]
-        if connection.vendor != "postgresql":
-            return None
         with connection.cursor() as cursor:
             cursor.execute(_ESTIMATED_ROWS_SQL, [connection.ops.quote_name(rows.model._meta.db_table)])
             row = cursor.fetchone()

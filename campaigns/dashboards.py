@@ -86,30 +86,17 @@ LABELS = {
 
 
 class DateBin(Func):
-    """The start of the `step`-wide bucket holding the expression, buckets aligned on `origin`.
-
-    PostgreSQL's date_bin; the embedded SQLite gets the same arithmetic on epoch seconds.
-    """
+    """The start of the `step`-wide bucket holding the expression, buckets aligned on `origin`
+    (PostgreSQL's date_bin)."""
 
     function = "date_bin"
     output_field = DateTimeField()
 
     def __init__(self, step: timedelta, expression: Any, origin: datetime) -> None:
-        self.step_seconds = int(step.total_seconds())
-        self.origin_epoch = int(origin.timestamp())
         super().__init__(
             Value(step, output_field=DurationField()),
             expression,
             Value(origin, output_field=DateTimeField()),
-        )
-
-    def as_sqlite(self, compiler: Any, connection: Any, **extra_context: Any) -> tuple[str, list[Any]]:
-        sql, params = compiler.compile(self.get_source_expressions()[1])
-        origin, step = self.origin_epoch, self.step_seconds
-        return (
-            f"datetime({origin} + ((CAST(strftime('%%s', {sql}) AS INTEGER) - {origin}) / {step}) * {step}, "
-            "'unixepoch')",
-            list(params),
         )
 
 

@@ -84,14 +84,8 @@ RULES: tuple[Rule, ...] = (
 )
 assert {r.segment for r in RULES} == set(Segment), "every segment needs a rule"
 
-# The local date of a timestamp, and a date minus a date in days, per database.
-_DAYS_SINCE_LAST_SALE = {
-    "postgresql": "%(day)s::date - (MAX(s.sold_at) AT TIME ZONE %(tz)s)::date",
-    "sqlite": (
-        "CAST(julianday(%(day)s) - julianday(django_datetime_cast_date(MAX(s.sold_at), %(tz)s, %(db_tz)s))"
-        " AS INTEGER)"
-    ),
-}
+# Days from the last sale's local date to the snapshot's day.
+_DAYS_SINCE_LAST_SALE = "%(day)s::date - (MAX(s.sold_at) AT TIME ZONE %(tz)s)::date"
 
 _SNAPSHOT_SQL = """
 WITH per_customer AS (
@@ -162,12 +156,8 @@ def _tables() -> dict[str, str]:
 
 
 def _snapshot_sql() -> str:
-    if connection.vendor not in _DAYS_SINCE_LAST_SALE:
-        raise NotImplementedError(f"segment snapshots need PostgreSQL or SQLite, not {connection.vendor}")
     rules = " ".join(f"WHEN {rule.sql} THEN '{rule.segment.value}'" for rule in RULES)
-    return _SNAPSHOT_SQL.format(
-        days_since_last_sale=_DAYS_SINCE_LAST_SALE[connection.vendor], rules=rules, **_tables()
-    )
+    return _SNAPSHOT_SQL.format(days_since_last_sale=_DAYS_SINCE_LAST_SALE, rules=rules, **_tables())
 
 
 def _local_midnight(day: date, zone: ZoneInfo) -> Any:
@@ -203,18 +193,16 @@ def segments_snapshot(*, organization_id: int, day: date) -> dict[str, int]:
         "org": organization_id,
         "day": connection.ops.adapt_datefield_value(day),
         "tz": zone.key,
-        "db_tz": connection.timezone_name,
         "cutoff": _local_midnight(day + timedelta(days=1), zone),
         "year_start": _local_midnight(day - timedelta(days=ACTIVE_DAYS - 1), zone),
         "new_start": _local_midnight(day - timedelta(days=NEW_CUSTOMER_DAYS - 1), zone),
     }
     tables = _tables()
     with transaction.atomic(), connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            # One snapshot per organization at a time (the cron job and the command may overlap).
-            cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"segments:{organization_id}"])
-            # Sorts and the per-customer aggregate stay in memory up to this, then spill to disk.
-            cursor.execute("SET LOCAL work_mem = '64MB'")
+        # One snapshot per organization at a time (the cron job and the command may overlap).
+        cursor.execute("SELECT pg_advisory_xact_lock(hashtext(%s))", [f"segments:{organization_id}"])
+        # Sorts and the per-customer aggregate stay in memory up to this, then spill to disk.
+        cursor.execute("SET LOCAL work_mem = '64MB'")
         cursor.execute(_DELETE_DAY_SQL.format(table=tables["segment"]), params)
         cursor.execute(_snapshot_sql(), params)
         inserted = cursor.rowcount

@@ -2,7 +2,7 @@
 
 `bulk_update` builds a CASE WHEN per field and row and resolves each as an expression: about
 3 ms per row in Python here (1.4 s for 500 messages). `update_rows` sends one
-`UPDATE ... FROM (VALUES ...)` per chunk instead (PostgreSQL, and SQLite >= 3.33).
+`UPDATE ... FROM (VALUES ...)` per chunk instead.
 """
 
 from __future__ import annotations
@@ -38,11 +38,8 @@ def update_rows(
     quote = connection.ops.quote_name
     table = quote(meta.db_table)
     names = ", ".join(f"c{i}" for i in range(len(columns) + 1))
-    if connection.vendor == "postgresql":
-        # VALUES literals arrive untyped: cast each column to its field's type.
-        refs = [f"v.c{i}::{f.db_type(connection)}" for i, f in enumerate([pk, *columns])]
-    else:
-        refs = [f"v.c{i}" for i in range(len(columns) + 1)]
+    # VALUES literals arrive untyped: cast each column to its field's type.
+    refs = [f"v.c{i}::{f.db_type(connection)}" for i, f in enumerate([pk, *columns])]
     assignments = ", ".join(f"{quote(f.column)} = {refs[i + 1]}" for i, f in enumerate(columns))
     guard_sql, guard_params = "", []  # type: tuple[str, list[Any]]
     for name, value in (only_if or {}).items():
@@ -60,16 +57,10 @@ def update_rows(
         row = "(" + ", ".join(["%s"] * (len(columns) + 1)) + ")"
         values = ", ".join([row] * len(part))
         # Identifiers come from the model's own metadata, quoted; every value is a parameter.
-        if connection.vendor == "postgresql":
-            sql = (
-                f"UPDATE {table} SET {assignments} FROM (VALUES {values}) AS v({names}) "  # noqa: S608
-                f"WHERE {table}.{quote(pk.column)} = {refs[0]}{guard_sql}"
-            )
-        else:
-            sql = (
-                f"WITH v({names}) AS (VALUES {values}) UPDATE {table} SET {assignments} "  # noqa: S608
-                f"FROM v WHERE {table}.{quote(pk.column)} = v.c0{guard_sql}"
-            )
+        sql = (
+            f"UPDATE {table} SET {assignments} FROM (VALUES {values}) AS v({names}) "  # noqa: S608
+            f"WHERE {table}.{quote(pk.column)} = {refs[0]}{guard_sql}"
+        )
         with connection.cursor() as cursor:
             cursor.execute(sql, params + guard_params)
             written += cursor.rowcount
@@ -83,6 +74,6 @@ def analyze_if_grown(model: type[models.Model], rows: int) -> None:
     """After writing `rows` new rows in bulk (ANALYZE_AFTER_ROWS or more), refresh the planner's
     statistics of the model's table now (PostgreSQL). Until autovacuum gets to it, queries on the
     fresh rows are planned as if the table were small: sequential scans, plans 100x slower."""
-    if rows >= ANALYZE_AFTER_ROWS and connection.vendor == "postgresql":
+    if rows >= ANALYZE_AFTER_ROWS:
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {connection.ops.quote_name(model._meta.db_table)}")

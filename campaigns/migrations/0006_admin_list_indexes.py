@@ -3,7 +3,7 @@
 import django.db.models.functions.text
 from django.db import migrations, models
 
-from crm.online_schema import AddIndexOnline, RemoveIndexOnline
+from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 
 
 class Migration(migrations.Migration):
@@ -16,47 +16,47 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        RemoveIndexOnline(
+        RemoveIndexConcurrently(
             model_name="emailmessage",
             name="emmsg_campaign_status",
         ),
-        RemoveIndexOnline(
+        RemoveIndexConcurrently(
             model_name="whatsappmessage",
             name="wamsg_campaign_status",
         ),
-        AddIndexOnline(
+        AddIndexConcurrently(
             model_name="emailmessage",
             index=models.Index(fields=["campaign", "status", "id"], name="emmsg_campaign_status_id"),
         ),
-        AddIndexOnline(
+        AddIndexConcurrently(
             model_name="emailmessage",
             index=models.Index(fields=["campaign", "id"], name="emmsg_campaign_id"),
         ),
-        AddIndexOnline(
+        AddIndexConcurrently(
             model_name="emailmessage",
             index=models.Index(fields=["status", "id"], name="emmsg_status_id"),
         ),
-        AddIndexOnline(
+        AddIndexConcurrently(
             model_name="emailmessage",
             index=models.Index(django.db.models.functions.text.Upper("email"), name="emmsg_email_upper"),
         ),
-        AddIndexOnline(
+        AddIndexConcurrently(
             model_name="emailmessage",
             index=models.Index(fields=["campaign", "sent_at"], name="emmsg_campaign_sent"),
         ),
-        AddIndexOnline(
+        AddIndexConcurrently(
             model_name="whatsappmessage",
             index=models.Index(fields=["campaign", "status", "id"], name="wamsg_campaign_status_id"),
         ),
-        AddIndexOnline(
+        AddIndexConcurrently(
             model_name="whatsappmessage",
             index=models.Index(fields=["campaign", "id"], name="wamsg_campaign_id"),
         ),
-        AddIndexOnline(
+        AddIndexConcurrently(
             model_name="whatsappmessage",
             index=models.Index(fields=["status", "id"], name="wamsg_status_id"),
         ),
-        AddIndexOnline(
+        AddIndexConcurrently(
             model_name="whatsappmessage",
             index=models.Index(
                 condition=models.Q(("error_code__isnull", False)),
@@ -64,13 +64,13 @@ class Migration(migrations.Migration):
                 name="wamsg_error_code_id",
             ),
         ),
-        AddIndexOnline(
+        AddIndexConcurrently(
             model_name="whatsappmessage",
             index=models.Index(
                 fields=["phone"], name="wamsg_phone_prefix", opclasses=["varchar_pattern_ops"]
             ),
         ),
-        AddIndexOnline(
+        AddIndexConcurrently(
             model_name="whatsappmessage",
             index=models.Index(fields=["campaign", "sent_at"], name="wamsg_campaign_sent"),
         ),

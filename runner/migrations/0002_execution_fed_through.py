@@ -2,7 +2,7 @@
 
 from django.db import migrations, models
 
-from crm.online_schema import AddIndexOnline, RemoveIndexOnline
+from django.contrib.postgres.operations import AddIndexConcurrently, RemoveIndexConcurrently
 
 
 class Migration(migrations.Migration):
@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        RemoveIndexOnline(
+        RemoveIndexConcurrently(
             model_name="executionitem",
             name="runner_item_exec_status_idx",
         ),
@@ -25,7 +25,7 @@ class Migration(migrations.Migration):
                 blank=True, editable=False, null=True, verbose_name="fed through item"
             ),
         ),
-        AddIndexOnline(
+        AddIndexConcurrently(
             model_name="executionitem",
             index=models.Index(fields=["execution", "status", "id"], name="runner_item_exec_status_idx"),
         ),

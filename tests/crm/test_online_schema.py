@@ -1,6 +1,5 @@
-"""Migrations that index the big, busy tables build their indexes CONCURRENTLY on PostgreSQL, so
-sends and runs keep writing while a deploy migrates (SQLite, the embedded default, gets plain
-CREATE INDEX: tests/erp/test_embedded_sqlite.py migrates it)."""
+"""Migrations that index the big, busy tables build their indexes CONCURRENTLY, so sends and runs
+keep writing while a deploy migrates."""
 
 from __future__ import annotations
 
