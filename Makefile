@@ -1,8 +1,8 @@
 .PHONY: run test setup bench
-run:   ## set up and run web + workers + scheduler (embedded SQLite + Redis by default)
-	scripts/run
-test:  ## set up and run ruff, mypy, Django checks and the test suite
-	scripts/test
+run:   ## set up and run web + workers + scheduler (embedded PostgreSQL + Redis by default); options: ARGS="--port 8001"
+	scripts/run $(ARGS)
+test:  ## set up and run ruff, mypy, Django checks and the test suite; pytest options: ARGS="tests/runner -x"
+	scripts/test $(ARGS)
 setup:
 	scripts/setup
 bench: setup

@@ -39,7 +39,12 @@ def _reachable() -> bool:
 
 
 if not _reachable():  # pragma: no cover
-    pytest.skip(f"RabbitMQ is not reachable at {URL}", allow_module_level=True)
+    if os.environ.get("CRM_SKIP_AMQP_TESTS") == "1":
+        pytest.skip(f"RabbitMQ is not reachable at {URL} (CRM_SKIP_AMQP_TESTS=1)", allow_module_level=True)
+    raise pytest.UsageError(
+        f"RabbitMQ is not reachable at {URL}: `make test` installs and starts it when run as root; "
+        "else start one (or set AMQP_URL), or skip these tests with CRM_SKIP_AMQP_TESTS=1"
+    )
 
 
 class Consumer:
