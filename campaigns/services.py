@@ -24,6 +24,7 @@ from campaigns.models import (
 )
 from crm import bulk, jobs, promote, queues, recovery
 from crm.checkpoints import jobrun_enqueue
+from crm.crypto import DecryptionError
 
 logger = logging.getLogger(__name__)
 
@@ -323,9 +324,12 @@ def campaign_cancel(*, campaign: Campaign) -> int:
 
 
 def campaign_stop(*, campaign_id: int, reason: str) -> None:
-    """A provider said the campaign itself cannot be sent (e.g. its template is broken)."""
+    """The campaign itself cannot be sent (a provider refused its template, its number's token
+    cannot be read…): stopped with the reason, its queued messages cancelled."""
     with transaction.atomic():
-        if Campaign.objects.filter(pk=campaign_id, status__in=[Status.SENDING, Status.PAUSED]).update(
+        if Campaign.objects.filter(
+            pk=campaign_id, status__in=[Status.SCHEDULED, Status.SENDING, Status.PAUSED]
+        ).update(
             status=Status.STOPPED, stop_reason=reason, finished_at=timezone.now()
         ):
             _cancel_queued(campaign_id)
@@ -412,6 +416,44 @@ def _unfinished(channel: str) -> Iterator[jobs.JobSpec]:
     )
     for campaign_id, batch, organization_id in pairs.iterator(chunk_size=2000):
         yield from _batch_specs(campaign_id, [batch], channel, organization_id)
+
+
+# Errors that say the campaign's own configuration is broken: giving up stops the campaign.
+CONFIGURATION_ERRORS: tuple[type[BaseException], ...] = (DecryptionError,)
+
+
+def batch_give_up(
+    *, channel: str, campaign_id: int, batch: int, reason: str, error: BaseException | None
+) -> int:
+    """A send batch that cannot succeed ends: its queued messages FAILED with the reason (counted,
+    the campaign completes), or the campaign stopped when its configuration is the cause.
+    Returns the messages failed. Safe to call twice."""
+    if isinstance(error, CONFIGURATION_ERRORS):
+        campaign_stop(campaign_id=campaign_id, reason=reason)
+        return 0
+    model = _channel(channel)[0]
+    with transaction.atomic():
+        failed = model.objects.filter(campaign_id=campaign_id, batch=batch, status=MsgStatus.QUEUED).update(
+            status=MsgStatus.FAILED, failed_at=timezone.now(), error_reason=reason
+        )
+        CampaignMetric.objects.filter(campaign_id=campaign_id).update(failed=F("failed") + failed)
+    campaign_complete_if_done(campaign_id=campaign_id, channel=channel)
+    return failed
+
+
+@recovery.gives_up("campaigns.tasks.whatsapp_send_batch")
+def _whatsapp_batch_given_up(kwargs: dict, reason: str, error: BaseException | None) -> None:
+    batch_give_up(channel=Channel.WHATSAPP, reason=reason, error=error, **kwargs)
+
+
+@recovery.gives_up("campaigns.tasks.email_send_batch")
+def _email_batch_given_up(kwargs: dict, reason: str, error: BaseException | None) -> None:
+    batch_give_up(channel=Channel.EMAIL, reason=reason, error=error, **kwargs)
+
+
+@recovery.gives_up("campaigns.tasks.campaign_trigger")
+def _trigger_given_up(kwargs: dict, reason: str, error: BaseException | None) -> None:
+    campaign_stop(campaign_id=kwargs["campaign_id"], reason=reason)
 
 
 @recovery.register("whatsapp-batches")

@@ -19,7 +19,7 @@ from django.db import transaction
 from redis import Redis
 from rq import Queue, Retry
 from rq.exceptions import DuplicateJobError, NoSuchJobError
-from rq.job import Job
+from rq.job import Callback, Job
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
@@ -28,6 +28,7 @@ from crm import queues
 logger = logging.getLogger(__name__)
 
 BULK_CHUNK = 1000
+FAILURE_CALLBACK = Callback("crm.recovery.job_failed")
 
 # Keys that name a credential. Jobs carry ids; the job reads the secret from the database.
 _CREDENTIAL_WORDS = (
@@ -147,6 +148,8 @@ def _job_options(
         "timeout": timeout or spec.timeout,
         "result_ttl": spec.result_ttl if result_ttl is None else result_ttl,
         "failure_ttl": 7 * 24 * 3600,
+        # Work that fails for good ends for good (crm.recovery's module docstring).
+        "on_failure": FAILURE_CALLBACK,
     }
     if meta:
         options["meta"] = meta

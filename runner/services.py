@@ -817,6 +817,37 @@ def schedules_dispatch(*, now: datetime | None = None, lookback: timedelta = tim
     return started
 
 
+# --- giving up: work that cannot succeed ends ----------------------------------------------------
+@recovery.gives_up(ITEM_FUNC)
+def _items_given_up(kwargs: dict, reason: str, error: BaseException | None) -> None:
+    """An ItemJob that cannot succeed: its unfinished items go to the DLQ with the reason."""
+    now = timezone.now()
+    with transaction.atomic():
+        failed = ExecutionItem.objects.filter(
+            id__in=kwargs["item_ids"],
+            execution_id=kwargs["execution_id"],
+            status__in=[ExecutionItem.Status.PENDING, ExecutionItem.Status.RUNNING],
+        ).update(status=ExecutionItem.Status.FAILED, finished_at=now, dlq_at=now, last_error=reason)
+        if failed:
+            _settle(kwargs["execution_id"], failed=failed)
+
+
+@recovery.gives_up(RUN_FUNC)
+@recovery.gives_up(FEED_FUNC)
+def _execution_given_up(kwargs: dict, reason: str, error: BaseException | None) -> None:
+    """A run (or its feeder) that cannot go on: FAILED with the reason, its pending items cancelled."""
+    execution_id = kwargs["execution_id"]
+    now = timezone.now()
+    with transaction.atomic():
+        n = ExecutionItem.objects.filter(
+            execution_id=execution_id, status=ExecutionItem.Status.PENDING
+        ).update(status=ExecutionItem.Status.CANCELLED, finished_at=now, last_error=reason)
+        _counters(execution_id, remaining=-n, cancelled=n)
+        Execution.objects.filter(
+            pk=execution_id, status__in=[Execution.Status.PENDING, Execution.Status.RUNNING]
+        ).update(status=Execution.Status.FAILED, finished_at=now, error=reason)
+
+
 # --- recovery: the database says what is unfinished --------------------------------------------
 @recovery.register("runner")
 def _unfinished() -> Iterator[jobs.JobSpec]:

@@ -49,3 +49,9 @@ def fails_first_run(key: str, message: str = "first run fails") -> str:
     if get_connection().rpush(f"crm:test:{key}", "run") == 1:
         raise RuntimeError(message)
     return "done"
+
+
+def fail_transient(key: str) -> None:
+    """Fails like a dropped connection would (a transient error), recording each attempt."""
+    get_connection().rpush(f"crm:test:{key}", "attempt")
+    raise ConnectionError("connection reset by peer")

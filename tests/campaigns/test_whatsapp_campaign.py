@@ -308,3 +308,54 @@ def _run_commands(sandbox, run_jobs):
 )
 def test_phone_numbers_become_e164_the_brazilian_way(raw, e164):
     assert sending.normalize_phone(raw) == e164
+
+
+def test_a_token_under_a_retired_key_stops_the_campaign_for_good(wa, sandbox, run_jobs, settings):
+    """Poison work ends: the batch cannot read its number's token (encrypted under a key no longer
+    configured), so the campaign stops with the reason after the batch's attempts, its messages are
+    cancelled, nothing is sent, and the recovery pass revives nothing."""
+    wa["customers"](6)
+    number = wa["number"]
+    current = settings.ENCRYPTION_KEYS
+    settings.ENCRYPTION_KEYS = [b"r" * 32]  # a key since retired
+    number.set_access_token(TOKEN)
+    number.save(update_fields=["access_token_encrypted"])
+    settings.ENCRYPTION_KEYS = current
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs()
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.STOPPED
+    assert "which is not configured" in campaign.stop_reason
+    assert _statuses(campaign) == {"cancelled": 6}
+    assert sum(recovery.recover().values()) == 0
+    run_jobs()
+    assert sandbox.messages() == []
+    out = StringIO()
+    call_command("campaign_status", str(campaign.pk), "--json", stdout=out)
+    shown = json.loads(out.getvalue())
+    assert shown["status"] == "stopped" and "not configured" in shown["stop_reason"]
+
+
+def test_a_batch_given_up_fails_its_messages_and_the_campaign_completes(wa, sandbox, run_jobs, settings):
+    """A batch that cannot succeed for a reason that is not the campaign's configuration: its
+    queued messages become FAILED with the reason, counted, and the campaign completes."""
+    settings.WHATSAPP_BATCH_SIZE = 3
+    wa["customers"](6)
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs(["campaign-trigger"])  # fanned out, nothing sent yet
+    assert _statuses(campaign) == {"queued": 6}
+    messages = WhatsappMessage.objects.filter(campaign=campaign)
+    first = messages.order_by("batch").values_list("batch", flat=True)[0]
+    recovery.give_up(
+        func="campaigns.tasks.whatsapp_send_batch",
+        kwargs={"campaign_id": campaign.pk, "batch": first},
+        reason="KeyError on its last attempt: 'x'",
+    )
+    run_jobs()
+    campaign.refresh_from_db()
+    assert _statuses(campaign) == {"failed": 3, "sent": 3}
+    reasons = set(messages.filter(status="failed").values_list("error_reason", flat=True))
+    assert reasons == {"KeyError on its last attempt: 'x'"}
+    assert CampaignMetric.objects.get(campaign=campaign).failed == 3
+    assert campaign.status == Campaign.Status.SENT
+    assert sum(recovery.recover().values()) == 0
