@@ -182,6 +182,14 @@ class CrmScheduler(Scheduler):
         super().__init__(*args, **kwargs)
         self._registered_at = 0.0
 
+    def heartbeat(self) -> None:
+        # EXPIRE on a key Redis lost (a restart without persistence, a flush) does nothing and says
+        # so: register again, so /healthz counts this scheduler (the cron table comes back below).
+        if not self.connection.expire(self.key, int(self._interval) + 10):
+            self.register_birth()
+            self._registered_at = 0.0  # and the cron table, at once
+            logger.warning("scheduler %s registered again: Redis had lost its registration", self.key)
+
     def enqueue_jobs(self) -> list:
         import time
 

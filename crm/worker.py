@@ -27,7 +27,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.db import close_old_connections, connection
-from rq import Queue
+from rq import Queue, worker_registration
 from rq.group import Group
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
@@ -90,8 +90,21 @@ class Worker(SimpleWorker):
             now() - self.last_cleaned_at > timedelta(seconds=self.maintenance_interval)
         )
         if due:
+            self._register_again_if_lost()
             self.clean_registries()
             Group.clean_registries(connection=self.connection)
+
+    def _register_again_if_lost(self) -> None:
+        """Register again when Redis lost this worker's registration (a restart without persistence,
+        a flush): the heartbeat alone would not bring back the workers' set that /healthz reads."""
+        if self.connection.sismember(worker_registration.REDIS_WORKER_KEYS, self.key):
+            return
+        with self.connection.pipeline() as pipeline:
+            pipeline.hset(self.key, mapping=self.serialize())
+            worker_registration.register(self, pipeline)
+            pipeline.expire(self.key, self.worker_ttl + 60)
+            pipeline.execute()
+        logger.warning("worker %s registered again: Redis had lost its registration", self.name)
 
     # --- heartbeat -------------------------------------------------------------------------
     def get_heartbeat_ttl(self, job: Job) -> int:

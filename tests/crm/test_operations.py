@@ -4,6 +4,10 @@ the cron table, the demo data and the admin pages."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 from datetime import datetime
 from io import StringIO
 from zoneinfo import ZoneInfo
@@ -17,6 +21,7 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegi
 
 from crm import cron, jobs, queues, stats
 from crm.models import Customer, JobRun, Organization, Sale, Store
+from tests.conftest import ROOT, child_env, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -276,3 +281,40 @@ def test_the_schedules_page_lists_every_entry_and_runs_one_now(staff_client, red
     assert plain_client.get("/admin/schedules/").status_code == 302  # to the login page
     assert plain_client.post("/admin/schedules/", {"name": "recover"}).status_code == 302
     assert not any(j.startswith("recover-manual-") for j in jobs.get_queue("maintenance").get_job_ids())
+
+
+@pytest.mark.slow
+def test_workers_and_schedulers_register_again_after_redis_loses_its_data(
+    client, worker_process, redis_db
+):
+    """Redis restarted empty (or flushed): the running worker and scheduler register again, so
+    /healthz?full=1 is right again within a minute instead of 503 until they restart."""
+    worker_process()
+    scheduler = subprocess.Popen(
+        [sys.executable, str(ROOT / "manage.py"), "scheduler", "--interval", "1"],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        wait_for(
+            lambda: client.get("/healthz?full=1").status_code == 200, timeout=60, what="a healthy platform"
+        )
+        redis_db.flushdb()
+        checks = client.get("/healthz?full=1").json()["checks"]
+        assert (checks["workers"]["alive"], checks["scheduler"]["alive"]) == (0, 0)
+        wait_for(
+            lambda: client.get("/healthz?full=1").status_code == 200,
+            timeout=60,
+            interval=0.5,
+            what="the worker and the scheduler to register again",
+        )
+        checks = client.get("/healthz?full=1").json()["checks"]
+        assert (checks["workers"]["alive"], checks["scheduler"]["alive"]) == (1, 1)
+        # The cron table came back with the scheduler (the recovery pass fires from it).
+        wait_for(lambda: redis_db.zcard("rq:scheduler:scheduled_jobs") > 0, timeout=90, interval=0.5)
+    finally:
+        os.killpg(scheduler.pid, signal.SIGKILL)
+        scheduler.wait(timeout=10)
