@@ -107,7 +107,7 @@ def job_failed(job: Job, connection: Any, exc_type: type, exc_value: BaseExcepti
         return
     reason = f"{exc_type.__name__} on its last attempt: {exc_value}"[:2000]
     try:
-        give_up(func=job.func_name, kwargs=dict(job.kwargs or {}), reason=reason, error=exc_value)
+        give_up(func=job.func_name or "", kwargs=dict(job.kwargs or {}), reason=reason, error=exc_value)
     except Exception:
         logger.exception("giving up job %s failed; the recovery pass will try again", job.id)
 
