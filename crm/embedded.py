@@ -160,8 +160,6 @@ class Postgres:
             "listen_addresses=",
             "-c",
             "max_connections=200",
-            "-c",
-            "log_min_messages=warning",  # its start-up and shut-down chatter stays out of `up`'s output
         ]
         if not self.durable:  # the test suite's server: a crash loses nothing worth keeping
             options += ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
