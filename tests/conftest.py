@@ -6,10 +6,12 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import urllib.parse
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -181,3 +183,47 @@ def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 
 def english(settings) -> None:
     """Pages in English (the default is Brazilian Portuguese), for tests that read their words."""
     settings.LANGUAGE_CODE = "en"
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def web_server(transactional_db) -> Iterator[str]:
+    """The production web server (gunicorn, as `manage.py up` runs it) on a free port, serving this
+    test's database and Redis; yields its base URL. For tests of load, where Django's test server
+    (one thread per connection, resets under a burst) would be what fails."""
+    from crm.management.commands.up import manage_gunicorn
+
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [*manage_gunicorn(), "--bind", f"127.0.0.1:{port}", "--backlog", "2048"],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+
+    def answers() -> bool:
+        try:
+            with urllib.request.urlopen(f"{base}/healthz", timeout=2) as response:
+                return response.status == 200
+        except OSError:
+            return False
+
+    try:
+        wait_for(answers, timeout=60, interval=0.2, what="gunicorn to answer /healthz")
+        yield base
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(server.pid, signal.SIGTERM)
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
