@@ -51,7 +51,7 @@ def redirect(request: HttpRequest, signed: str, index: int | None = None) -> Htt
     A WhatsApp button has one target (the campaign's redirect URL); an email's link n is the n-th
     tracked link of its body. The target comes from the campaign, never from the request: no open
     redirect."""
-    message = links.message_for(signed)
+    message = links.message_for("r", signed)
     if message is None:
         return _invalid(request)
     if isinstance(message, EmailMessage):
@@ -73,7 +73,7 @@ def redirect(request: HttpRequest, signed: str, index: int | None = None) -> Htt
 @require_safe
 def open_pixel(request: HttpRequest, signed: str) -> HttpResponse:
     """A 1x1 GIF; a GET counts the email's first open. Always the image, so nothing leaks."""
-    message = links.message_for(signed)
+    message = links.message_for("o", signed)
     if request.method == "GET" and isinstance(message, EmailMessage):
         links.message_open(message=message)
     return HttpResponse(PIXEL, content_type="image/gif")
@@ -87,7 +87,7 @@ def unsubscribe(request: HttpRequest, signed: str) -> HttpResponse:
 
     The POST is also RFC 8058's one-click unsubscribe (a mail client posts
     "List-Unsubscribe=One-Click" with no cookies): it is answered 200, never redirected."""
-    message = links.message_for(signed)
+    message = links.message_for("u", signed)
     if message is None:
         return _invalid(request)
     context = {"channel": message.campaign.channel}

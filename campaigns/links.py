@@ -3,7 +3,9 @@ for emails, the open pixel.
 
 A link carries the message's random `token` signed with SECRET_KEY, so a made-up or tampered link is
 rejected by an HMAC check before the database is asked anything, and a leaked database dump of tokens
-alone cannot be turned into working links.
+alone cannot be turned into working links. Each kind signs with its own salt: the open pixel's
+token (visible to anyone the email is forwarded to, and fetched by image proxies) never works as
+the message's unsubscribe link, nor the other way round.
 """
 
 from __future__ import annotations
@@ -25,24 +27,24 @@ EMAIL_PREFIX = "e~"
 Message = WhatsappMessage | EmailMessage
 
 
-def _signer() -> signing.Signer:
+def _signer(kind: str) -> signing.Signer:
+    if kind not in KINDS:
+        raise ValueError(f"unknown link kind {kind!r}")
     # "." is URL-safe and never appears in a token_urlsafe value or in the base64url signature, so the
     # signed value needs no escaping inside the button's URL path ("r/<token>.<signature>", 68 chars).
     # Built per call so a rotated SECRET_KEY (or SECRET_KEY_FALLBACKS) is honoured.
-    return signing.Signer(salt="campaigns.link", sep=".")
+    return signing.Signer(salt=f"campaigns.link.{kind}", sep=".")
 
 
-def link_token(message: Message) -> str:
-    """The message's token signed for links: URL-safe, unguessable and stable for the message."""
+def link_token(kind: str, message: Message) -> str:
+    """The message's token signed for one kind of link: URL-safe, unguessable, stable."""
     value = EMAIL_PREFIX + message.token if isinstance(message, EmailMessage) else message.token
-    return _signer().sign(value)
+    return _signer(kind).sign(value)
 
 
 def link_path(kind: str, message: Message) -> str:
     """The path of a message's endpoint: redirect ("r"), unsubscribe ("u") or open pixel ("o")."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown link kind {kind!r}")
-    return f"{kind}/{link_token(message)}"
+    return f"{kind}/{link_token(kind, message)}"
 
 
 def link_url(kind: str, message: Message) -> str:
@@ -50,11 +52,11 @@ def link_url(kind: str, message: Message) -> str:
     return f"{settings.PUBLIC_URL}/{link_path(kind, message)}"
 
 
-def message_for(signed: str) -> Message | None:
-    """The message a signed token names, with its campaign and customer; None when the signature is
-    wrong (no query is made then) or no message has that token."""
+def message_for(kind: str, signed: str) -> Message | None:
+    """The message a token signed for `kind` names, with its campaign and customer; None when the
+    signature is wrong or made for another kind (no query is made then) or no message has it."""
     try:
-        value = _signer().unsign(signed)
+        value = _signer(kind).unsign(signed)
     except signing.BadSignature:
         return None
     model: type[Message] = WhatsappMessage

@@ -62,9 +62,9 @@ def test_a_link_names_its_message_and_fits_a_whatsapp_button(messages, django_as
     assert path.startswith("r/") and links.link_path("u", message).startswith("u/")
     assert len(path) < 70
     assert re.fullmatch(r"[ru]/[A-Za-z0-9_\-.]+", path)  # nothing a URL would need to escape
-    assert message.token not in links.link_token(messages[1])
+    assert message.token not in links.link_token("r", messages[1])
     with django_assert_num_queries(1):
-        found = links.message_for(links.link_token(message))
+        found = links.message_for("r", links.link_token("r", message))
         assert found is not None
         assert (found.pk, found.campaign.redirect_url, found.customer.pk) == (
             message.pk,
@@ -89,7 +89,7 @@ def test_a_made_up_link_is_a_404_without_a_database_query(messages, django_asser
 
 def test_a_tampered_link_or_one_signed_for_another_purpose_is_rejected(messages, django_assert_num_queries):
     client = Client()
-    signed = links.link_token(messages[0])
+    signed = links.link_token("r", messages[0])
     token, signature = signed.split(".")
     other = messages[1].token
     forged = [
@@ -106,8 +106,24 @@ def test_a_tampered_link_or_one_signed_for_another_purpose_is_rejected(messages,
     assert _clicked(messages[0].campaign) == 0
 
 
+def test_a_token_signed_for_one_kind_of_link_works_for_no_other(messages, django_assert_num_queries):
+    """The open pixel's token (seen by image proxies and whoever the email is forwarded to) must not
+    unsubscribe the customer, nor a click link's; each kind signs with its own salt."""
+    client = Client()
+    message = messages[0]
+    with django_assert_num_queries(0):
+        for kind in ("o", "r"):
+            assert client.post(f"/u/{links.link_token(kind, message)}").status_code == 404
+        for kind in ("o", "u"):
+            assert client.get(f"/r/{links.link_token(kind, message)}").status_code == 404
+    assert Customer.objects.filter(whatsapp_opted_out_at__isnull=False).count() == 0
+    assert _clicked(message.campaign) == 0
+    assert client.post(f"/u/{links.link_token('u', message)}").status_code == 200
+    assert Customer.objects.filter(whatsapp_opted_out_at__isnull=False).count() == 1
+
+
 def test_a_well_signed_token_of_no_message_is_a_404_that_leaks_nothing(messages):
-    ghost = signing.Signer(salt="campaigns.link", sep=".").sign(secrets.token_urlsafe(16))
+    ghost = signing.Signer(salt="campaigns.link.r", sep=".").sign(secrets.token_urlsafe(16))
     response = Client().get(f"/r/{ghost}")
     assert response.status_code == 404
     body = response.content.decode()
