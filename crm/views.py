@@ -59,7 +59,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
     Also reports the workers and schedulers alive and the oldest waiting job's age. Those decide
     the status only with `?full=1` (a web node must not leave the load balancer because the
-    workers are down; a monitor asking for the whole platform wants to know)."""
+    workers are down; a monitor asking for the whole platform wants to know). The errors' text
+    (which names hosts and ports) is shown to staff only; anyone else learns which check failed."""
     checks = {"database": _check(_db), "redis": _check(_redis)}
     if checks["redis"]["ok"]:
         try:
@@ -68,6 +69,9 @@ def healthz(request: HttpRequest) -> JsonResponse:
             checks["redis"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
     deciding = checks if request.GET.get("full") == "1" else {k: checks[k] for k in ("database", "redis")}
     healthy = all(c["ok"] for c in deciding.values())
+    if not (request.user.is_authenticated and request.user.is_staff):
+        for check in checks.values():
+            check.pop("error", None)
     return JsonResponse(
         {"status": "ok" if healthy else "unavailable", "checks": checks}, status=200 if healthy else 503
     )
