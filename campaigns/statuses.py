@@ -17,6 +17,7 @@ from campaigns import services
 from campaigns.models import OUTCOME_UNKNOWN, CampaignMetric, WhatsappMessage
 from crm import bulk
 from crm.models import Customer, OptOutSource
+from integrations.models import WhatsappNumber
 from integrations.whatsapp.webhooks import PreferenceEvent, StatusEvent
 
 logger = logging.getLogger(__name__)
@@ -198,23 +199,35 @@ def _phones(wa_id: str) -> list[str]:
 
 
 def _latest(events: Iterable[PreferenceEvent]) -> list[PreferenceEvent]:
-    latest: dict[str, PreferenceEvent] = {}
+    latest: dict[tuple[str, str], PreferenceEvent] = {}
     for event in events:
-        if event.wa_id not in latest or event.timestamp >= latest[event.wa_id].timestamp:
-            latest[event.wa_id] = event
+        key = (event.phone_number_id, event.wa_id)
+        if key not in latest or event.timestamp >= latest[key].timestamp:
+            latest[key] = event
     return list(latest.values())
 
 
 def preferences_apply(*, events: list[PreferenceEvent]) -> int:
-    """Record marketing stop/resume for every customer with the wa_id's phone; returns how many changed.
+    """Record marketing stop/resume for the customers with the wa_id's phone in the organization that
+    owns the receiving number (a consent decision belongs to one company, LGPD); returns how many
+    changed. An event for a number no organization has changes nobody.
 
-    The latest event per wa_id wins. Safe to run twice: a customer already in that state is not
-    counted again.
+    The latest event per number and wa_id wins. Safe to run twice: a customer already in that state
+    is not counted again.
     """
+    latest = _latest(events)
+    owners = dict(
+        WhatsappNumber.objects.filter(
+            phone_number_id__in={e.phone_number_id for e in latest if e.phone_number_id}
+        ).values_list("phone_number_id", "organization_id")
+    )
     # QuerySet.update skips auto_now: updated_at is set by hand so syncs see the change.
     changed = 0
-    for event in _latest(events):
-        customers = Customer.objects.filter(phone__in=_phones(event.wa_id))
+    for event in latest:
+        organization_id = owners.get(event.phone_number_id)
+        if organization_id is None:
+            continue
+        customers = Customer.objects.filter(organization_id=organization_id, phone__in=_phones(event.wa_id))
         if event.value == "stop":
             changed += customers.filter(whatsapp_opted_out_at__isnull=True).update(
                 whatsapp_opted_out_at=event.timestamp,

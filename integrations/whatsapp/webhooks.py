@@ -46,6 +46,9 @@ class PreferenceEvent:
     wa_id: str
     value: PreferenceValue
     timestamp: datetime  # aware, UTC
+    # The business number that received it (value.metadata.phone_number_id): the consent decision
+    # belongs to the relationship with that number's organization only.
+    phone_number_id: str = ""
 
 
 @dataclass(frozen=True)
@@ -130,7 +133,7 @@ def _status(raw: Any, where: str) -> StatusEvent | None:
     )
 
 
-def _preference(raw: Any, where: str) -> PreferenceEvent | None:
+def _preference(raw: Any, where: str, phone_number_id: str) -> PreferenceEvent | None:
     if not isinstance(raw, dict):
         raise ValueError(f"{where} must be an object")
     if raw.get("category") != MARKETING_CATEGORY:
@@ -139,10 +142,13 @@ def _preference(raw: Any, where: str) -> PreferenceEvent | None:
     if not DIGITS_RE.fullmatch(wa_id):
         raise ValueError(f"{where}: wa_id must be digits, got {raw.get('wa_id')!r}")
     value = raw.get("value")
-    if value == "stop":
-        return PreferenceEvent(wa_id=wa_id, value="stop", timestamp=_timestamp(raw.get("timestamp"), where))
-    if value == "resume":
-        return PreferenceEvent(wa_id=wa_id, value="resume", timestamp=_timestamp(raw.get("timestamp"), where))
+    if value in ("stop", "resume"):
+        return PreferenceEvent(
+            wa_id=wa_id,
+            value=value,
+            timestamp=_timestamp(raw.get("timestamp"), where),
+            phone_number_id=phone_number_id,
+        )
     raise ValueError(f"{where}: unknown preference value {value!r}")
 
 
@@ -174,8 +180,10 @@ def parse(payload: Any) -> WebhookBatch:
                     ignored += 1
                 else:
                     statuses.append(status)
+            metadata = value.get("metadata")
+            receiver = _text(metadata.get("phone_number_id")) if isinstance(metadata, dict) else ""
             for k, raw in enumerate(_list(value, "user_preferences", f"{where}.value")):
-                preference = _preference(raw, f"{where}.value.user_preferences[{k}]")
+                preference = _preference(raw, f"{where}.value.user_preferences[{k}]", receiver)
                 if preference is None:
                     ignored += 1
                 else:

@@ -16,7 +16,8 @@ from django.utils import timezone
 
 from campaigns import services, statuses
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
-from crm.models import Customer, OptOutSource
+from crm.models import Customer, OptOutSource, Organization
+from integrations.models import WhatsappNumber
 from integrations.whatsapp import webhooks
 from integrations.whatsapp.webhooks import PreferenceEvent, StatusEvent
 from tests.conftest import wait_for
@@ -191,7 +192,12 @@ def test_parse_reads_statuses_and_preferences_from_a_meta_payload():
     )
     assert (failed.billable, failed.pricing_category) == (None, "")
     assert batch.preferences == [
-        PreferenceEvent(wa_id="5511999990001", value="stop", timestamp=datetime.fromtimestamp(T0 + 2, tz=UTC))
+        PreferenceEvent(
+            wa_id="5511999990001",
+            value="stop",
+            timestamp=datetime.fromtimestamp(T0 + 2, tz=UTC),
+            phone_number_id="109876543210",
+        )
     ]
     assert batch.ignored == 2  # the inbound text and the "deleted" status
 
@@ -493,8 +499,15 @@ def _preference(wa_id: str, value: str, ts: int = T0) -> dict:
     return {"wa_id": wa_id, "detail": "", "category": "marketing_messages", "value": value, "timestamp": ts}
 
 
+def _receiving_number(org: Organization, phone_number_id: str = "109876543210") -> WhatsappNumber:
+    return WhatsappNumber.objects.create(
+        organization=org, display_phone_number="+5511940000000", phone_number_id=phone_number_id
+    )
+
+
 def test_user_preferences_stop_opts_the_customer_out_and_resume_clears_it(client, settings, world):
     settings.WHATSAPP_APP_SECRET = SECRET
+    _receiving_number(world["org"])
     ana, bruno, _ = world["customers"]
     # Bruno is stored with the ninth digit; Meta's wa_id for him may lack it.
     body = json.dumps(
@@ -516,16 +529,36 @@ def test_user_preferences_stop_opts_the_customer_out_and_resume_clears_it(client
     assert Customer.objects.get(pk=bruno.pk).whatsapp_opted_out_at is not None
 
 
+def test_a_stop_applies_only_in_the_organization_that_owns_the_receiving_number(client, settings, world):
+    """LGPD: the same person, a customer of two retailers, says stop to one retailer's number; the
+    other retailer's relationship is untouched. A number no organization has changes nobody."""
+    settings.WHATSAPP_APP_SECRET = SECRET
+    _receiving_number(world["org"])
+    other = Organization.objects.create(name="Outra Loja", slug="outra")
+    elsewhere = Customer.objects.create(organization=other, erp_id="X1", name="Ana", phone="+5511999990001")
+    body = json.dumps(_payload(preferences=[_preference("5511999990001", "stop")])).encode()
+    assert _post(client, body).json()["preferences"] == 1
+    assert not Customer.objects.get(pk=world["customers"][0].pk).can_receive_whatsapp
+    assert Customer.objects.get(pk=elsewhere.pk).can_receive_whatsapp
+    unknown = _payload(preferences=[_preference("5511999990001", "stop")])
+    unknown["entry"][0]["changes"][0]["value"]["metadata"]["phone_number_id"] = "999"
+    Customer.objects.filter(pk=world["customers"][0].pk).update(whatsapp_opted_out_at=None)
+    assert _post(client, json.dumps(unknown).encode()).json()["preferences"] == 0
+    assert Customer.objects.filter(whatsapp_opted_out_at__isnull=False).count() == 0
+
+
 def test_the_latest_preference_wins_and_resume_keeps_an_opt_out_made_elsewhere(world):
+    _receiving_number(world["org"])
     ana, bruno, _ = world["customers"]
     Customer.objects.filter(pk=bruno.pk).update(
         whatsapp_opted_out_at=timezone.now(), whatsapp_opt_out_source=OptOutSource.UNSUBSCRIBE_LINK
     )
     ts = datetime.fromtimestamp(T0, tz=UTC)
+    number = "109876543210"
     events = [
-        PreferenceEvent(wa_id="5511999990001", value="resume", timestamp=ts + timedelta(seconds=9)),
-        PreferenceEvent(wa_id="5511999990001", value="stop", timestamp=ts),
-        PreferenceEvent(wa_id="5521999990002", value="resume", timestamp=ts),
+        PreferenceEvent("5511999990001", "resume", ts + timedelta(seconds=9), phone_number_id=number),
+        PreferenceEvent("5511999990001", "stop", ts, phone_number_id=number),
+        PreferenceEvent("5521999990002", "resume", ts, phone_number_id=number),
     ]
     assert statuses.preferences_apply(events=events) == 0
     assert Customer.objects.get(pk=ana.pk).whatsapp_opted_out_at is None
