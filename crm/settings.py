@@ -147,10 +147,19 @@ AUTH_PASSWORD_VALIDATORS = [
 STATIC_URL = "static/"
 STATIC_ROOT = Path(env.str("STATIC_ROOT", default=str(VAR_DIR / "static")))
 
-SECURE_PROXY_SSL_HEADER = (
-    ("HTTP_X_FORWARDED_PROTO", "https")
-    if config.parse_bool("BEHIND_TLS_PROXY", env.str("BEHIND_TLS_PROXY", default="false"))
-    else None
+# Production behind a TLS-terminating proxy: trust its X-Forwarded-Proto, keep cookies to HTTPS,
+# redirect plain HTTP (but not the probes a load balancer or Prometheus make inside the network)
+# and send HSTS. `manage.py check --deploy` then has nothing to say.
+BEHIND_TLS_PROXY = config.parse_bool("BEHIND_TLS_PROXY", env.str("BEHIND_TLS_PROXY", default="false"))
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https") if BEHIND_TLS_PROXY else None
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = SECURE_SSL_REDIRECT = BEHIND_TLS_PROXY
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31_536_000 if BEHIND_TLS_PROXY else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = config.parse_bool(
+    "SECURE_HSTS_INCLUDE_SUBDOMAINS", env.str("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=str(BEHIND_TLS_PROXY))
+)
+SECURE_HSTS_PRELOAD = config.parse_bool(
+    "SECURE_HSTS_PRELOAD", env.str("SECURE_HSTS_PRELOAD", default=str(BEHIND_TLS_PROXY))
 )
 
 # --- Queues -------------------------------------------------------------------------------------

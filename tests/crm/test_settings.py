@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 
@@ -12,7 +13,7 @@ from crm import config
 from tests.conftest import ROOT
 
 
-def _check(**overrides: str | None) -> subprocess.CompletedProcess:
+def _check(*args: str, **overrides: str | None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     for key, value in overrides.items():
         if value is None:
@@ -20,7 +21,12 @@ def _check(**overrides: str | None) -> subprocess.CompletedProcess:
         else:
             env[key] = value
     return subprocess.run(
-        [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=60
+        [sys.executable, "manage.py", "check", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
 
 
@@ -45,6 +51,29 @@ def test_it_refuses_to_start_and_names_the_bad_setting(overrides, named):
     assert result.returncode == 2, result.stderr
     assert f"Setting {named}" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_documented_production_configuration_passes_the_deploy_checks():
+    result = _check(
+        "--deploy",
+        "--fail-level",
+        "WARNING",
+        DEBUG="false",
+        BEHIND_TLS_PROXY="true",
+        SECRET_KEY=secrets.token_urlsafe(48),
+        ALLOWED_HOSTS="crm.example.com.br",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "no issues" in result.stdout
+
+
+def test_behind_a_tls_proxy_plain_http_is_redirected_but_health_probes_are_not(settings, client):
+    settings.SECURE_SSL_REDIRECT = True
+    settings.SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    admin = client.get("/admin/login/")
+    assert admin.status_code == 301 and admin["Location"].startswith("https://")
+    assert client.get("/admin/login/", headers={"X-Forwarded-Proto": "https"}).status_code == 200
+    assert client.get("/healthz").status_code in (200, 503)  # answered over http, not redirected
 
 
 def test_it_starts_with_valid_settings():
