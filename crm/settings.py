@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import secrets
 import urllib.parse
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_rq",
     "anymail",  # the ESPs' tracking webhooks (campaigns.esp_tracking) and its system checks
+    "axes",  # failed admin logins throttled per account and per address
     "crm",
     "campaigns",
     "integrations",
@@ -116,6 +118,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "axes.middleware.AxesMiddleware",  # last: it answers a locked-out login
 ]
 
 ROOT_URLCONF = "crm.urls"
@@ -136,6 +139,19 @@ TEMPLATES = [
         },
     },
 ]
+
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",  # first: refuses a locked-out account or address
+    "django.contrib.auth.backends.ModelBackend",
+]
+# LOGIN_FAILURE_LIMIT failed logins lock the account, and separately the address, for
+# LOGIN_LOCKOUT_MINUTES; a success clears the count. `manage.py axes_reset_username NAME` (or
+# axes_reset_ip / axes_reset) unlocks at once.
+AXES_FAILURE_LIMIT = env.int("LOGIN_FAILURE_LIMIT", default=5)
+AXES_COOLOFF_TIME = timedelta(minutes=env.int("LOGIN_LOCKOUT_MINUTES", default=15))
+AXES_LOCKOUT_PARAMETERS = ["username", "ip_address"]
+AXES_RESET_ON_SUCCESS = True
+AXES_VERBOSE = False
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
@@ -161,6 +177,12 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = config.parse_bool(
 SECURE_HSTS_PRELOAD = config.parse_bool(
     "SECURE_HSTS_PRELOAD", env.str("SECURE_HSTS_PRELOAD", default=str(BEHIND_TLS_PROXY))
 )
+# The login throttle's client address: behind the proxy, the one it appended to X-Forwarded-For
+# (else every failed login would count against the proxy's own address); else the peer itself.
+AXES_IPWARE_META_PRECEDENCE_ORDER = (
+    ("HTTP_X_FORWARDED_FOR", "REMOTE_ADDR") if BEHIND_TLS_PROXY else ("REMOTE_ADDR",)
+)
+AXES_IPWARE_PROXY_COUNT = 1 if BEHIND_TLS_PROXY else None
 
 # --- Queues -------------------------------------------------------------------------------------
 RQ_SERIALIZER = "rq.serializers.JSONSerializer"

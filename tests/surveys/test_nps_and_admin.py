@@ -97,7 +97,7 @@ def test_the_admin_nps_report_renders_for_staff(shop: Shop, answers: dict, admin
 def test_the_nps_report_is_refused_to_non_staff_and_to_staff_without_permission(shop: Shop, client):
     url = f"/admin/surveys/survey/nps/?organization={shop.org.pk}"
     User.objects.create_user("cliente", password="pw-cliente-123")
-    client.login(username="cliente", password="pw-cliente-123")
+    client.force_login(User.objects.get(username="cliente"))
     response = client.get(url)
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
 
