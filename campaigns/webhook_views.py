@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 
 from django.conf import settings
@@ -13,6 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
 from campaigns import statuses
+from crm import intake
 from integrations.whatsapp import webhooks
 
 logger = logging.getLogger(__name__)
@@ -46,19 +46,17 @@ def whatsapp_webhook(request: HttpRequest) -> HttpResponse:
     malformed, else 200 with what was applied (status changes, customers whose preference changed)."""
     if request.method == "GET":
         return _handshake(request)
-    raw = request.body
+    try:
+        raw = intake.read_body(request)
+    except intake.BadBody as exc:
+        return exc.response()
     if not webhooks.verify_signature(
         raw, request.headers.get("X-Hub-Signature-256"), settings.WHATSAPP_APP_SECRET
     ):
         logger.warning("whatsapp webhook: bad or missing signature (%s bytes)", len(raw))
         return HttpResponseForbidden()
     try:
-        payload = json.loads(raw)
-    # UnicodeDecodeError is a ValueError; a pathologically nested document raises RecursionError.
-    except (ValueError, RecursionError) as exc:
-        return _bad_request(f"not JSON: {exc}"[:300])
-    try:
-        batch = webhooks.parse(payload)
+        batch = webhooks.parse(intake.json_object(raw))
     except ValueError as exc:
         return _bad_request(str(exc)[:300])
     counts = statuses.statuses_apply(events=batch.statuses)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 
 from django.http import HttpRequest, JsonResponse
 from django.utils.translation import gettext as _
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
+from crm import intake
 from crm.models import Organization
 from runner import services
 from runner.models import Handler
@@ -41,6 +41,10 @@ def hook(request: HttpRequest, integration_key: str, handler_key: str) -> JsonRe
     )
     if handler is None or not handler.integration.enabled:
         return JsonResponse({"error": _("Unknown integration handler.")}, status=404)
+    try:
+        raw = intake.read_body(request)
+    except intake.BadBody as exc:
+        return exc.response()
     secret = handler.webhook_secret()
     if not secret or not _authenticated(request, handler, secret):
         return JsonResponse({"error": _("Invalid signature or token.")}, status=401)
@@ -53,9 +57,11 @@ def hook(request: HttpRequest, integration_key: str, handler_key: str) -> JsonRe
         if organization_id is None:
             return JsonResponse({"error": _("Name the organization: ?org=<slug>.")}, status=400)
     try:
-        payload = json.loads(request.body or b"null")
-    except ValueError:
-        return JsonResponse({"error": _("The body is not JSON.")}, status=400)
+        payload = intake.parse_json(raw)
+        if not isinstance(payload, dict | list):
+            raise intake.BadBody(f"the body must be a JSON object or array, not {type(payload).__name__}")
+    except intake.BadBody as exc:
+        return exc.response()
     # Only the sender's event id recognises a retry: a body's `id` usually names the record (an
     # order updated twice is two events), so it labels the item and de-duplicates nothing.
     event_id = request.headers.get("X-Event-Id", "")

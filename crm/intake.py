@@ -1,0 +1,143 @@
+"""What every inbound intake (Meta's webhooks, the runner's webhooks, ESP tracking) does with a
+request body before anything else: read it within a size limit and parse it as strict JSON.
+
+Strict means what PostgreSQL's jsonb and a provider's retry logic need: UTF-8, no NUL character
+and no lone surrogate anywhere (jsonb refuses both: accepted, the event would fail to store, a
+500), no NaN or Infinity and no number that overflows a double (1e400), no integer PostgreSQL
+cannot hold as a number, nesting at most MAX_DEPTH deep. Anything else is the sender's mistake and
+answers a 4xx with a JSON error, never a 5xx (a provider retries a 5xx for days).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, JsonResponse
+
+MAX_BYTES = 1024 * 1024  # a webhook body larger than this is refused with 413
+MAX_DEPTH = 32  # objects and arrays nested deeper than this are refused with 400
+MAX_INT_DIGITS = 30
+
+
+class BadBody(ValueError):
+    """A body an intake refuses; `status` is 400 (malformed) or 413 (too large)."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+    def response(self) -> JsonResponse:
+        return JsonResponse({"ok": False, "error": str(self)[:300]}, status=self.status)
+
+
+def read_body(request: HttpRequest, *, max_bytes: int = MAX_BYTES) -> bytes:
+    """The raw body, refused (413) above `max_bytes` before it is read when the length is declared."""
+    try:
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise BadBody("Content-Length is not a number") from None
+    if declared > max_bytes:
+        raise BadBody(f"the body is larger than {max_bytes} bytes", status=413)
+    try:
+        raw = request.body
+    except RequestDataTooBig:
+        raise BadBody(f"the body is larger than {max_bytes} bytes", status=413) from None
+    if len(raw) > max_bytes:
+        raise BadBody(f"the body is larger than {max_bytes} bytes", status=413)
+    return raw
+
+
+def _constant(name: str) -> Any:
+    raise BadBody(f"{name} is not a JSON number")
+
+
+def _float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise BadBody(f"the number {text[:40]} is out of range")
+    return value
+
+
+def _int(text: str) -> int:
+    if len(text.lstrip("-")) > MAX_INT_DIGITS:
+        raise BadBody(f"the integer {text[:40]}… has more than {MAX_INT_DIGITS} digits")
+    return int(text)
+
+
+def _check_text(value: str, where: str) -> None:
+    if "\x00" in value:
+        raise BadBody(f"{where} contains a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise BadBody(f"{where} contains a lone surrogate") from None
+
+
+def _check(value: Any, depth: int, where: str) -> None:
+    if isinstance(value, str):
+        _check_text(value, where)
+    elif isinstance(value, dict):
+        if depth >= MAX_DEPTH:
+            raise BadBody(f"nested deeper than {MAX_DEPTH} levels")
+        for key, item in value.items():
+            _check_text(key, f"a key in {where}")
+            _check(item, depth + 1, f"{where}.{key[:40]}")
+    elif isinstance(value, list):
+        if depth >= MAX_DEPTH:
+            raise BadBody(f"nested deeper than {MAX_DEPTH} levels")
+        for i, item in enumerate(value):
+            _check(item, depth + 1, f"{where}[{i}]")
+
+
+def parse_json(raw: bytes) -> Any:
+    """The body as strict JSON (see the module docstring); raises BadBody (400) otherwise."""
+    if not raw.strip():
+        raise BadBody("the body is empty")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadBody("the body is not UTF-8") from None
+    # Counted before parsing, so a body of a million "[" never reaches the parser's recursion.
+    if text.count("[") + text.count("{") > MAX_DEPTH and _depth(text) > MAX_DEPTH:
+        raise BadBody(f"nested deeper than {MAX_DEPTH} levels")
+    try:
+        value = json.loads(text, parse_constant=_constant, parse_float=_float, parse_int=_int)
+    except BadBody:
+        raise
+    except (ValueError, RecursionError) as exc:
+        raise BadBody(f"not JSON: {exc}"[:300]) from None
+    _check(value, 0, "the body")
+    return value
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of brackets outside strings."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for char in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif char in "]}":
+            depth -= 1
+    return deepest
+
+
+def json_object(raw: bytes) -> dict[str, Any]:
+    """`parse_json`, and the top level must be an object."""
+    value = parse_json(raw)
+    if not isinstance(value, dict):
+        raise BadBody(f"the body must be a JSON object, not {type(value).__name__}")
+    return value
