@@ -7,7 +7,9 @@ the database. Enqueueing inside a transaction happens after it commits.
 from __future__ import annotations
 
 import logging
+import os
 import re
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -103,14 +105,29 @@ def func_path(func: str | Callable[..., Any]) -> str:
     return f"{func.__module__}.{func.__qualname__}"
 
 
+_client: tuple[int, Redis] | None = None
+_client_lock = threading.Lock()
+
+
 def get_connection() -> Redis:
-    return django_rq.get_connection(queues.QUEUE_NAMES[0])
+    """The process's Redis client (every queue shares one Redis). One per process, not per call:
+    django-rq builds a new client, with its own pool and TCP connection, every time it is asked."""
+    global _client
+    client = _client
+    if client is not None and client[0] == os.getpid():
+        return client[1]
+    with _client_lock:
+        if _client is None or _client[0] != os.getpid():  # first use, or a forked child
+            _client = (os.getpid(), django_rq.get_connection(queues.QUEUE_NAMES[0]))
+        return _client[1]
 
 
 def get_queue(name: str) -> Queue:
     """The raw RQ queue (no commit deferral: `enqueue` handles that itself)."""
     queues.get_spec(name)
-    return django_rq.get_queue(name, commit_mode="auto", serializer=JSONSerializer)
+    return django_rq.get_queue(
+        name, commit_mode="auto", serializer=JSONSerializer, connection=get_connection()
+    )
 
 
 @dataclass

@@ -242,14 +242,14 @@ def test_the_series_and_the_dashboard_are_for_staff_with_permission_only(world, 
     assert b"Segredo" not in anonymous.content
 
     User.objects.create_user("cliente", password="pw-cliente-123")
-    client.login(username="cliente", password="pw-cliente-123")
+    client.force_login(User.objects.get(username="cliente"))
     for url in (_series_url(campaign), _dashboard_url(org)):
         refused = client.get(url)
         assert refused.status_code == 302 and "/admin/login/" in refused["Location"]
         assert b"Segredo" not in refused.content
 
     staff = User.objects.create_user("operador", password="pw-operador-123", is_staff=True)
-    client.login(username="operador", password="pw-operador-123")
+    client.force_login(User.objects.get(username="operador"))
     hidden = client.get(_series_url(campaign))
     assert hidden.status_code == 404 and hidden.json() == {"error": "not found"}
     assert client.get(_dashboard_url(org)).status_code == 403

@@ -531,7 +531,7 @@ def test_the_admin_previews_the_email_and_shows_live_counts(em, smtp, run_jobs):
 
     User.objects.create_user("ops", password="x-pw-12345", is_staff=True, is_superuser=True)
     client = Client()
-    client.login(username="ops", password="x-pw-12345")
+    client.force_login(User.objects.get(username="ops"))
     em["customers"](2, name="Ana Souza")
     campaign = em["campaign"]()
     page = client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()

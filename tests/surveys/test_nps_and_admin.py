@@ -102,7 +102,7 @@ def test_the_nps_report_is_refused_to_non_staff_and_to_staff_without_permission(
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
 
     staff = User.objects.create_user("operador", password="pw-operador-123", is_staff=True)
-    client.login(username="operador", password="pw-operador-123")
+    client.force_login(User.objects.get(username="operador"))
     assert client.get(url).status_code == 403
     staff.user_permissions.add(Permission.objects.get(codename="view_survey"))
     assert client.get(url).status_code == 200
