@@ -89,7 +89,6 @@ def analyze_if_grown(model: type[models.Model], rows: int) -> None:
             cursor.execute(f"ANALYZE {connection.ops.quote_name(model._meta.db_table)}")
 
 
-
 def copy_rows(
     model: type[models.Model],
     fields: Sequence[str],
