@@ -2,13 +2,24 @@
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/crm_bench REDIS_URL=redis://127.0.0.1:6379/13 \\
     SECRET_KEY=... ENCRYPTION_KEY=... .venv/bin/python benchmarks/whatsapp_campaign.py \\
-        [--recipients 100000] [--latencies 0,200] [--rate 0] [--processes 2] [--baseline 2000]
+        [--recipients 100000] [--latencies 0,200] [--rate 0] [--processes 2] [--baseline 2000] \\
+        [--fanout-sizes 100000,1000000]
 
-Uses (and creates if missing) the database in DATABASE_URL: migrates it, keeps a `bench`
-organization with N customers between runs. The Redis database is flushed. For each latency it
-prints: seconds to fan out, sustained sends/s (between 10% and 90% of the campaign), database
-queries per message, peak worker memory; then a naive baseline in the same run (one RQ job and
-one blocking request per message on RQ's default forking worker) on a smaller campaign.
+Uses (and creates if missing) the database in DATABASE_URL: migrates it, keeps a `bench-<n>`
+organization with n customers between runs (earlier campaigns of it are deleted first). The Redis
+database is flushed.
+
+1. Fan-out alone, for each of --fanout-sizes (default: --recipients): a campaign to n customers
+   fanned out by one worker process serving campaign-trigger only (its send batches are left
+   queued), timed by its JobRun: rows/s; the worker's resident memory before the job and its peak
+   (VmHWM) during it. Against it, in the same run, a raw COPY of the same n rows (the same columns
+   and values) from this process into a scratch table without indexes, and into one with the
+   message table's indexes (LIKE ... INCLUDING ALL): rows/s.
+2. For each latency, a whole campaign to --recipients customers with --processes workers: seconds
+   to fan out, sustained sends/s (between 10% and 90% of the campaign), database queries per
+   message, peak worker memory; then a naive baseline in the same run (one RQ job and one
+   blocking request per message on RQ's default forking worker) on a smaller campaign.
+   --latencies '' skips this part.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -31,10 +43,13 @@ import django  # noqa: E402
 django.setup()
 
 
+from django.db import connection  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
 from benchmarks.common import ensure_database  # noqa: E402
 from campaigns import services  # noqa: E402
 from campaigns.models import Campaign, WhatsappMessage  # noqa: E402
-from crm import jobs  # noqa: E402
+from crm import bulk, jobs  # noqa: E402
 from crm.models import Customer, JobRun, Organization, Store  # noqa: E402
 from integrations.models import WhatsappNumber  # noqa: E402
 from integrations.whatsapp.sandbox import SandboxServer  # noqa: E402
@@ -44,35 +59,44 @@ TOKEN = "bench-token"  # noqa: S105 - the sandbox's
 
 
 def ensure_world(n: int, sandbox_url: str) -> Organization:
-    # One organization per size, so the audience is exactly n customers.
+    """The `bench-<n>` organization with exactly n customers, its earlier campaigns deleted, and
+    the sandbox's WhatsApp number pointed at it."""
     org, _ = Organization.objects.get_or_create(slug=f"bench-{n}", defaults={"name": f"Benchmark {n}"})
     Organization.objects.filter(pk=org.pk).update(
         message_limit_count=1000, block_multiple_campaigns=False, whatsapp_paused_at=None
     )
     store, _ = Store.objects.get_or_create(organization=org, erp_code="B1", defaults={"name": "Bench"})
     have = Customer.objects.filter(organization=org).count()
-    for start in range(have, n, 10_000):
-        Customer.objects.bulk_create(
-            [
-                Customer(
-                    organization=org,
-                    erp_id=f"B{i}",
-                    name=f"Cliente{i} Bench",
-                    phone=f"+55119{10000000 + i:08d}",
-                )
-                for i in range(start, min(start + 10_000, n))
-            ],
+    if have < n:
+        added = bulk.copy_rows(
+            Customer,
+            ["organization_id", "erp_id", "name", "phone"],
+            ((org.pk, f"B{i}", f"Cliente{i} Bench", f"+55119{10000000 + i:08d}") for i in range(have, n)),
             ignore_conflicts=True,
         )
+        bulk.analyze_if_grown(Customer, added)
+    _delete_campaigns(org)
     number = WhatsappNumber.objects.filter(phone_number_id=PHONE_NUMBER_ID).first() or WhatsappNumber(
         phone_number_id=PHONE_NUMBER_ID
     )
+    if number.pk:  # other sizes' campaigns let go of it (a fresh database has none)
+        Campaign.objects.filter(whatsapp_number=number).exclude(organization=org).update(whatsapp_number=None)
     number.organization, number.store, number.display_phone_number = org, store, "+5511930000000"
-    Campaign.objects.filter(whatsapp_number=number).exclude(organization=org).update(whatsapp_number=None)
     number.graph_url, number.messages_per_second = sandbox_url, 0
     number.set_access_token(TOKEN)
     number.save()
     return org
+
+
+def _delete_campaigns(org: Organization) -> None:
+    # The messages with one statement (Django's cascade would load a million of them first), then
+    # VACUUM, so that no run pays for the dead rows of the one before it.
+    table = WhatsappMessage._meta.db_table
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {table} WHERE organization_id = %s", [org.pk])  # noqa: S608
+        if cursor.rowcount:
+            cursor.execute(f"VACUUM ANALYZE {table}")
+    Campaign.objects.filter(organization=org).delete()
 
 
 def _children(pid: int) -> list[int]:
@@ -83,16 +107,99 @@ def _children(pid: int) -> list[int]:
     return out
 
 
-def _peak_rss_mb(pids: list[int]) -> float:
+def _peak_rss_mb(pids: list[int], field: str = "VmHWM") -> float:
     peak = 0
     for pid in pids:
         try:
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-                if line.startswith("VmHWM:"):
+                if line.startswith(f"{field}:"):
                     peak = max(peak, int(line.split()[1]))
         except OSError:
             pass
     return peak / 1024
+
+
+def raw_copy(org: Organization, n: int, *, indexed: bool) -> float:
+    """rows/s of a plain COPY of the n rows a fan-out to `org` writes (the same columns and
+    values), from this process into a scratch table; with the message table's indexes or none."""
+    meta = WhatsappMessage._meta
+    columns = [f for f in meta.concrete_fields if not f.primary_key]
+    template = WhatsappMessage(campaign_id=0, organization_id=org.pk)
+    values = [f.get_db_prep_save(getattr(template, f.attname), connection) for f in columns]
+    at = {f.attname: i for i, f in enumerate(columns)}
+    ids = list(Customer.objects.filter(organization=org).order_by("pk").values_list("pk", flat=True)[:n])
+    names = ", ".join(f.column for f in columns)
+    like = "INCLUDING ALL" if indexed else "INCLUDING DEFAULTS INCLUDING IDENTITY"
+    with connection.cursor() as wrapper:
+        cursor = wrapper.cursor
+        # A table like the message table (WAL-logged, not a temporary one), dropped after.
+        cursor.execute("DROP TABLE IF EXISTS bench_scratch")
+        cursor.execute(f"CREATE TABLE bench_scratch (LIKE {meta.db_table} {like})")
+        try:
+            started = time.monotonic()
+            with cursor.copy(f"COPY bench_scratch ({names}) FROM STDIN") as copy:
+                row = list(values)
+                for position, customer_id in enumerate(ids):
+                    row[at["customer_id"]] = customer_id
+                    row[at["batch"]] = position // 500
+                    row[at["token"]] = secrets.token_urlsafe(16)
+                    row[at["queued_at"]] = timezone.now()
+                    copy.write_row(row)
+            elapsed = time.monotonic() - started
+        finally:
+            cursor.execute("DROP TABLE bench_scratch")
+    return len(ids) / elapsed
+
+
+def run_fanout(org: Organization, *, n: int, batch: int) -> dict:
+    """Fan a campaign to n recipients out on one worker process (campaign-trigger only)."""
+    _delete_campaigns(org)
+    redis = jobs.get_connection()
+    redis.flushdb()
+    campaign = Campaign.objects.create(
+        organization=org,
+        name=f"fan-out {n}",
+        whatsapp_number=WhatsappNumber.objects.get(phone_number_id=PHONE_NUMBER_ID),
+        template_name="bench",
+        template_variables=["first_name"],
+    )
+    env = {**os.environ, "WHATSAPP_BATCH_SIZE": str(batch), "LOG_LEVEL": "WARNING"}
+    argv = [
+        sys.executable,
+        str(ROOT / "manage.py"),
+        "workers",
+        "--no-recover",
+        "--queues",
+        "campaign-trigger",
+    ]
+    worker = subprocess.Popen(
+        argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    try:
+        time.sleep(3)  # the worker up and idle
+        pids = [worker.pid, *_children(worker.pid)]
+        idle = _peak_rss_mb(pids, "VmRSS")
+        services.campaign_start(campaign=campaign)
+        runs = JobRun.objects.filter(kind="campaign-fanout", key=str(campaign.pk))
+        deadline = time.monotonic() + 3600
+        while not runs.filter(status__in=["completed", "failed"]).exists() and time.monotonic() < deadline:
+            time.sleep(0.25)
+        peak = _peak_rss_mb([*pids, *_children(worker.pid)])
+    finally:
+        os.killpg(worker.pid, signal.SIGTERM)
+        worker.wait(timeout=60)
+    run = runs.get()
+    rows = WhatsappMessage.objects.filter(campaign=campaign).count()
+    seconds = (run.finished_at - run.started_at).total_seconds() if run.finished_at else float("nan")
+    redis.flushdb()
+    return {
+        "status": run.status,
+        "rows": rows,
+        "seconds": seconds,
+        "rows_per_s": rows / seconds if seconds else 0.0,
+        "idle_mb": idle,
+        "peak_mb": peak,
+    }
 
 
 def run_campaign(
@@ -231,16 +338,37 @@ def main() -> None:
     parser.add_argument(
         "--baseline", type=int, default=2000, help="recipients of the naive baseline (0 = skip)"
     )
+    parser.add_argument(
+        "--fanout-sizes",
+        default="",
+        help="audience sizes of the fan-out alone, comma-separated (default: --recipients; 0 = skip)",
+    )
     args = parser.parse_args()
     ensure_database()
+    fanout_sizes = [int(x) for x in (args.fanout_sizes or str(args.recipients)).split(",") if int(x)]
+    latencies = [int(x) for x in args.latencies.split(",") if x.strip()]
     with SandboxServer(host="127.0.0.1", port=0, numbers={PHONE_NUMBER_ID: TOKEN}) as sandbox:
+        for size in fanout_sizes:
+            org = ensure_world(size, sandbox.url)
+            bare = raw_copy(org, size, indexed=False)
+            indexed = raw_copy(org, size, indexed=True)
+            f = run_fanout(org, n=size, batch=args.batch)
+            print(
+                f"fan-out of {size} recipients ({f['status']}, {f['rows']} rows): {f['seconds']:.1f} s, "
+                f"{f['rows_per_s']:,.0f} rows/s; raw COPY of the same rows into a scratch table: "
+                f"{bare:,.0f} rows/s without indexes ({f['rows_per_s'] / bare:.2f}x), "
+                f"{indexed:,.0f} rows/s with the message table's indexes ({f['rows_per_s'] / indexed:.2f}x); "
+                f"worker {f['idle_mb']:.0f} MB idle, peak {f['peak_mb']:.0f} MB"
+            )
+        if not latencies:
+            return
         org = ensure_world(args.recipients, sandbox.url)
         print(
             f"{args.recipients} recipients, {args.processes} worker processes, batch {args.batch}, "
             f"pacing {'off' if not args.rate else f'{args.rate}/s'}"
         )
         rates = {}
-        for latency in (int(x) for x in args.latencies.split(",")):
+        for latency in latencies:
             r = run_campaign(
                 org,
                 sandbox,

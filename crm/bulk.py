@@ -7,10 +7,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
-from django.db import connection, models
+from django.db import connection, models, transaction
+from django.db.models.fields import AutoFieldMixin
 
 
 def update_rows(
@@ -77,3 +78,90 @@ def analyze_if_grown(model: type[models.Model], rows: int) -> None:
     if rows >= ANALYZE_AFTER_ROWS:
         with connection.cursor() as cursor:
             cursor.execute(f"ANALYZE {connection.ops.quote_name(model._meta.db_table)}")
+
+
+def copy_rows(
+    model: type[models.Model],
+    fields: Sequence[str],
+    rows: Iterable[Sequence[Any]],
+    *,
+    ignore_conflicts: bool = False,
+) -> int:
+    """INSERT rows with PostgreSQL's COPY, several times faster than bulk_create; returns how many
+    rows were inserted.
+
+    Each row gives `fields` in that order, as the database takes them (int, str, Decimal, bool,
+    aware datetime, None for NULL: no field conversion runs on them). Every other concrete field
+    but an auto primary key gets what bulk_create would give it: its default (a callable default
+    is called for each row), auto_now and auto_now_add one timestamp for the call. `rows` is read
+    lazily and streamed to the server: do not query this connection from inside it.
+
+    ignore_conflicts=True leaves out the rows that would break a unique constraint, as
+    bulk_create(ignore_conflicts=True) does: they are copied into a temporary table and moved
+    with one INSERT ... SELECT ... ON CONFLICT DO NOTHING, in one transaction (or savepoint).
+    Without it a conflicting row raises IntegrityError and none of the rows is written."""
+    meta = model._meta
+    given: list[models.Field] = []
+    for name in fields:
+        field = meta.get_field(name)
+        assert isinstance(field, models.Field) and field.concrete, name
+        given.append(field)
+    taken = {f.attname for f in given}
+    template = model()  # what a new instance holds: the defaults, as bulk_create writes them
+    constant_fields: list[models.Field] = []
+    constants: list[Any] = []
+    per_row: list[tuple[models.Field, Callable[[], Any]]] = []
+    for field in meta.concrete_fields:
+        if field.attname in taken or isinstance(field, AutoFieldMixin):
+            continue
+        if field.has_default() and callable(field.default):
+            per_row.append((field, _prepared(field, field.default)))
+        else:
+            constant_fields.append(field)
+            constants.append(field.get_db_prep_save(field.pre_save(template, add=True), connection))
+    columns = [*given, *constant_fields, *(f for f, _ in per_row)]
+    quote = connection.ops.quote_name
+    names = ", ".join(quote(f.column) for f in columns)
+    table = quote(meta.db_table)
+    tail = tuple(constants)
+    makers = [make for _, make in per_row]
+
+    def lines() -> Iterator[tuple[Any, ...]]:
+        for row in rows:
+            yield (*row, *tail, *(make() for make in makers))
+
+    with connection.wrap_database_errors, connection.cursor() as wrapper:
+        cursor = wrapper.cursor  # psycopg's own: Django's wrapper has no copy()
+        if not ignore_conflicts:
+            return _copy(cursor, f"COPY {table} ({names}) FROM STDIN", lines())
+        staging = quote(f"copy_{meta.db_table}"[:63])
+        with transaction.atomic():
+            # Gone with the transaction or savepoint on an error, dropped below otherwise.
+            cursor.execute(
+                f"CREATE TEMPORARY TABLE {staging} AS SELECT {names} FROM {table} WITH NO DATA"  # noqa: S608
+            )
+            _copy(cursor, f"COPY {staging} ({names}) FROM STDIN", lines())
+            cursor.execute(
+                f"INSERT INTO {table} ({names}) SELECT {names} FROM {staging} ON CONFLICT DO NOTHING"  # noqa: S608
+            )
+            inserted = int(cursor.rowcount)
+            cursor.execute(f"DROP TABLE {staging}")
+        return inserted
+
+
+def _prepared(field: models.Field, default: Callable[[], Any]) -> Callable[[], Any]:
+    """The field's callable default as the database takes it. Preparing costs more than making
+    most defaults (a token, the time): skipped when it hands a sample back unchanged."""
+    sample = default()
+    if field.get_db_prep_save(sample, connection) is sample:
+        return default
+    return lambda: field.get_db_prep_save(default(), connection)
+
+
+def _copy(cursor: Any, sql: str, rows: Iterable[tuple[Any, ...]]) -> int:
+    written = 0
+    with cursor.copy(sql) as copy:
+        for row in rows:
+            copy.write_row(row)
+            written += 1
+    return written

@@ -1,0 +1,75 @@
+"""crm.bulk.copy_rows: rows written with PostgreSQL's COPY come back exactly as given, the other
+fields get their defaults, and conflicts are either left out or refuse the whole write."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import IntegrityError, transaction
+
+from crm import bulk
+from crm.models import Customer, Organization
+
+AWKWARD = [
+    "",
+    "plain",
+    'O\'Brien "the" `quoted`',
+    "tab\there\tand\tthere",
+    "line\nbreak\r\nand CR\r",
+    "back\\slash \\\\ double \\t not a tab \\n not a newline",
+    "\\N",  # COPY's NULL marker, as text: must stay two characters
+    "\\.",  # COPY's end-of-data marker
+    "São Paulo \u2013 ação, coração, Ñandú",
+    "emoji 👍🏽 and \U0001d518\U0001d52b (astral plane), e\u0301 combined, \u200b zero-width, \u202eRTL",
+    "中文 日本語 한국어 العربية עברית",
+    "\x01\x02\x1b control characters\x7f",
+    " leading and trailing spaces ",
+    "comma, separated; values|pipes",
+]
+
+
+def test_awkward_text_and_nulls_round_trip_exactly(db):
+    org = Organization.objects.create(name="Loja", slug="loja")
+    rows = [(org.pk, f"A{i}", name, "") for i, name in enumerate(AWKWARD)]
+    rows += [(org.pk, None, "no ERP id", ""), (org.pk, "\\N", "ERP id is the NULL marker", "\\N")]
+    assert bulk.copy_rows(Customer, ["organization_id", "erp_id", "name", "cpf_cnpj"], rows) == len(rows)
+    back = list(
+        Customer.objects.filter(organization=org).order_by("pk").values_list("erp_id", "name", "cpf_cnpj")
+    )
+    assert back == [(erp_id, name, cpf) for _, erp_id, name, cpf in rows]
+    assert Customer.objects.filter(organization=org, erp_id__isnull=True).count() == 1
+
+
+def test_fields_not_given_get_their_defaults(db):
+    org = Organization.objects.create(name="Loja", slug="loja")
+    bulk.copy_rows(Customer, ["organization_id", "name"], [(org.pk, "Ana"), (org.pk, "Bia")])
+    ana, bia = Customer.objects.filter(organization=org).order_by("pk")
+    assert (ana.erp_id, ana.email, ana.phone, ana.marketing_consent, ana.erp_trans_id) == (
+        None,
+        "",
+        "",
+        True,
+        None,
+    )
+    assert ana.created_at and ana.updated_at and bia.created_at >= ana.created_at
+
+
+def test_ignore_conflicts_writes_only_the_new_rows_and_leaves_the_others_alone(db):
+    org = Organization.objects.create(name="Loja", slug="loja")
+    fields = ["organization_id", "erp_id", "name"]
+    assert bulk.copy_rows(Customer, fields, [(org.pk, f"E{i}", f"first {i}") for i in range(3)]) == 3
+    again = [(org.pk, f"E{i}", f"second {i}") for i in range(5)]
+    assert bulk.copy_rows(Customer, fields, again, ignore_conflicts=True) == 2
+    assert bulk.copy_rows(Customer, fields, again, ignore_conflicts=True) == 0  # and again: nothing left over
+    names = dict(Customer.objects.filter(organization=org).values_list("erp_id", "name"))
+    assert names == {"E0": "first 0", "E1": "first 1", "E2": "first 2", "E3": "second 3", "E4": "second 4"}
+
+
+def test_a_conflict_without_ignore_conflicts_writes_none_of_the_rows(db):
+    org = Organization.objects.create(name="Loja", slug="loja")
+    fields = ["organization_id", "erp_id", "name"]
+    bulk.copy_rows(Customer, fields, [(org.pk, "E1", "first")])
+    with pytest.raises(IntegrityError), transaction.atomic():
+        bulk.copy_rows(
+            Customer, fields, [(org.pk, "E0", "new"), (org.pk, "E1", "duplicate"), (org.pk, "E2", "new")]
+        )
+    assert list(Customer.objects.filter(organization=org).values_list("erp_id", "name")) == [("E1", "first")]
