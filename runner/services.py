@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import secrets
 import threading
 from collections import defaultdict
@@ -42,15 +43,27 @@ FEED_FUNC = "runner.tasks.execution_feed"
 
 _gate_lock = threading.Lock()
 _gate: Gate | None = None
-_gate_conn: Any = None
+_gate_for: tuple[Any, ...] | None = None
 
 
 def gate() -> Gate:
-    global _gate, _gate_conn
+    """The process's Gate, one per Redis server and database.
+
+    `jobs.get_connection()` builds a new client on every call, so the Gate is kept by the address
+    the client points at, not by the client: a Gate per item job would leave its lease renewer
+    thread, and the client (with its socket) that thread holds, behind for the life of a worker
+    (a 100,000-item run took ~10,000 sockets, Redis's maxclients)."""
+    global _gate, _gate_for
     conn = jobs.get_connection()
+    pool = conn.connection_pool
+    address = (
+        os.getpid(),
+        getattr(pool, "service_name", None),  # a Sentinel master's name
+        *(pool.connection_kwargs.get(k) for k in ("host", "port", "path", "db")),
+    )
     with _gate_lock:
-        if _gate is None or _gate_conn is not conn:
-            _gate, _gate_conn = Gate(conn), conn
+        if _gate is None or _gate_for != address:
+            _gate, _gate_for = Gate(conn), address
         return _gate
 
 
