@@ -18,9 +18,12 @@ wait4():
   DO UPDATE … WHERE …` into `bench-erp-raw-<N>`, in one transaction.
 
 Both organizations must then hold the same rows (counted, compared column by column in SQL, and a
-few printed). Each child times its phases (HTTP, JSON, record parsing, Python row building, each
-kind of SQL statement, commits) and reports the CPU it used, its PostgreSQL backend's and the
-sandbox's. Rows/s is over the child's own work time (the interpreter's start is left out).
+few printed). Each child times its phases (HTTP, JSON, record parsing; for the sync the path
+`customers_upsert` takes on PostgreSQL: de-duplication and column lists, the column arrays of
+`_upsert_columns`, its `INSERT … SELECT unnest … ON CONFLICT … RETURNING`; each other kind of SQL
+statement, commits), counts the calls of the functions it times, and reports the CPU it used, its
+PostgreSQL backend's and the sandbox's. Rows/s is over the child's own work time (the
+interpreter's start is left out).
 Targets: the sync at least 0.5x the baseline's rows/s, its peak under 250 MB, and flat (largest
 size within +15% of the smallest). The bench organizations' customers are deleted at the end and
 the table vacuumed (`--keep` keeps them): a re-run has to empty them anyway, and 2.2M rows (or
@@ -294,6 +297,8 @@ def parent(args: argparse.Namespace) -> None:
                 f"sandbox {r['sandbox_cpu']:.1f}s"
             )
             print(f"    phases: {phase_line(r)}")
+            if "calls" in r:
+                print("    calls: " + ", ".join(f"{name} {n:,}" for name, n in r["calls"].items()))
         sync_rows, raw_rows, missing, differ, spot = compare(sync_org, raw_org, n)
         same = sync_rows == raw_rows == n and missing == 0 and differ == 0
         print(
@@ -349,30 +354,41 @@ def parent(args: argparse.Namespace) -> None:
 
 class Phases:
     """Seconds spent per phase, by wrapping the functions the sync calls (a few microseconds per
-    call: a few thousand calls per million rows)."""
+    call: a few thousand calls per million rows), and how many times each was called (a phase
+    whose function the sync no longer calls shows as 0 calls, not as a silent 0 s). SQL statements
+    run inside a function wrapped with `scope` are counted under that scope's name."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.scope = ""
 
-    def wrap(self, owner: Any, attribute: str, name: str) -> None:
+    def wrap(self, owner: Any, attribute: str, name: str, *, scope: bool = False) -> None:
         original: Callable[..., Any] = getattr(owner, attribute)
 
         def timed(*args: Any, **kwargs: Any) -> Any:
             started = time.perf_counter()
+            outer = self.scope
+            if scope:
+                self.scope = name
             try:
                 return original(*args, **kwargs)
             finally:
+                self.scope = outer
                 self.seconds[name] += time.perf_counter() - started
+                self.calls[name] += 1
 
         setattr(owner, attribute, timed)
 
     def sql(self, execute: Callable[..., Any], sql: str, params: Any, many: bool, context: Any) -> Any:
         verb = sql.lstrip().split(None, 1)[0].upper()
+        name = f"{self.scope}: sql {verb}" if self.scope else f"sql {verb}"
         started = time.perf_counter()
         try:
             return execute(sql, params, many, context)
         finally:
-            self.seconds[f"sql {verb}"] += time.perf_counter() - started
+            self.seconds[name] += time.perf_counter() - started
+            self.calls[name] += 1
 
     def instrument_client(self) -> None:
         self.wrap(httpx.Client, "get", "http")  # the request and reading the whole body
@@ -419,7 +435,10 @@ def child_sync(slug: str, every: float) -> None:
     connection = ErpConnection.objects.select_related("organization").get(organization__slug=slug)
     phases = Phases()
     phases.instrument_client()
-    phases.wrap(services, "customers_upsert", "upsert (all)")
+    phases.wrap(services, "customers_upsert", "customers_upsert", scope=True)
+    # The PostgreSQL path: records -> column arrays -> one INSERT … SELECT unnest … RETURNING per
+    # page (pages up to PG_UPSERT_CHUNK rows). Larger pages take model instances through _upsert.
+    phases.wrap(services, "_upsert_columns", "_upsert_columns")
     phases.wrap(services, "_upsert", "_upsert")
     state: dict[str, Any] = {"phase": "syncing", "rows": 0}
     backend_start = backend_cpu()
@@ -432,17 +451,22 @@ def child_sync(slug: str, every: float) -> None:
     with db.execute_wrapper(phases.sql):
         result = services.customers_sync(connection=connection, full=True, progress=progress)
     seconds = time.perf_counter() - started
-    p = phases.seconds
-    insert, select = p.pop("sql INSERT", 0.0), p.pop("sql SELECT", 0.0)
-    upsert_all, upsert = p.pop("upsert (all)", 0.0), p.pop("_upsert", 0.0)
+    p, calls = phases.seconds, dict(phases.calls)
+    upsert_all = p.pop("customers_upsert", 0.0)
+    columns, instances = p.pop("_upsert_columns", 0.0), p.pop("_upsert", 0.0)
+    inside = {k: p.pop(k) for k in list(p) if k.startswith("customers_upsert: ")}
+    insert = inside.pop("customers_upsert: sql INSERT", 0.0)
+    select = inside.pop("customers_upsert: sql SELECT", 0.0)
     shown = {
         "http": p.pop("http", 0.0),
         "json": p.pop("json", 0.0),
         "parse records": p.pop("parse records", 0.0),
-        "SELECT existing": select,
-        "build Customer rows": upsert_all - upsert - select,
-        "build array params": upsert - insert,
+        # _latest (a page's newest copy per ERP id) and the column lists from the records
+        "dedupe + column lists": upsert_all - columns - instances - select - sum(inside.values()),
+        "SELECT existing": select,  # only on the model-instance path
+        "build arrays": columns + instances - insert,  # defaults of the other columns, params
         "INSERT unnest … ON CONFLICT": insert,
+        **{k.replace("customers_upsert: ", "upsert "): v for k, v in inside.items()},
         "UPDATE cursor": p.pop("sql UPDATE", 0.0),
         "commit": p.pop("commit", 0.0),
     }
@@ -457,6 +481,10 @@ def child_sync(slug: str, every: float) -> None:
             "summary": result.summary(),
             "backend_cpu": backend_cpu() - backend_start,
             "phases": {k: v for k, v in shown.items() if abs(v) >= 0.05},
+            "calls": {
+                k: calls.get(k, 0)
+                for k in ("customers_upsert", "_upsert_columns", "_upsert", "customers_upsert: sql INSERT")
+            },
         }
     )
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Callable
+from typing import Any
 
 import phonenumbers
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from crm.models import Customer, Organization, Store
@@ -86,3 +87,42 @@ def demo_load(
         if progress:
             progress(len(rows))
     return org
+
+
+def customer_signup(
+    *, organization_id: int, email: str, name: str = "", phone: str = "", marketing_consent: bool = False
+) -> tuple[int, str]:
+    """Record a sign-up (a shop's registration form): create the organization's customer with this
+    email, or fill in the one that has it. Returns (customer id, "created" | "updated" |
+    "unchanged"). Consent is only ever given here, never withdrawn (an unticked box is not an
+    opt-out). Safe to run twice and concurrently for the same email."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        # Two deliveries of one sign-up must not create two customers: the email has no unique
+        # constraint (customers may share one), so its writers take turns.
+        cursor.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", [organization_id, email])
+        customer = (
+            Customer.objects.filter(organization_id=organization_id, email=email).order_by("id").first()
+        )
+        if customer is None:
+            customer = Customer.objects.create(
+                organization_id=organization_id,
+                email=email,
+                name=name,
+                phone=phone,
+                marketing_consent=marketing_consent,
+                consent_at=timezone.now() if marketing_consent else None,
+            )
+            return customer.pk, "created"
+        changes: dict[str, Any] = {}
+        if name and name != customer.name:
+            changes["name"] = name
+        if phone and phone != customer.phone:
+            changes["phone"] = phone
+        if marketing_consent and not customer.marketing_consent:
+            changes.update(marketing_consent=True, consent_at=timezone.now())
+        if not changes:
+            return customer.pk, "unchanged"
+        for field, value in changes.items():
+            setattr(customer, field, value)
+        customer.save(update_fields=[*changes, "updated_at"])
+        return customer.pk, "updated"

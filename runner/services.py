@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import secrets
 import threading
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
@@ -21,7 +23,7 @@ from integrations.errors import IntegrationError
 from integrations.runner import client
 from integrations.runner.contract import ItemIn, ItemOutcome, RunIn
 from integrations.runner.resilience import Gate
-from runner import cache, conf
+from runner import cache, conf, demo
 from runner.models import MAX_ATTEMPTS, Execution, ExecutionItem, Handler, IntegrationType, WebhookEvent
 
 logger = logging.getLogger(__name__)
@@ -41,15 +43,27 @@ FEED_FUNC = "runner.tasks.execution_feed"
 
 _gate_lock = threading.Lock()
 _gate: Gate | None = None
-_gate_conn: Any = None
+_gate_for: tuple[Any, ...] | None = None
 
 
 def gate() -> Gate:
-    global _gate, _gate_conn
+    """The process's Gate, one per Redis server and database.
+
+    `jobs.get_connection()` builds a new client on every call, so the Gate is kept by the address
+    the client points at, not by the client: a Gate per item job would leave its lease renewer
+    thread, and the client (with its socket) that thread holds, behind for the life of a worker
+    (a 100,000-item run took ~10,000 sockets, Redis's maxclients)."""
+    global _gate, _gate_for
     conn = jobs.get_connection()
+    pool = conn.connection_pool
+    address = (
+        os.getpid(),
+        getattr(pool, "service_name", None),  # a Sentinel master's name
+        *(pool.connection_kwargs.get(k) for k in ("host", "port", "path", "db")),
+    )
     with _gate_lock:
-        if _gate is None or _gate_conn is not conn:
-            _gate, _gate_conn = Gate(conn), conn
+        if _gate is None or _gate_for != address:
+            _gate, _gate_for = Gate(conn), address
         return _gate
 
 
@@ -887,3 +901,40 @@ def _unfinished() -> Iterator[jobs.JobSpec]:
         )
         if ids:
             yield from _item_specs(execution, execution.handler, ids)
+
+
+# --- the demo --------------------------------------------------------------------------------
+def integration_demo(*, organization_id: int) -> tuple[Handler, str]:
+    """The demo organization's integration (`runner.demo`: the online shop's sign-ups become
+    customers), in-process, started by hand or by webhook (bearer token). Returns the handler and
+    its webhook token, generated the first time and kept after. Safe to run twice: a second run
+    writes nothing unless someone changed the handler (then its demo settings are put back; paused
+    and the limits stay as the operator left them)."""
+    integration, _ = IntegrationType.objects.get_or_create(
+        integration_key=demo.INTEGRATION_KEY, defaults={"name": "Loja online (demo)"}
+    )
+    if not integration.enabled:
+        integration.enabled = True
+        integration.save(update_fields=["enabled"])
+    wanted = {
+        "direction": "inbound",
+        "kind": Handler.Kind.PYTHON,
+        "callable_path": "runner.demo",
+        "organization_id": organization_id,
+        "webhook_auth": Handler.WebhookAuth.TOKEN,
+    }
+    handler = Handler.objects.filter(integration=integration, handler_key=demo.HANDLER_KEY).first()
+    if handler is None:
+        handler = Handler(integration=integration, handler_key=demo.HANDLER_KEY, **wanted)
+        handler.set_webhook_secret("demo-" + secrets.token_urlsafe(18))
+        handler.save()
+        return handler, handler.webhook_secret()
+    changed = [field for field, value in wanted.items() if getattr(handler, field) != value]
+    for field in changed:
+        setattr(handler, field, wanted[field])
+    if not handler.webhook_secret_encrypted:
+        handler.set_webhook_secret("demo-" + secrets.token_urlsafe(18))
+        changed.append("webhook_secret_encrypted")
+    if changed:
+        handler.save(update_fields=changed)  # post_save invalidates the runner's cache
+    return handler, handler.webhook_secret()

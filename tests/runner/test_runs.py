@@ -28,6 +28,23 @@ def test_a_manual_run_processes_every_item_and_completes_once(py_handler, org, r
     assert not ExecutionItem.objects.exclude(status="succeeded").exists()
 
 
+def test_a_worker_keeps_one_gate_and_one_lease_renewer_however_many_item_jobs_it_runs(
+    py_handler, org, run_jobs
+):
+    # Every admitted item job holds a lease that one thread per process renews; a Gate per job
+    # would leave its thread, and the Redis client it holds, behind for the life of the worker.
+    def renewers() -> int:
+        return sum(1 for t in threading.enumerate() if t.name == "runner-leases")
+
+    before = renewers()
+    execution = _run(py_handler, org, 60)  # 6 item jobs
+    run_jobs()
+    execution.refresh_from_db()
+    assert execution.status == Execution.Status.COMPLETED
+    assert renewers() <= max(before, 1)
+    assert services.gate() is services.gate()
+
+
 def test_items_fan_out_on_the_priority_queue_of_their_trigger(py_handler, org):
     _run(py_handler, org, 3)
     from runner import tasks

@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+import json
+import shlex
+
+from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from tqdm import tqdm
 
 from crm import services
+from crm.models import Organization
 
 
 def host_port(value: str) -> tuple[str, int]:
@@ -37,6 +42,12 @@ class Command(BaseCommand):
             help="point the demo organization's ERP connection at this Millennium server (e.g. the sandbox, "
             "whose login it uses); its stores' codes are the sandbox's",
         )
+        parser.add_argument(
+            "--public-url",
+            default="",
+            help="the address of this deployment's web server, for the demo integration's curl line "
+            "(default: PUBLIC_URL)",
+        )
 
     def handle(self, *args, **options) -> None:
         n = options["customers"]
@@ -66,3 +77,31 @@ class Command(BaseCommand):
             f"demo organization '{org.slug}' (id {org.pk}): {org.stores.count()} stores, "
             f"{org.customers.count()} customers"
         )
+        self._integration(org, options["public_url"] or settings.PUBLIC_URL)
+
+    def _integration(self, org: Organization, public_url: str) -> None:
+        """The demo integration of the runner, and how to start it: a run, and a webhook (its token
+        is the demo's own, generated once and kept in the handler, encrypted)."""
+        from runner import demo
+        from runner.services import integration_demo
+
+        handler, token = integration_demo(organization_id=org.pk)
+        keys = f"{demo.INTEGRATION_KEY} {demo.HANDLER_KEY}"
+        url = f"{public_url.rstrip('/')}/hooks/{demo.INTEGRATION_KEY}/{demo.HANDLER_KEY}"
+        curl = shlex.join(
+            [
+                "curl",
+                "-X",
+                "POST",
+                url,
+                "-H",
+                f"Authorization: Bearer {token}",
+                "-H",
+                "Content-Type: application/json",
+                "-d",
+                json.dumps(demo.EXAMPLE_SIGNUP),
+            ]
+        )
+        self.stdout.write(f"demo integration {handler} (the online shop's sign-ups become customers):")
+        self.stdout.write(f"  run it:   .venv/bin/python manage.py runner_run {keys} --org {org.slug}")
+        self.stdout.write(f"  webhook:  {curl}")

@@ -140,6 +140,7 @@ class Command(BaseCommand):
                     "erp_url": f"http://{options['host']}:{options['erp_port']}",
                 }
             )
+            extra["public_url"] = os.environ["PUBLIC_URL"]  # this server: the demo webhook's curl line
             call_command("demo", customers=options["demo_customers"], stdout=_Say(supervisor), **extra)
 
     @staticmethod
