@@ -43,9 +43,11 @@ from django.db import connection, models, transaction
 from django.db.models import Exists, Max, OuterRef, Sum
 from django.utils import timezone
 from django.utils.functional import Promise
+from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
 from crm import bulk
+from crm.cli import number
 
 ACTIVE_DAYS = 365
 NEW_CUSTOMER_DAYS = 30
@@ -323,10 +325,16 @@ def segment_movement(*, organization_id: int, day: date) -> Movement:
 
 
 def snapshot_summary(slug: str, day: date, counts: dict[str, int], seconds: float) -> str:
-    """`demo 2026-11-29: 12,345 customers in 7 segments (champions 1,234, …) in 0.8s`."""
+    """`demo 2026-11-29: 12,345 customers in 7 segments (champions 1,234, …) in 0.8s`, in the
+    active language (pt-br: `12.345 clientes em 7 segmentos (campeões 1.234, …) em 0,8s`)."""
     present = [(segment, n) for segment, n in counts.items() if n]
-    detail = ", ".join(f"{segment} {n:,}" for segment, n in present)
-    return (
-        f"{slug} {day.isoformat()}: {sum(counts.values()):,} customers in {len(present)} segments"
-        f"{f' ({detail})' if detail else ''} in {seconds:.1f}s"
-    )
+    detail = ", ".join(f"{Segment(segment).label} {number(n)}" for segment, n in present)
+    line = gettext("%(slug)s %(day)s: %(customers)s customers in %(segments)s segments") % {
+        "slug": slug,
+        "day": day.isoformat(),
+        "customers": number(sum(counts.values())),
+        "segments": number(len(present)),
+    }
+    return f"{line}{f' ({detail})' if detail else ''}" + gettext(" in %(seconds)ss") % {
+        "seconds": number(seconds, 1)
+    }

@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
+from collections.abc import Callable
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
@@ -76,11 +77,12 @@ def register_encrypted_field(model_label: str, field: str, context: str) -> None
         ENCRYPTED_FIELDS.append((model_label, field, context))
 
 
-def rotate(*, batch: int = 500) -> dict[str, int]:
+def rotate(*, batch: int = 500, progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
     """Re-encrypt every registered secret not under the current key; returns {field: rows}.
 
     Safe while the application runs: each row is rewritten with a compare-and-set on its old
     value, and both keys decrypt until the old one is removed from ENCRYPTION_OLD_KEYS.
+    `progress(field, 1)` is told after each row.
     """
     from django.apps import apps
 
@@ -95,5 +97,7 @@ def rotate(*, batch: int = 500) -> dict[str, int]:
         for pk, token in stale.values_list("pk", field).iterator(chunk_size=batch):
             fresh = encrypt(decrypt(token, context=context), context=context)
             done += model._default_manager.filter(pk=pk, **{field: token}).update(**{field: fresh})
+            if progress:
+                progress(f"{label}.{field}", 1)
         result[f"{label}.{field}"] = done
     return result

@@ -129,9 +129,13 @@ def _purge(job_ids: list[str], queues_: list[str]) -> None:
         pipe.execute()
 
 
-def requeue_missing(specs: Iterable[jobs.JobSpec], *, dry_run: bool = False) -> int:
+def requeue_missing(
+    specs: Iterable[jobs.JobSpec], *, dry_run: bool = False, progress: Callable[[int], None] | None = None
+) -> int:
     """Re-enqueue the specs whose job is not alive in Redis; returns how many. A job that failed
-    and was revived MAX_REVIVALS times already is given up instead (see the module's docstring)."""
+    and was revived MAX_REVIVALS times already is given up instead (see the module's docstring).
+
+    `progress(n)` is told after each chunk how many more specs were checked."""
     total = 0
     for chunk in _chunks(specs, jobs.BULK_CHUNK):
         for s in chunk:
@@ -144,6 +148,8 @@ def requeue_missing(specs: Iterable[jobs.JobSpec], *, dry_run: bool = False) -> 
             _purge([s.job_id or "" for s in missing], [s.queue for s in missing])
             jobs.enqueue_specs(missing)
         total += len(missing)
+        if progress:
+            progress(len(chunk))
     return total
 
 
@@ -242,11 +248,21 @@ def _stale_job_runs(*, dry_run: bool) -> list[jobs.JobSpec]:
     return specs
 
 
-def recover(*, dry_run: bool = False) -> dict[str, int]:
-    """Run every recoverer; returns {recoverer: jobs re-enqueued}. Safe to run any time, twice."""
-    result = {"job-runs": requeue_missing(_stale_job_runs(dry_run=dry_run), dry_run=dry_run)}
+def recover(*, dry_run: bool = False, progress: Callable[[str, int], None] | None = None) -> dict[str, int]:
+    """Run every recoverer; returns {recoverer: jobs re-enqueued}. Safe to run any time, twice.
+
+    `progress(recoverer, n)` is told as each recoverer's specs are checked, n more at a time."""
+
+    def told(name: str) -> Callable[[int], None] | None:
+        return (lambda n: progress(name, n)) if progress else None
+
+    result = {
+        "job-runs": requeue_missing(
+            _stale_job_runs(dry_run=dry_run), dry_run=dry_run, progress=told("job-runs")
+        )
+    }
     for name, recoverer in _RECOVERERS.items():
-        result[name] = requeue_missing(recoverer(), dry_run=dry_run)
+        result[name] = requeue_missing(recoverer(), dry_run=dry_run, progress=told(name))
     if any(result.values()):
         logger.warning("recovery re-enqueued %s", result, extra={"recovered": result})
     return result

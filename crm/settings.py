@@ -280,5 +280,9 @@ LOGGING = {
         "rq.worker": {"level": "WARNING"},
         "rq.scheduler": {"level": "WARNING"},
         "rq_scheduler.scheduler": {"level": "WARNING"},
+        # One INFO line per HTTP request (with its query string): noise in commands and workers.
+        "httpx": {"level": "WARNING"},
+        "httpcore": {"level": "WARNING"},
+        "mail.log": {"level": "WARNING"},  # aiosmtpd (the SMTP sandbox): a line per connection
     },
 }

@@ -35,6 +35,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 
 from crm import jobs, prometheus, queues
+from crm.cli import number
 from crm.models import Customer, JobRun, Organization, Sale, Store
 from erp.models import ErpConnection, ErpSyncIssue
 from integrations.millennium.client import (
@@ -89,14 +90,14 @@ class SyncResult:
     def summary(self) -> str:
         values = {
             "what": self.what,
-            "read": f"{self.read:,}",
-            "upserted": f"{self.upserted:,}",
-            "created": f"{self.created:,}",
-            "changed": f"{self.changed:,}",
-            "skipped": f"{self.skipped:,}",
-            "seconds": f"{self.seconds:.1f}",
-            "customers": f"{self.customers_created:,}",
-            "surveys": f"{self.surveys:,}",
+            "read": number(self.read),
+            "upserted": number(self.upserted),
+            "created": number(self.created),
+            "changed": number(self.changed),
+            "skipped": number(self.skipped),
+            "seconds": number(self.seconds, 1),
+            "customers": number(self.customers_created),
+            "surveys": number(self.surveys),
             "trans_id": self.trans_id,
             "from": self.started_trans_id,
         }

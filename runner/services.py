@@ -8,7 +8,7 @@ import os
 import secrets
 import threading
 from collections import defaultdict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from datetime import datetime, timedelta
 from importlib import import_module
 from typing import Any
@@ -733,8 +733,10 @@ def execution_cancel(*, execution: Execution) -> int:
     return n
 
 
-def items_replay(*, item_ids: Iterable[int]) -> int:
-    """Put DLQ items back as pending (a new attempt each) and enqueue them; returns how many."""
+def items_replay(*, item_ids: Iterable[int], progress: Callable[[int], None] | None = None) -> int:
+    """Put DLQ items back as pending (a new attempt each) and enqueue them; returns how many.
+
+    `progress(n)` is told after each execution's items how many of the ids were handled."""
     rows = list(
         ExecutionItem.objects.filter(
             id__in=list(item_ids), status=ExecutionItem.Status.FAILED, dlq_at__isnull=False
@@ -752,18 +754,19 @@ def items_replay(*, item_ids: Iterable[int]) -> int:
                 .filter(id__in=ids, status=ExecutionItem.Status.FAILED, dlq_at__isnull=False)
                 .values_list("id", flat=True)
             )
-            if not ids_done:
-                continue
-            ExecutionItem.objects.filter(id__in=ids_done).update(
-                status=ExecutionItem.Status.PENDING, dlq_at=None, finished_at=None
-            )
-            _counters(execution_id, remaining=len(ids_done), failed=-len(ids_done))
-            Execution.objects.filter(pk=execution_id).update(
-                status=Execution.Status.RUNNING, finished_at=None
-            )
-            execution = executions[execution_id]
-            _fan_out(execution, execution.handler, sorted(ids_done))
-            total += len(ids_done)
+            if ids_done:
+                ExecutionItem.objects.filter(id__in=ids_done).update(
+                    status=ExecutionItem.Status.PENDING, dlq_at=None, finished_at=None
+                )
+                _counters(execution_id, remaining=len(ids_done), failed=-len(ids_done))
+                Execution.objects.filter(pk=execution_id).update(
+                    status=Execution.Status.RUNNING, finished_at=None
+                )
+                execution = executions[execution_id]
+                _fan_out(execution, execution.handler, sorted(ids_done))
+                total += len(ids_done)
+        if progress:
+            progress(len(ids))
     return total
 
 

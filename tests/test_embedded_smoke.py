@@ -72,7 +72,11 @@ def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
     var = tmp_path / "var"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
     env.update(
-        CRM_VAR_DIR=str(var), ADMIN_USERNAME="admin", ADMIN_PASSWORD="smoke-test-Pw-123", PYTHONUNBUFFERED="1"
+        CRM_VAR_DIR=str(var),
+        ADMIN_USERNAME="admin",
+        ADMIN_PASSWORD="smoke-test-Pw-123",
+        PYTHONUNBUFFERED="1",
+        LANGUAGE_CODE="en",  # it reads the commands' words
     )
     port = _free_port()
     base = f"http://127.0.0.1:{port}"

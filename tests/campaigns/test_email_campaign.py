@@ -445,7 +445,7 @@ def test_an_invalid_template_or_missing_settings_is_refused_at_start(em, english
         services.campaign_start(campaign=em["campaign"]())
 
 
-def test_the_commands_run_an_email_campaign_for_the_demo(transactional_db, run_jobs, settings):
+def test_the_commands_run_an_email_campaign_for_the_demo(transactional_db, run_jobs, settings, english):
     settings.EMAIL_BATCH_SIZE = 20
     with SmtpSandbox() as smtp:  # as `manage.py smtp_sandbox`: no TLS, no login
         _run_demo(smtp, run_jobs)

@@ -366,7 +366,7 @@ def test_a_segment_campaign_reaches_only_that_segment_of_the_latest_snapshot(wa,
 # --- The command ---------------------------------------------------------------------------------
 
 
-def test_the_command_prints_a_summary_per_organization_and_a_total(shop):
+def test_the_command_prints_a_summary_per_organization_and_a_total(shop, english):
     org, store = shop["org"], shop["store"]
     population(org, store, 25)
     bought(store, customer(org, "novo"), 0)
@@ -384,7 +384,8 @@ def test_the_command_prints_a_summary_per_organization_and_a_total(shop):
     assert match, lines
     listed = dict(part.rsplit(" ", 1) for part in match.group(2).split(", "))
     counts = segments.segment_counts(organization_id=org.pk, day=DAY)
-    assert listed == {s: f"{n:,}" for s, n in counts.items() if n} and int(match.group(1)) == len(listed)
+    labels = {s: f"{n:,}" for s, n in counts.items() if n}
+    assert listed == {Segment(s).label: n for s, n in labels.items()} and int(match.group(1)) == len(listed)
     assert listed["new"] == "1"
     assert re.fullmatch(r"total: 2 organizations, 31 customers in \d+\.\ds", lines[2]), lines
 
@@ -392,14 +393,24 @@ def test_the_command_prints_a_summary_per_organization_and_a_total(shop):
     call_command("segments_snapshot", "--org", "teste", "--date", "2026-11-28", stdout=out)
     assert out.getvalue().startswith("teste 2026-11-28: 25 customers")  # "novo" first bought on the 29th
     assert segments.segment_days(organization_id=org.pk) == [DAY, date(2026, 11, 28)]
-    with pytest.raises(CommandError, match="no organization with slug 'nope'"):
+    with pytest.raises(
+        CommandError, match=r"no organization 'nope' \(organizations: outra, sem-vendas, teste\)"
+    ):
         call_command("segments_snapshot", "--org", "nope", stdout=StringIO())
 
 
-def test_the_summary_line_groups_thousands():
-    counts = dict.fromkeys(Segment.values, 0) | {"champions": 1234, "lost": 11111}
+def test_the_summary_line_groups_thousands(english):
+    counts = dict.fromkeys(Segment.values, 0) | {"champions": 1234, "lost": 11111, "at_risk": 2}
     assert segments.snapshot_summary("demo", DAY, counts, 0.84) == (
-        "demo 2026-11-29: 12,345 customers in 2 segments (champions 1,234, lost 11,111) in 0.8s"
+        "demo 2026-11-29: 12,347 customers in 3 segments (champions 1,234, at risk 2, lost 11,111) in 0.8s"
+    )
+
+
+def test_the_summary_line_speaks_the_operators_language():
+    counts = dict.fromkeys(Segment.values, 0) | {"champions": 1234, "lost": 11111, "at_risk": 2}
+    assert segments.snapshot_summary("demo", DAY, counts, 0.84) == (
+        "demo 2026-11-29: 12.347 clientes em 3 segmentos (campeões 1.234, em risco 2, perdidos 11.111) "
+        "em 0,8s"
     )
 
 

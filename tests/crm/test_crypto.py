@@ -47,7 +47,7 @@ def test_rotation_keeps_old_tokens_readable_and_says_which_need_re_encrypting(se
         crypto.decrypt(old)
 
 
-def test_rotate_secrets_re_encrypts_stored_tokens_under_the_new_key(db, settings):
+def test_rotate_secrets_re_encrypts_stored_tokens_under_the_new_key(db, settings, english):
     from io import StringIO
 
     from django.core.management import call_command

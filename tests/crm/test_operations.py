@@ -78,7 +78,7 @@ def test_metrics_have_the_seeds_shape_and_agree_with_rq(staff_client, run_jobs):
     assert data["post-sale-survey"]["delayed"] == ScheduledJobRegistry(queue=survey).count == 1
 
 
-def test_queue_stats_prints_the_same_counts(run_jobs):
+def test_queue_stats_prints_the_same_counts(run_jobs, english):
     _populate(run_jobs)
     out = StringIO()
     call_command("queue_stats", "--json", stdout=out)
@@ -209,7 +209,7 @@ def test_the_scheduler_fires_a_due_entry_once_through_the_enqueue_function(redis
     assert redis_db.zscore("rq:scheduler:scheduled_jobs", "cron-recover") > 0
 
 
-def test_run_now_enqueues_an_entry_at_once(run_jobs):
+def test_run_now_enqueues_an_entry_at_once(run_jobs, english):
     out = StringIO()
     call_command("cron", "run", "recover", stdout=out)
     assert out.getvalue().startswith("enqueued recover-manual-")

@@ -4,6 +4,8 @@ password, the issue list, checking the connection) and key rotation."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from io import StringIO
 
 import pytest
@@ -15,6 +17,7 @@ from crm.models import Customer, Organization, Sale
 from erp import services
 from erp.models import ErpConnection, ErpSyncIssue
 from integrations.millennium.sandbox import DEFAULT_PASSWORD, DEFAULT_STORES
+from tests.conftest import ROOT, child_env
 from tests.erp.conftest import make_world, recent_day
 
 
@@ -24,7 +27,7 @@ def _run(*args: str) -> str:
     return out.getvalue()
 
 
-def test_erp_sync_customers_prints_a_summary_line(sandbox_factory, transactional_db):
+def test_erp_sync_customers_prints_a_summary_line(sandbox_factory, transactional_db, english):
     make_world(sandbox_factory(customers=2500, malformed_every=100))
     out = _run("customers", "--full")
     assert re.search(
@@ -36,7 +39,35 @@ def test_erp_sync_customers_prints_a_summary_line(sandbox_factory, transactional
     assert out.startswith("customers: 0 read, 0 upserted (0 new, 0 changed), 0 skipped") and "25000" in out
 
 
-def test_erp_sync_sales_covers_the_days_and_hours_asked_for(erp):
+def test_erp_sync_speaks_portuguese_and_keeps_library_logs_out(sandbox_factory, transactional_db):
+    make_world(sandbox_factory(customers=2500, malformed_every=100))
+
+    def manage(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(ROOT / "manage.py"), *args],
+            cwd=ROOT,
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    done = manage("erp_sync", "customers", "--full")
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(
+        r"clientes \(sincronização completa\): 2\.500 lidos, 2\.475 gravados \(2\.475 novos, 0 alterados\), "
+        r"25 ignorados \(malformados\) em \d+,\ds — .+ 25000\n",
+        done.stdout,
+    ), done.stdout
+    # No "HTTP Request: GET …" per page, no INFO line repeating the summary in English; the
+    # skipped records are warnings, and warnings stay.
+    assert "HTTP Request" not in done.stderr and " INFO " not in done.stderr, done.stderr
+    verbose = manage("erp_sync", "-v", "2", "customers")
+    assert verbose.returncode == 0, verbose.stderr
+    assert " INFO erp.services ERP sync: " in verbose.stderr and "HTTP Request" not in verbose.stderr
+
+
+def test_erp_sync_sales_covers_the_days_and_hours_asked_for(erp, english):
     day = recent_day()
     out = _run("sales", "--store", "002", "--from", f"{day}T10", "--to", f"{day}T11")
     store = erp["stores"][1]
@@ -56,7 +87,7 @@ def test_erp_sync_sales_covers_the_days_and_hours_asked_for(erp):
         _run("sales", "--store", "001", "--from", str(day), "--to", "2020-01-01")
 
 
-def test_erp_sync_says_why_when_the_erp_refuses(erp):
+def test_erp_sync_says_why_when_the_erp_refuses(erp, english):
     erp["connection"].set_password("wrong")
     erp["connection"].save()
     with pytest.raises(CommandError, match="HTTP 401"):
@@ -74,7 +105,7 @@ def test_erp_sync_says_why_when_the_erp_refuses(erp):
         _run("customers")
 
 
-def test_demo_points_its_organization_at_the_erp_sandbox(erp_sandbox, transactional_db):
+def test_demo_points_its_organization_at_the_erp_sandbox(erp_sandbox, transactional_db, english):
     out = StringIO()
     call_command("demo", customers=3, erp_url=erp_sandbox.url, stdout=out)
     call_command("demo", customers=3, erp_url=erp_sandbox.url, stdout=StringIO())

@@ -292,7 +292,7 @@ def test_the_management_command_serves_until_sigterm() -> None:
     proc = subprocess.Popen(
         [sys.executable, str(ROOT / "manage.py"), "smtp_sandbox", "--port", str(port)],
         cwd=ROOT,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "LANGUAGE_CODE": "en"},
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

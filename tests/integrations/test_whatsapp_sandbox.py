@@ -528,7 +528,7 @@ def test_the_management_command_serves_until_sigterm() -> None:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "LANGUAGE_CODE": "en"}
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -64,7 +64,7 @@ class Consumer:
                 *args,
             ],
             cwd=ROOT,
-            env=child_env(**(env or {})),
+            env=child_env(**{"LANGUAGE_CODE": "en", **(env or {})}),  # the test reads its words
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             start_new_session=True,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import threading
+from io import StringIO
 
 import pytest
 from django.core.management import call_command
@@ -83,7 +84,9 @@ def test_an_item_failing_every_time_goes_to_the_dlq_after_three_attempts_and_rep
     assert "e0" not in processed()
 
     conn.delete("runner:test:fail")
-    call_command("dlq_replay", "--handler", "crm-x/leads")
+    out = StringIO()
+    call_command("dlq_replay", "--handler", "crm-x/leads", stdout=out)
+    assert out.getvalue() == "1 item reprocessado\n"
     execution.refresh_from_db()
     assert execution.status == "running" and execution.items_remaining == 1
     run_jobs()

@@ -1,32 +1,84 @@
 from __future__ import annotations
 
 import json
+from decimal import Decimal
+from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import CommandParser
+from django.utils.translation import gettext as _
+from django.utils.translation import pgettext_lazy
 
 from campaigns import selectors
 from campaigns.management.commands._campaign import campaign_or_error
+from campaigns.models import Campaign
+from crm import cli
+
+# A campaign in one of these will not change any more: --watch stops there.
+FINISHED = (Campaign.Status.SENT, Campaign.Status.CANCELLED, Campaign.Status.STOPPED)
+
+COUNT_LABELS = {
+    "queued": pgettext_lazy("message count", "queued"),
+    "sending": pgettext_lazy("message count", "sending"),
+    "sent": pgettext_lazy("message count", "sent"),
+    "delivered": pgettext_lazy("message count", "delivered"),
+    "read": pgettext_lazy("message count", "read"),
+    "bounced": pgettext_lazy("message count", "bounced"),
+    "failed": pgettext_lazy("message count", "failed"),
+    "skipped": pgettext_lazy("message count", "skipped"),
+    "cancelled": pgettext_lazy("message count", "cancelled"),
+    "opened": pgettext_lazy("message count", "opened"),
+    "clicked": pgettext_lazy("message count", "clicked"),
+}
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = "A campaign's status, counts by message status, cost and send rate."
 
-    def add_arguments(self, parser) -> None:
-        parser.add_argument("campaign_id", type=int)
-        parser.add_argument("--json", action="store_true")
-
-    def handle(self, *args, **options) -> None:
-        campaign = campaign_or_error(options["campaign_id"])
-        data = selectors.campaign_status(campaign=campaign)
-        if options["json"]:
-            self.stdout.write(json.dumps(data))
-            return
-        counts = "  ".join(f"{k} {v}" for k, v in data["counts"].items())
-        eta = f"  ETA {data['eta_seconds']}s" if data["eta_seconds"] else ""
-        self.stdout.write(
-            f"campaign {data['id']} '{data['name']}': {data['status']}  "
-            f"{100 * data['progress']:.1f}%  rate {data['rate']}/s  cost {data['cost']}{eta}"
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("campaign_id", type=int, help="the campaign's id")
+        parser.add_argument(
+            "--json", action="store_true", help="print the JSON object (the keys scripts read)"
         )
-        self.stdout.write(counts)
+        self.add_watch_argument(parser, "it, and stop when the campaign is finished,")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        campaign = campaign_or_error(options["campaign_id"])
+        if options["watch"] is None:
+            self.stdout.write("\n".join(self._frame(campaign, as_json=options["json"])[0]))
+            return
+        self.watch(
+            lambda: self._frame(campaign, as_json=options["json"]),
+            every=options["watch"],
+            as_json=options["json"],
+        )
+
+    @staticmethod
+    def _frame(campaign: Campaign, *, as_json: bool) -> tuple[list[str], bool]:
+        campaign.refresh_from_db()
+        data = selectors.campaign_status(campaign=campaign)
+        done = campaign.status in FINISHED
+        if as_json:
+            return [json.dumps(data)], done
+        eta = (
+            _("  ETA %(seconds)ss") % {"seconds": cli.number(data["eta_seconds"])}
+            if data["eta_seconds"]
+            else ""
+        )
+        lines = [
+            _("campaign %(id)s '%(name)s': %(status)s  %(progress)s%%  rate %(rate)s/s  cost %(cost)s")
+            % {
+                "id": data["id"],
+                "name": data["name"],
+                "status": data["status_label"],
+                "progress": cli.number(100 * data["progress"], 1),
+                "rate": cli.number(data["rate"]),
+                "cost": cli.number(Decimal(data["cost"])),
+            }
+            + eta,
+            "  ".join(f"{COUNT_LABELS.get(k, k)} {cli.number(v)}" for k, v in data["counts"].items()),
+        ]
         if data["stop_reason"]:
-            self.stdout.write(f"stopped: {data['stop_reason']}")
+            lines.append(_("stopped: %(reason)s") % {"reason": data["stop_reason"]})
+        if data["sending_paused"]:
+            lines.append(_("sending paused: %(reason)s") % {"reason": data["sending_paused"]})
+        return lines, done

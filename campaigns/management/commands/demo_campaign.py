@@ -2,9 +2,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
+from django.utils.translation import gettext as _
 
 from campaigns.models import BodyFormat, Campaign, Channel
+from crm import cli
 from crm.models import Organization
 from crm.services import DEMO_SLUG
 
@@ -32,21 +34,28 @@ DEMO_EMAIL_BODY = """<mjml>
 """
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = "Create (not start) a campaign for the demo organization's whole audience; prints its id."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--channel", choices=[c.value for c in Channel], default=Channel.WHATSAPP)
-        parser.add_argument("--name", default="Campanha demo")
+        parser.add_argument(
+            "--channel",
+            choices=[c.value for c in Channel],
+            default=Channel.WHATSAPP,
+            help="whatsapp (default) or email",
+        )
+        parser.add_argument(
+            "--name", default="Campanha demo", help="the campaign's name (default: Campanha demo)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         org = Organization.objects.filter(slug=DEMO_SLUG).first()
         if org is None:
-            raise CommandError("no demo organization: run `manage.py demo` first")
+            raise CommandError(_("no demo organization: run `manage.py demo` first"))
         if options["channel"] == Channel.EMAIL:
             if not hasattr(org, "email_settings"):
                 raise CommandError(
-                    "the demo organization has no email settings: run `manage.py demo --smtp HOST:PORT`"
+                    _("the demo organization has no email settings: run `manage.py demo --smtp HOST:PORT`")
                 )
             campaign = Campaign.objects.create(
                 organization=org,
@@ -61,7 +70,7 @@ class Command(BaseCommand):
         number = org.whatsapp_numbers.first()
         if number is None:
             raise CommandError(
-                "the demo organization has no WhatsApp number: run `manage.py demo --graph-url URL`"
+                _("the demo organization has no WhatsApp number: run `manage.py demo --graph-url URL`")
             )
         campaign = Campaign.objects.create(
             organization=org,

@@ -4,14 +4,17 @@ import time
 from datetime import date
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser, no_translations
+from django.core.management.base import CommandParser
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
 from tqdm import tqdm
 
 from campaigns import segments
+from crm import cli
 from crm.models import Organization
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = (
         "Compute (or recompute: the day's rows are replaced) the RFM segment snapshot of every "
         "organization with sales, or of one; then prune snapshots older than SEGMENT_KEEP_DAYS."
@@ -26,16 +29,16 @@ class Command(BaseCommand):
         )
         parser.add_argument("--org", metavar="SLUG", help="only this organization")
 
-    @no_translations  # terminal output is an interface operators' scripts read: always English
     def handle(self, *args: Any, **options: Any) -> None:
         organizations = segments.organizations_with_sales()
         if options["org"]:
-            organizations = Organization.objects.filter(slug=options["org"])
-            if not organizations.exists():
-                raise CommandError(f"no organization with slug {options['org']!r}")
+            org = cli.organization_or_error(options["org"])
+            organizations = Organization.objects.filter(pk=org.pk)
         started = time.monotonic()
         done = customers = 0
-        for org in tqdm(list(organizations.only("pk", "slug", "timezone")), unit="org", disable=None):
+        for org in tqdm(
+            list(organizations.only("pk", "slug", "timezone")), unit=_(" organizations"), disable=None
+        ):
             day = options["date"] or segments.default_day(org.timezone)
             began = time.monotonic()
             counts = segments.segments_snapshot(organization_id=org.pk, day=day)
@@ -45,6 +48,14 @@ class Command(BaseCommand):
             done += 1
             customers += sum(counts.values())
         self.stdout.write(
-            f"total: {done:,} organization{'' if done == 1 else 's'}, {customers:,} customers "
-            f"in {time.monotonic() - started:.1f}s"
+            ngettext(
+                "total: %(count)s organization, %(customers)s customers in %(seconds)ss",
+                "total: %(count)s organizations, %(customers)s customers in %(seconds)ss",
+                done,
+            )
+            % {
+                "count": cli.number(done),
+                "customers": cli.number(customers),
+                "seconds": cli.number(time.monotonic() - started, 1),
+            }
         )

@@ -1,28 +1,65 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
 
-from crm import cron
+from django.core.management.base import CommandError, CommandParser
+from django.utils.translation import gettext as _
+from django.utils.translation import pgettext_lazy
+
+from crm import cli, cron
+
+CHANGES = {
+    "added": pgettext_lazy("cron entry", "added"),
+    "updated": pgettext_lazy("cron entry", "updated"),
+    "kept": pgettext_lazy("cron entry", "kept"),
+    "removed": pgettext_lazy("cron entry", "removed"),
+}
 
 
-class Command(BaseCommand):
+def change_label(change: str) -> str:
+    """What `cron.cron_register` did to an entry, in the operator's language."""
+    return str(CHANGES.get(change, change))
+
+
+class Command(cli.CrmCommand):
     help = "List the cron table with next run times (`cron`), or run an entry now (`cron run NAME`)."
+    needs = (cli.REDIS,)  # the table is code; rq-scheduler keeps the next runs in Redis
 
-    def add_arguments(self, parser) -> None:
-        parser.add_argument("action", nargs="?", choices=["list", "run", "register"], default="list")
-        parser.add_argument("name", nargs="?")
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "action",
+            nargs="?",
+            choices=["list", "run", "register"],
+            default="list",
+            help="list (default): the table and next runs; run NAME: enqueue an entry now; "
+            "register: make the scheduler hold exactly the table",
+        )
+        parser.add_argument("name", nargs="?", help="with run: the entry's name (as `cron` lists it)")
 
-    def handle(self, *args, **options) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         if options["action"] == "register":
             for name, change in cron.cron_register().items():
-                self.stdout.write(f"{name}: {change}")
+                self.stdout.write(f"{name}: {change_label(change)}")
             return
         if options["action"] == "run":
-            if options["name"] not in cron.cron_table():
-                raise CommandError(f"no cron entry {options['name']!r}; see `manage.py cron`")
+            table = cron.cron_table()
+            if options["name"] not in table:
+                raise CommandError(
+                    (
+                        _("no cron entry %(name)r (entries: %(names)s)")
+                        if options["name"]
+                        else _("name the entry to run (entries: %(names)s)")
+                    )
+                    % {"name": options["name"], "names": cli.listing(sorted(table), limit=100)}
+                )
             job_id = cron.cron_fire(options["name"], manual=True)
-            self.stdout.write(f"enqueued {job_id}")
+            self.stdout.write(_("enqueued %(job_id)s") % {"job_id": job_id})
             return
         for row in cron.cron_schedule():
-            when = row["next_run"].strftime("%Y-%m-%d %H:%M:%S %Z") if row["next_run"] else "not registered"
-            self.stdout.write(f"{row['name']:<28} {row['cron']:<14} {row['queue']:<24} next: {when}")
+            when = (
+                row["next_run"].strftime("%Y-%m-%d %H:%M:%S %Z") if row["next_run"] else _("not registered")
+            )
+            self.stdout.write(
+                f"{row['name']:<28} {row['cron']:<14} {row['queue']:<24} "
+                + _("next: %(when)s") % {"when": when}
+            )

@@ -2,12 +2,14 @@ from __future__ import annotations
 
 import json
 import shlex
+from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
+from django.utils.translation import gettext as _
 from tqdm import tqdm
 
-from crm import services
+from crm import cli, services
 from crm.models import Organization
 
 
@@ -19,7 +21,7 @@ def host_port(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = "Create or update (idempotently) the demo organization (slug 'demo'), its stores and customers."
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -49,33 +51,44 @@ class Command(BaseCommand):
             "(default: PUBLIC_URL)",
         )
 
-    def handle(self, *args, **options) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         n = options["customers"]
         if n < 0:
-            raise CommandError("--customers must be 0 or more")
-        with tqdm(total=n, unit="customers", disable=n < 5000 or not self.stdout.isatty()) as bar:
+            raise CommandError(_("--customers must be 0 or more"))
+        with tqdm(total=n, unit=_(" customers"), disable=n < 5000 or not self.stdout.isatty()) as bar:
             org = services.demo_load(customers=n, progress=bar.update)
         if options["graph_url"]:
             from integrations.services import whatsapp_number_demo
 
             number = whatsapp_number_demo(organization=org, graph_url=options["graph_url"])
-            self.stdout.write(f"demo WhatsApp number {number.phone_number_id} -> {options['graph_url']}")
+            self.stdout.write(
+                _("demo WhatsApp number %(number)s -> %(url)s")
+                % {"number": number.phone_number_id, "url": options["graph_url"]}
+            )
         if options["smtp"]:
             from integrations.services import email_settings_demo
 
             host, port = options["smtp"]
             email_settings_demo(organization=org, host=host, port=port)
-            self.stdout.write(f"demo email via SMTP {host}:{port} (no TLS, no login)")
+            self.stdout.write(
+                _("demo email via SMTP %(address)s (no TLS, no login)") % {"address": f"{host}:{port}"}
+            )
         if options["erp_url"]:
             from erp.services import erp_connection_demo
 
             erp_connection_demo(organization=org, base_url=options["erp_url"])
             self.stdout.write(
-                f"demo ERP -> {options['erp_url']} (pull its customers: manage.py erp_sync customers --full)"
+                _("demo ERP -> %(url)s (pull its customers: manage.py erp_sync customers --full)")
+                % {"url": options["erp_url"]}
             )
         self.stdout.write(
-            f"demo organization '{org.slug}' (id {org.pk}): {org.stores.count()} stores, "
-            f"{org.customers.count()} customers"
+            _("demo organization '%(slug)s' (id %(id)s): %(stores)s stores, %(customers)s customers")
+            % {
+                "slug": org.slug,
+                "id": org.pk,
+                "stores": cli.number(org.stores.count()),
+                "customers": cli.number(org.customers.count()),
+            }
         )
         self._integration(org, options["public_url"] or settings.PUBLIC_URL)
 
@@ -102,6 +115,12 @@ class Command(BaseCommand):
                 json.dumps(demo.EXAMPLE_SIGNUP),
             ]
         )
-        self.stdout.write(f"demo integration {handler} (the online shop's sign-ups become customers):")
-        self.stdout.write(f"  run it:   .venv/bin/python manage.py runner_run {keys} --org {org.slug}")
-        self.stdout.write(f"  webhook:  {curl}")
+        self.stdout.write(
+            _("demo integration %(handler)s (the online shop's sign-ups become customers):")
+            % {"handler": handler}
+        )
+        self.stdout.write(
+            _("  run it:   %(command)s")
+            % {"command": f".venv/bin/python manage.py runner_run {keys} --org {org.slug}"}
+        )
+        self.stdout.write(_("  webhook:  %(curl)s") % {"curl": curl})

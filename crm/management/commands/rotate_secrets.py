@@ -1,20 +1,33 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand
+import sys
+from typing import Any
 
-from crm import crypto
+from django.utils.translation import gettext as _
+from tqdm import tqdm
+
+from crm import cli, crypto
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = (
         "Re-encrypt every stored secret under the current ENCRYPTION_KEY. Rotation: set the new key "
         "in ENCRYPTION_KEY and the old one in ENCRYPTION_OLD_KEYS, deploy, run this, then drop the old key."
     )
 
-    def handle(self, *args, **options) -> None:
-        result = crypto.rotate()
+    def handle(self, *args: Any, **options: Any) -> None:
+        with tqdm(unit=_(" secrets"), disable=None, file=sys.stderr, dynamic_ncols=True) as bar:
+
+            def progress(field: str, rows: int) -> None:
+                bar.set_postfix_str(field, refresh=False)
+                bar.update(rows)
+
+            result = crypto.rotate(progress=progress)
         for field, rows in result.items():
-            self.stdout.write(f"{field}: {rows} re-encrypted")
+            self.stdout.write(
+                _("%(field)s: %(count)s re-encrypted") % {"field": field, "count": cli.number(rows)}
+            )
         self.stdout.write(
-            f"current key {crypto.current_key_id()}: {sum(result.values())} secrets re-encrypted"
+            _("current key %(key)s: %(count)s secrets re-encrypted")
+            % {"key": crypto.current_key_id(), "count": cli.number(sum(result.values()))}
         )

@@ -25,11 +25,18 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("--host", default="127.0.0.1")
-        parser.add_argument("--port", type=int, default=int(os.environ.get("PORT", "8000")))
+        parser.add_argument("--host", default="127.0.0.1", help="address of the web server and sandboxes")
+        parser.add_argument(
+            "--port",
+            type=int,
+            default=int(os.environ.get("PORT", "8000")),
+            help="web port (default $PORT or 8000)",
+        )
         parser.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
-        parser.add_argument("--demo-customers", type=int, default=50)
-        parser.add_argument("--no-demo", action="store_true")
+        parser.add_argument(
+            "--demo-customers", type=int, default=50, help="customers of the demo (default 50)"
+        )
+        parser.add_argument("--no-demo", action="store_true", help="do not create the demo organization")
         parser.add_argument("--meta-port", type=int, default=8081, help="port of the Meta Graph sandbox")
         parser.add_argument("--smtp-port", type=int, default=2525, help="port of the SMTP sandbox")
         parser.add_argument("--erp-port", type=int, default=8082, help="port of the Millennium ERP sandbox")

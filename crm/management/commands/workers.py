@@ -1,14 +1,19 @@
 from __future__ import annotations
 
-from django.core.management.base import BaseCommand, CommandError
+from typing import Any
 
-from crm import workers
+from django.core.management.base import CommandError, CommandParser
+from django.utils.translation import gettext as _
+
+from crm import cli, queues, workers
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = "Run RQ workers for every queue, in priority order, with the project's non-forking worker."
+    needs = (cli.DATABASE, cli.REDIS)
+    quiet_logs = False  # it runs until stopped: its logs are its output
 
-    def add_arguments(self, parser) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--processes", type=int, default=1, help="worker processes (default 1)")
         parser.add_argument(
             "--burst",
@@ -29,13 +34,18 @@ class Command(BaseCommand):
             help="skip the recovery pass a long-running pool makes at start",
         )
 
-    def handle(self, *args, **options) -> None:
-        try:
-            names = workers.parse_queue_names(options["queues"])
-        except ValueError as exc:
-            raise CommandError(str(exc)) from None
+    def handle(self, *args: Any, **options: Any) -> None:
+        unknown = [
+            n.strip() for n in options["queues"].split(",") if n.strip() not in (*queues.QUEUE_NAMES, "")
+        ]
+        if unknown:
+            raise CommandError(
+                _("unknown queue %(name)r (queues: %(names)s)")
+                % {"name": unknown[0], "names": cli.listing(queues.QUEUE_NAMES, limit=100)}
+            )
+        names = workers.parse_queue_names(options["queues"])
         if options["processes"] < 1:
-            raise CommandError("--processes must be at least 1")
+            raise CommandError(_("--processes must be at least 1"))
         code = workers.run(
             names,
             burst=options["burst"],
@@ -44,4 +54,4 @@ class Command(BaseCommand):
             recover=not options["no_recover"],
         )
         if code:
-            raise CommandError(f"a worker exited with status {code}")
+            raise CommandError(_("a worker exited with status %(code)s") % {"code": code})

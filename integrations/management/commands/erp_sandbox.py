@@ -2,8 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
+from django.utils.translation import gettext as _
 
+from crm import cli
 from integrations.millennium.sandbox import (
     DEFAULT_PASSWORD,
     DEFAULT_STORES,
@@ -13,16 +15,18 @@ from integrations.millennium.sandbox import (
 from integrations.sandbox_server import wait_for_stop_signal
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = (
         "Run the Linx Millennium ERP sandbox (deterministic customers and sales) in the foreground "
         "until Ctrl-C or SIGTERM. Controls live under /_sandbox/ (see integrations/millennium/sandbox.py)."
     )
     # It touches neither the database nor the models: skip the checks so it starts at once.
     requires_system_checks: list[str] = []
+    needs = ()
+    quiet_logs = False  # a server: its logs are its output
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
         parser.add_argument("--port", type=int, default=8082, help="0 picks a free port (default 8082)")
         parser.add_argument("--customers", type=int, default=1000, help="number of customers (default 1000)")
         parser.add_argument(
@@ -33,8 +37,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--sales-per-day", type=int, default=24, help="sales per store and day (default 24)"
         )
-        parser.add_argument("--username", default=DEFAULT_USERNAME)
-        parser.add_argument("--password", default=DEFAULT_PASSWORD)
+        parser.add_argument(
+            "--username", default=DEFAULT_USERNAME, help=f"the login it accepts (default {DEFAULT_USERNAME})"
+        )
+        parser.add_argument("--password", default=DEFAULT_PASSWORD, help="the password it accepts")
         parser.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every answer")
         parser.add_argument(
             "--malformed-every", type=int, default=0, help="break every k-th record (default 0: none)"
@@ -42,7 +48,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["latency_ms"] < 0:
-            raise CommandError("--latency-ms must be 0 or more")
+            raise CommandError(_("--latency-ms must be 0 or more"))
         stores = [code.strip() for code in options["stores"].split(",") if code.strip()]
         try:
             server = MillenniumSandbox(
@@ -58,16 +64,22 @@ class Command(BaseCommand):
             )
             server.start()
         except OSError as exc:
-            raise CommandError(f"cannot listen on {options['host']}:{options['port']}: {exc}") from None
+            raise CommandError(
+                _("cannot listen on %(address)s: %(error)s")
+                % {"address": f"{options['host']}:{options['port']}", "error": exc}
+            ) from None
         except ValueError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(
-            f"Millennium ERP sandbox listening on {server.url} with {options['customers']:,} customers, "
-            f"stores {', '.join(stores)} (Ctrl-C to stop)"
+            _(
+                "Millennium ERP sandbox listening on %(url)s with %(customers)s customers, "
+                "stores %(stores)s (Ctrl-C to stop)"
+            )
+            % {"url": server.url, "customers": cli.number(options["customers"]), "stores": ", ".join(stores)}
         )
         self.stdout.flush()
         try:
             wait_for_stop_signal()
         finally:
             server.stop()
-        self.stdout.write("Millennium ERP sandbox stopped")
+        self.stdout.write(_("Millennium ERP sandbox stopped"))

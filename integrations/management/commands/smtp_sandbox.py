@@ -3,8 +3,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
+from django.utils.translation import gettext as _
 
+from crm import cli
 from integrations.email.smtp_sandbox import SmtpSandbox
 from integrations.sandbox_server import wait_for_stop_signal
 
@@ -17,16 +19,18 @@ def user_and_password(value: str) -> tuple[str, str]:
     return user, password
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = (
         "Run the SMTP sandbox (a loopback stand-in for mail servers) in the foreground until Ctrl-C "
         "or SIGTERM. See integrations/email/smtp_sandbox.py."
     )
     # It touches neither the database nor the models: skip the checks so it starts at once.
     requires_system_checks: list[str] = []
+    needs = ()
+    quiet_logs = False  # a server: its logs are its output
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
         parser.add_argument("--port", type=int, default=2525, help="0 picks a free port (default 2525)")
         parser.add_argument(
             "--require-auth",
@@ -54,13 +58,22 @@ class Command(BaseCommand):
         try:
             sandbox.start()
         except OSError as exc:
-            raise CommandError(f"cannot listen on {options['host']}:{options['port']}: {exc}") from None
+            raise CommandError(
+                _("cannot listen on %(address)s: %(error)s")
+                % {"address": f"{options['host']}:{options['port']}", "error": exc}
+            ) from None
         host, port = sandbox.address
-        saving = f", saving messages to {save_dir}" if save_dir else ""
-        self.stdout.write(f"SMTP sandbox listening on {host}:{port}{saving} (Ctrl-C to stop)")
+        self.stdout.write(
+            (
+                _("SMTP sandbox listening on %(address)s, saving messages to %(dir)s (Ctrl-C to stop)")
+                if save_dir
+                else _("SMTP sandbox listening on %(address)s (Ctrl-C to stop)")
+            )
+            % {"address": f"{host}:{port}", "dir": save_dir}
+        )
         self.stdout.flush()
         try:
             wait_for_stop_signal()
         finally:
             sandbox.stop()
-        self.stdout.write("SMTP sandbox stopped")
+        self.stdout.write(_("SMTP sandbox stopped"))

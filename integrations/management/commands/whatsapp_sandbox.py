@@ -2,8 +2,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError, CommandParser
+from django.utils.translation import gettext as _
 
+from crm import cli
 from integrations.sandbox_server import wait_for_stop_signal
 from integrations.whatsapp.sandbox import SandboxServer
 
@@ -16,16 +18,18 @@ def number_and_token(value: str) -> tuple[str, str]:
     return phone_number_id, token
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = (
         "Run the WhatsApp Cloud API sandbox (a stand-in for Meta's Graph API) in the foreground "
         "until Ctrl-C or SIGTERM. Controls live under /_sandbox/ (see integrations/whatsapp/sandbox.py)."
     )
     # It touches neither the database nor the models: skip the checks so it starts at once.
     requires_system_checks: list[str] = []
+    needs = ()
+    quiet_logs = False  # a server: its logs are its output
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
         parser.add_argument("--port", type=int, default=8081, help="0 picks a free port (default 8081)")
         parser.add_argument("--latency-ms", type=float, default=0.0, help="delay added to every send")
         parser.add_argument("--webhook-url", help="where to POST sent/delivered/read status callbacks")
@@ -52,7 +56,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["latency_ms"] < 0:
-            raise CommandError("--latency-ms must be 0 or more")
+            raise CommandError(_("--latency-ms must be 0 or more"))
         server = SandboxServer(
             host=options["host"],
             port=options["port"],
@@ -66,13 +70,18 @@ class Command(BaseCommand):
         try:
             server.start()
         except OSError as exc:
-            raise CommandError(f"cannot listen on {options['host']}:{options['port']}: {exc}") from None
+            raise CommandError(
+                _("cannot listen on %(address)s: %(error)s")
+                % {"address": f"{options['host']}:{options['port']}", "error": exc}
+            ) from None
         except ValueError as exc:
             raise CommandError(str(exc)) from None
-        self.stdout.write(f"WhatsApp Cloud API sandbox listening on {server.url} (Ctrl-C to stop)")
+        self.stdout.write(
+            _("WhatsApp Cloud API sandbox listening on %(url)s (Ctrl-C to stop)") % {"url": server.url}
+        )
         self.stdout.flush()
         try:
             wait_for_stop_signal()
         finally:
             server.stop()
-        self.stdout.write("WhatsApp Cloud API sandbox stopped")
+        self.stdout.write(_("WhatsApp Cloud API sandbox stopped"))

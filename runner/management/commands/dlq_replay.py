@@ -1,33 +1,46 @@
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError, CommandParser
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+from tqdm import tqdm
 
+from crm import cli
 from runner import services
+from runner.management.commands._handler import handler_or_error
 from runner.models import Execution
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = "Replay DLQ items (a new attempt each) of a handler (integration_key/handler_key) or an execution."
+    needs = (cli.DATABASE, cli.REDIS)  # it puts items back, then enqueues them
 
-    def add_arguments(self, parser: Any) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
         group = parser.add_mutually_exclusive_group(required=True)
-        group.add_argument("--handler", help="integration_key/handler_key")
-        group.add_argument("--execution", type=int, help="execution id")
+        group.add_argument(
+            "--handler", metavar="INTEGRATION_KEY/HANDLER_KEY", help="every DLQ item of this handler"
+        )
+        group.add_argument("--execution", type=int, metavar="ID", help="the DLQ items of this execution")
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["handler"]:
-            ik, _, hk = options["handler"].partition("/")
-            try:
-                handler = services.handler_get(integration_key=ik, handler_key=hk)
-            except Exception as exc:
-                raise CommandError(f"no handler {options['handler']!r}") from exc
-            ids = services.dlq_items(handler=handler)
+            ik, slash, hk = options["handler"].partition("/")
+            if not slash:
+                raise CommandError(
+                    _("--handler %(value)r: expected INTEGRATION_KEY/HANDLER_KEY")
+                    % {"value": options["handler"]}
+                )
+            ids = services.dlq_items(handler=handler_or_error(ik, hk))
         else:
             execution = Execution.objects.filter(pk=options["execution"]).first()
             if execution is None:
-                raise CommandError(f"no execution {options['execution']}")
+                raise CommandError(_("no execution %(id)s") % {"id": options["execution"]})
             ids = services.dlq_items(execution=execution)
-        n = services.items_replay(item_ids=ids)
-        self.stdout.write(f"replayed {n} item(s)")
+        with tqdm(total=len(ids), unit=_(" items"), disable=None, file=sys.stderr, dynamic_ncols=True) as bar:
+            n = services.items_replay(item_ids=ids, progress=bar.update)
+        self.stdout.write(
+            ngettext("replayed %(count)s item", "replayed %(count)s items", n) % {"count": cli.number(n)}
+        )

@@ -17,13 +17,15 @@ import time
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandError, CommandParser
 from django.db import DatabaseError, DataError, InterfaceError, close_old_connections
+from django.utils.translation import gettext as _
 from redis.exceptions import RedisError
 
-from crm.models import Organization
+from crm import cli
 from integrations.runner import amqp
 from runner import services
+from runner.management.commands._handler import handler_or_error, organization_id_for
 from runner.models import Handler
 
 logger = logging.getLogger("runner.consume")
@@ -48,15 +50,19 @@ def event_of(message: amqp.Message) -> dict[str, Any] | None:
     return {"external_id": external_id, "payload": payload, "event_id": message.message_id}
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = (
         "Consume an AMQP queue into items of queue-triggered executions (priority 3); "
         "acknowledges messages only after they are stored."
     )
+    # PostgreSQL is checked at start (once running, an outage requeues the batch and backs off).
+    # Redis is not: items stored while it is down are enqueued by the runner's recoverer.
+    needs = (cli.DATABASE,)
+    quiet_logs = False  # it runs until stopped: its logs are its output
 
-    def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("integration_key")
-        parser.add_argument("handler_key")
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("integration_key", help="the integration type's key")
+        parser.add_argument("handler_key", help="the handler's key within that integration")
         parser.add_argument("--org", help="organization slug (default: the handler's organization)")
         parser.add_argument("--amqp-url", default=None, help="broker URL (default: the AMQP_URL setting)")
         parser.add_argument("--queue", help="queue name (default: runner.<integration_key>.<handler_key>)")
@@ -68,13 +74,8 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            handler = services.handler_get(
-                integration_key=options["integration_key"], handler_key=options["handler_key"]
-            )
-        except Handler.DoesNotExist:
-            raise CommandError("no such handler") from None
-        org_id = self._organization_id(handler, options["org"])
+        handler = handler_or_error(options["integration_key"], options["handler_key"])
+        org_id = organization_id_for(handler, options["org"])
         batch_size = max(1, options["batch"])
         max_messages = max(0, options["max_messages"])
         idle_exit = max(0.0, options["idle_exit"])
@@ -94,7 +95,9 @@ class Command(BaseCommand):
         try:
             consumer = amqp.Consumer(url, queue, prefetch=options["prefetch"])
         except Exception as exc:
-            raise CommandError(f"cannot consume {queue!r}: {exc}") from exc
+            raise CommandError(
+                _("cannot consume %(queue)r: %(error)s") % {"queue": queue, "error": exc}
+            ) from exc
         logger.info("consuming %s into %s (organization %s)", queue, handler, org_id)
         handled = stored = dropped = duplicates = 0
         last_message = time.monotonic()
@@ -201,7 +204,14 @@ class Command(BaseCommand):
             dropped,
             duplicates,
         )
-        self.stdout.write(f"{stored} stored, {dropped} dropped, {duplicates} already stored")
+        self.stdout.write(
+            _("%(stored)s stored, %(dropped)s dropped, %(duplicates)s already stored")
+            % {
+                "stored": cli.number(stored),
+                "dropped": cli.number(dropped),
+                "duplicates": cli.number(duplicates),
+            }
+        )
 
     def _one_by_one(
         self,
@@ -236,13 +246,3 @@ class Command(BaseCommand):
             consumer.ack_through(message.delivery_tag)
             kept += 1
         return kept, refused
-
-    def _organization_id(self, handler: Handler, slug: str | None) -> int:
-        if slug:
-            org_id = Organization.objects.filter(slug=slug).values_list("id", flat=True).first()
-            if org_id is None:
-                raise CommandError(f"no organization {slug!r}")
-            return org_id
-        if handler.organization_id:
-            return handler.organization_id
-        raise CommandError("the handler serves every organization: name one with --org SLUG")

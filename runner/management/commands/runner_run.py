@@ -2,35 +2,24 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
+from django.core.management.base import CommandParser
 
-from crm.models import Organization
+from crm import cli
 from runner import services
-from runner.models import Handler
+from runner.management.commands._handler import handler_or_error, organization_id_for
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = "Start a manual run of a handler (its RunJob produces and fans out the items); prints its id."
+    needs = (cli.DATABASE, cli.REDIS)  # it records the execution, then enqueues its RunJob
 
-    def add_arguments(self, parser: Any) -> None:
-        parser.add_argument("integration_key")
-        parser.add_argument("handler_key")
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("integration_key", help="the integration type's key (e.g. crm-x)")
+        parser.add_argument("handler_key", help="the handler's key within that integration")
         parser.add_argument("--org", help="organization slug (default: the handler's organization)")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        try:
-            handler = services.handler_get(
-                integration_key=options["integration_key"], handler_key=options["handler_key"]
-            )
-        except Handler.DoesNotExist:
-            raise CommandError("no such handler") from None
-        if options["org"]:
-            org_id = Organization.objects.filter(slug=options["org"]).values_list("id", flat=True).first()
-            if org_id is None:
-                raise CommandError(f"no organization {options['org']!r}")
-        elif handler.organization_id:
-            org_id = handler.organization_id
-        else:
-            raise CommandError("the handler serves every organization: name one with --org SLUG")
+        handler = handler_or_error(options["integration_key"], options["handler_key"])
+        org_id = organization_id_for(handler, options["org"])
         execution = services.execution_start(handler=handler, organization_id=org_id, trigger="manual")
         self.stdout.write(str(execution.pk))

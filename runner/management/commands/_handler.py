@@ -1,0 +1,36 @@
+"""What the runner commands share: finding the handler and the organization named on the command line."""
+
+from __future__ import annotations
+
+from django.core.management.base import CommandError
+from django.utils.translation import gettext as _
+
+from crm import cli
+from runner import services
+from runner.models import Handler
+
+
+def handler_or_error(integration_key: str, handler_key: str) -> Handler:
+    """The handler, or a CommandError that names it and lists the handlers that exist."""
+    try:
+        return services.handler_get(integration_key=integration_key, handler_key=handler_key)
+    except Handler.DoesNotExist:
+        known = Handler.objects.order_by("integration__integration_key", "handler_key").values_list(
+            "integration__integration_key", "handler_key"
+        )[:21]
+        raise CommandError(
+            _("no handler %(key)s (handlers: %(keys)s)")
+            % {"key": f"{integration_key}/{handler_key}", "keys": cli.listing(f"{i}/{h}" for i, h in known)}
+        ) from None
+
+
+def organization_id_for(handler: Handler, slug: str | None) -> int:
+    """The organization a run is for: --org SLUG, else the handler's own."""
+    if slug:
+        return cli.organization_or_error(slug).pk
+    if handler.organization_id:
+        return handler.organization_id
+    raise CommandError(
+        _("handler %(key)s serves every organization: name one with --org SLUG")
+        % {"key": f"{handler.integration.integration_key}/{handler.handler_key}"}
+    )
