@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -22,7 +23,15 @@ from integrations.runner import client
 from integrations.runner.contract import ItemIn, ItemOutcome, RunIn
 from integrations.runner.resilience import Gate
 from runner import cache, conf
-from runner.models import MAX_ATTEMPTS, Execution, ExecutionItem, Handler, IntegrationType, WebhookEvent
+from runner.models import (
+    EVENT_ID_MAX,
+    MAX_ATTEMPTS,
+    Execution,
+    ExecutionItem,
+    Handler,
+    IntegrationType,
+    WebhookEvent,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -80,6 +89,14 @@ def execution_start(*, handler: Handler, organization_id: int, trigger: str) -> 
     return execution
 
 
+def event_key(event_id: str) -> str:
+    """How a sender's event id is recorded: as it is, or a SHA-256 of it when it is longer than the
+    column (200), so two long ids that share a beginning stay two ids. "" stays "" (no id)."""
+    if len(event_id) <= EVENT_ID_MAX:
+        return event_id
+    return "sha256:" + hashlib.sha256(event_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def events_store(
     *,
     handler: Handler,
@@ -93,13 +110,14 @@ def events_store(
     consumer (AMQP) before it acknowledges its messages. Each event is {"external_id", "payload"}
     and may carry an "event_id": its sender's id for it (a webhook's X-Event-Id, an AMQP
     message_id; never a body's own `id`, which usually names a record that may change again). An
-    event whose id this handler and organization have seen (within
-    WEBHOOK_EVENT_KEEP), or that repeats an id earlier in `events`, is a redelivery and is not
-    stored again; the new ids are recorded in the transaction that stores their items, so a
-    concurrent call with one of them raises IntegrityError and stores nothing. Returns None when
-    every event was such a duplicate (no execution is created).
+    event whose id this handler and organization have seen (within WEBHOOK_EVENT_KEEP), or that
+    repeats an id earlier in `events`, is a redelivery and is not stored again (ids are compared
+    whole: `event_key` hashes a long one, never cuts it); the new ids are recorded in the
+    transaction that stores their items, so a concurrent call with one of them raises
+    IntegrityError and stores nothing. Returns None when every event was such a duplicate (no
+    execution is created).
     """
-    ids = [str(e.get("event_id") or "")[:200] for e in events]
+    ids = [event_key(str(e.get("event_id") or "")) for e in events]
     now = timezone.now()
     with transaction.atomic(durable=True):
         if any(ids):
@@ -166,8 +184,9 @@ def webhook_receive(
     WEBHOOK_EVENT_KEEP) in the transaction that stores the item, so a retry, even one racing the
     first delivery, stores nothing and learns the first execution. Events without an id are stored
     every time."""
-    event_id = event_id[:200]
-    seen = WebhookEvent.objects.filter(handler=handler, organization_id=organization_id, event_id=event_id)
+    seen = WebhookEvent.objects.filter(
+        handler=handler, organization_id=organization_id, event_id=event_key(event_id)
+    )
     try:
         execution = events_store(
             handler=handler,
