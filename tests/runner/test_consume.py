@@ -411,6 +411,8 @@ def test_any_mix_of_messages_in_any_batch_size_is_stored_once_and_settled_withou
 
 
 def _rabbitmqctl(*args: str) -> list[list[str]]:
+    if not shutil.which("rabbitmqctl"):
+        pytest.fail("rabbitmqctl is not installed (Debian's rabbitmq-server has it)")
     out = subprocess.run(
         ["rabbitmqctl", *args, "-q"], capture_output=True, text=True, timeout=120, check=True
     ).stdout
@@ -427,17 +429,15 @@ def _consumer_connections(queue: str) -> list[str]:
     )
 
 
-def _rabbitmqctl_usable() -> bool:
-    if not shutil.which("rabbitmqctl"):
-        return False
-    try:
-        _rabbitmqctl("list_consumers", "queue_name")
-    except (subprocess.SubprocessError, OSError):
-        return False
-    return True
+def _broker_is_local() -> bool:
+    return urllib.parse.urlsplit(URL).hostname in ("127.0.0.1", "localhost", "::1")
 
 
-@pytest.mark.skipif(not _rabbitmqctl_usable(), reason="rabbitmqctl cannot reach the broker (not root?)")
+# rabbitmqctl reaches the local node only; like the other AMQP tests, this one fails rather than
+# skips when the local broker's tools are missing (scripts/test installs Debian's rabbitmq-server).
+@pytest.mark.skipif(
+    not _broker_is_local(), reason="the broker is not on this machine: rabbitmqctl cannot reach it"
+)
 def test_a_connection_the_broker_closes_is_reopened_and_nothing_is_lost_or_stored_twice(
     py_handler, amqp_queue, consumer
 ):
