@@ -11,6 +11,8 @@ from crm import crypto
 from crm.models import Organization
 
 MAX_ATTEMPTS = 3  # every attempt counted, the first included (seed 000)
+# A longer event id is recorded as its SHA-256 (services.event_key), never cut.
+EVENT_ID_MAX = 200
 
 
 class Direction(models.TextChoices):
@@ -243,8 +245,10 @@ class ExecutionItem(models.Model):
 
 class WebhookEvent(models.Model):
     """An event id seen by a handler for an organization (a webhook's event id, an AMQP message's
-    id): a provider's retry or a broker's redelivery of the same event is not stored again. Kept
-    WEBHOOK_EVENT_KEEP (services), pruned by the runner-event-ids-prune cron."""
+    id — SHA-256 of it past EVENT_ID_MAX —, or the SHA-256 of an id-less AMQP message's body): a
+    provider's retry or a broker's redelivery of the same event is not stored again (see
+    services.events_store). Kept WEBHOOK_EVENT_KEEP (services), pruned by the runner-event-ids-prune
+    cron."""
 
     # No index of their own (a row is written per event with an id): the unique constraint leads
     # with the handler, and an organization's events are looked up only when it is deleted.
@@ -258,7 +262,7 @@ class WebhookEvent(models.Model):
         verbose_name=_("organization"),
         db_index=False,
     )
-    event_id = models.CharField(_("event id"), max_length=200)
+    event_id = models.CharField(_("event id"), max_length=EVENT_ID_MAX)
     execution = models.ForeignKey(
         Execution, on_delete=models.SET_NULL, null=True, related_name="+", verbose_name=_("execution")
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -24,7 +25,15 @@ from integrations.runner import client
 from integrations.runner.contract import ItemIn, ItemOutcome, RunIn
 from integrations.runner.resilience import Gate
 from runner import cache, conf, demo
-from runner.models import MAX_ATTEMPTS, Execution, ExecutionItem, Handler, IntegrationType, WebhookEvent
+from runner.models import (
+    EVENT_ID_MAX,
+    MAX_ATTEMPTS,
+    Execution,
+    ExecutionItem,
+    Handler,
+    IntegrationType,
+    WebhookEvent,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -94,6 +103,20 @@ def execution_start(*, handler: Handler, organization_id: int, trigger: str) -> 
     return execution
 
 
+def event_key(event_id: str) -> str:
+    """How a sender's event id is recorded: as it is, or a SHA-256 of it when it is longer than the
+    column (200), so two long ids that share a beginning stay two ids. "" stays "" (no id)."""
+    if len(event_id) <= EVENT_ID_MAX:
+        return event_id
+    return "sha256:" + hashlib.sha256(event_id.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def content_key(body: bytes) -> str:
+    """The event id of a delivery without a sender's id: a SHA-256 of its exact bytes (see
+    events_store's "content_id")."""
+    return "body-sha256:" + hashlib.sha256(body).hexdigest()
+
+
 def events_store(
     *,
     handler: Handler,
@@ -107,31 +130,60 @@ def events_store(
     consumer (AMQP) before it acknowledges its messages. Each event is {"external_id", "payload"}
     and may carry an "event_id": its sender's id for it (a webhook's X-Event-Id, an AMQP
     message_id; never a body's own `id`, which usually names a record that may change again). An
-    event whose id this handler and organization have seen (within
-    WEBHOOK_EVENT_KEEP), or that repeats an id earlier in `events`, is a redelivery and is not
-    stored again; the new ids are recorded in the transaction that stores their items, so a
-    concurrent call with one of them raises IntegrityError and stores nothing. Returns None when
-    every event was such a duplicate (no execution is created).
+    event whose id this handler and organization have seen (within WEBHOOK_EVENT_KEEP), or that
+    repeats an id earlier in `events`, is a redelivery and is not stored again. Ids are compared
+    whole (`event_key` hashes a long one, never cuts it).
+
+    An event without a sender's id may carry a "content_id" (`content_key` of its exact bytes) and
+    "redelivered" (the broker's flag: it may have been delivered before). Its content id is
+    recorded every time, but checked only on a redelivery: a first delivery is always stored (a
+    publisher may send the same bytes twice on purpose), a redelivery is stored unless an earlier
+    call recorded the same content (then it is the delivery that call stored, given again because
+    its acknowledgement was lost).
+
+    The new ids are recorded in the transaction that stores their items, so a concurrent call
+    with one of the checked ids raises IntegrityError and stores nothing. Returns None when every
+    event was such a duplicate (no execution is created).
     """
-    ids = [str(e.get("event_id") or "")[:200] for e in events]
+    senders = [event_key(str(e.get("event_id") or "")) for e in events]
+    contents = [
+        "" if sender else str(e.get("content_id") or "") for sender, e in zip(senders, events, strict=True)
+    ]
+    checked = [
+        bool(s) or bool(c and e.get("redelivered")) for s, c, e in zip(senders, contents, events, strict=True)
+    ]
     now = timezone.now()
     with transaction.atomic(durable=True):
-        if any(ids):
-            seen = set(
+        lookup = {s or c for s, c, check in zip(senders, contents, checked, strict=True) if check}
+        recorded = (
+            set(
                 WebhookEvent.objects.filter(
-                    handler=handler, organization_id=organization_id, event_id__in={i for i in ids if i}
+                    handler=handler, organization_id=organization_id, event_id__in=lookup
                 ).values_list("event_id", flat=True)
             )
-            fresh: list[tuple[str, dict[str, Any]]] = []
-            for event_id, event in zip(ids, events, strict=True):
-                if event_id in seen:
+            if lookup
+            else set()
+        )
+        seen = set(recorded)
+        new_checked: dict[str, None] = {}  # recorded plainly: a concurrent delivery meets IntegrityError
+        new_content: dict[str, None] = {}  # first deliveries: recorded if absent, never refused
+        kept: list[dict[str, Any]] = []
+        for sender, content, check, event in zip(senders, contents, checked, events, strict=True):
+            if sender:
+                if sender in seen:
                     continue
-                if event_id:
-                    seen.add(event_id)
-                fresh.append((event_id, event))
-            if not fresh:
-                return None
-            ids, events = [i for i, _e in fresh], [e for _i, e in fresh]
+                seen.add(sender)
+                new_checked[sender] = None
+            elif content and check:
+                if content in recorded:  # only an earlier call's record: two deliveries in this one are two
+                    continue
+                new_checked[content] = None
+            elif content:
+                new_content[content] = None
+            kept.append(event)
+        if events and not kept:
+            return None
+        events = kept
         execution = Execution.objects.create(
             organization_id=organization_id,
             integration_id=handler.integration_id,
@@ -149,10 +201,23 @@ def events_store(
                 WebhookEvent(
                     handler=handler, organization_id=organization_id, event_id=i, execution=execution
                 )
-                for i in ids
-                if i
+                for i in new_checked
             ]
         )
+        first = [i for i in new_content if i not in new_checked]
+        if first:
+            # The newest copy's redelivery is what must be recognised: its record is kept from now.
+            WebhookEvent.objects.bulk_create(
+                [
+                    WebhookEvent(
+                        handler=handler, organization_id=organization_id, event_id=i, execution=execution
+                    )
+                    for i in first
+                ],
+                update_conflicts=True,
+                unique_fields=["handler", "organization", "event_id"],
+                update_fields=["received_at", "execution"],
+            )
         items = ExecutionItem.objects.bulk_create(
             [
                 ExecutionItem(
@@ -180,8 +245,9 @@ def webhook_receive(
     WEBHOOK_EVENT_KEEP) in the transaction that stores the item, so a retry, even one racing the
     first delivery, stores nothing and learns the first execution. Events without an id are stored
     every time."""
-    event_id = event_id[:200]
-    seen = WebhookEvent.objects.filter(handler=handler, organization_id=organization_id, event_id=event_id)
+    seen = WebhookEvent.objects.filter(
+        handler=handler, organization_id=organization_id, event_id=event_key(event_id)
+    )
     try:
         execution = events_store(
             handler=handler,

@@ -6,10 +6,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import urllib.parse
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -17,10 +20,13 @@ from collections.abc import Callable, Iterator
 import pika
 import pytest
 from django.conf import settings
+from hypothesis import HealthCheck, example, given
+from hypothesis import settings as examples
+from hypothesis import strategies as st
 
 from crm import jobs, queues
 from integrations.runner import amqp
-from runner.management.commands.runner_consume import ACK_PAUSE_ENV, PAUSE_ENV
+from runner.consumer import ACK_PAUSE_ENV, PAUSE_ENV, BatchConsumer
 from runner.models import Execution, ExecutionItem
 from tests.conftest import ROOT, child_env, wait_for
 from tests.runner.conftest import processed
@@ -85,7 +91,10 @@ class Consumer:
             os.killpg(self.popen.pid, sig)
 
     def wait(self, timeout: float = 60) -> int:
-        code = self.popen.wait(timeout=timeout)
+        try:
+            code = self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"runner_consume still running after {timeout} s:\n{self.output()}")
         self._reader.join(timeout=5)
         return code
 
@@ -277,4 +286,336 @@ def test_a_message_the_database_refuses_is_isolated_and_dropped_the_others_are_s
     assert proc.wait() == 0, proc.output()
     assert proc.saw("refused by the database: dropped"), proc.output()
     assert sorted(ExecutionItem.objects.values_list("external_id", flat=True)) == ["ok1", "ok3"]
+    assert _ready(amqp_queue) == 0
+
+
+def _payloads(**filters: object) -> Counter[str]:
+    """The stored items' payloads, as canonical JSON, with how often each is stored."""
+    rows = ExecutionItem.objects.filter(**filters).values_list("payload", flat=True)
+    return Counter(json.dumps(p, sort_keys=True) for p in rows)
+
+
+def _body(**payload: object) -> bytes:
+    return json.dumps(payload, sort_keys=True).encode()
+
+
+def test_a_batch_whose_last_message_is_not_json_is_settled_and_the_channel_stays_open(
+    py_handler, amqp_queue, consumer
+):
+    """The dropped message's tag is not acknowledged again (RabbitMQ would close the channel with
+    406 PRECONDITION_FAILED, and the consumer would receive nothing more)."""
+    amqp.publish(URL, amqp_queue, [b'{"n": 1}', b"not json"], message_ids=["j1", "p1"])
+    proc = consumer(amqp_queue, "--max-messages", "3", "--idle-exit", "30")
+    wait_for(lambda: proc.saw("batch: "), timeout=60, what="the first batch stored")
+    amqp.publish(URL, amqp_queue, [b'{"n": 2}'], message_ids=["j2"])
+    assert proc.wait(timeout=90) == 0, proc.output()
+    assert not proc.saw("PRECONDITION_FAILED"), proc.output()
+    assert not proc.saw("lost the consumer"), proc.output()
+    assert sorted(ExecutionItem.objects.values_list("external_id", flat=True)) == ["j1", "j2"]
+    assert proc.saw("2 stored, 1 dropped, 0 already stored"), proc.output()
+    assert _ready(amqp_queue) == 0
+
+
+KINDS = ["json", "resend", "idless", "twin", "poison", "refused"]
+
+
+@st.composite
+def _mixes(draw: st.DrawFn) -> tuple[list[str], int, int]:
+    return (
+        draw(st.lists(st.sampled_from(KINDS), min_size=1, max_size=14)),
+        draw(st.integers(1, 6)),  # batch
+        draw(st.integers(0, 4)),  # prefetch beyond the batch
+    )
+
+
+@examples(
+    max_examples=15,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(mix=_mixes())
+@example(mix=(["json", "poison"], 2, 0))  # the production case: a batch ending in a non-JSON body
+@example(mix=(["poison", "json", "refused", "idless", "poison"], 5, 0))
+def test_any_mix_of_messages_in_any_batch_size_is_stored_once_and_settled_without_a_channel_error(
+    py_handler, mix
+):
+    """JSON messages with an id (some resent), id-less ones (some the same body twice), bodies that
+    are not JSON and JSON the database refuses, in batches of 1-6, through the real broker: the
+    queue ends empty, the channel is never lost, every JSON message is stored exactly once (an
+    id-less body sent twice is two messages), everything else is dropped."""
+    kinds, batch, extra = mix
+    run = uuid.uuid4().hex[:12]
+    queue = f"runner.test.mix.{run}"
+    bodies: list[bytes] = []
+    ids: list[str] = []
+    expected: Counter[str] = Counter()
+    sent_with_id: list[int] = []
+    sent_without: list[int] = []
+    dropped = resent = 0
+    for k, kind in enumerate(kinds):
+        if kind == "resend" and sent_with_id:
+            original = sent_with_id[k % len(sent_with_id)]
+            bodies.append(bodies[original])
+            ids.append(ids[original])
+            resent += 1
+            continue
+        if kind == "twin" and sent_without:
+            bodies.append(bodies[sent_without[k % len(sent_without)]])
+            ids.append("")
+            expected[bodies[-1].decode()] += 1
+            continue
+        if kind == "poison":
+            bodies.append(f"not json {run} {k}".encode())
+            ids.append(f"{run}-{k}")
+            dropped += 1
+            continue
+        if kind == "refused":  # jsonb refuses a NUL character
+            bodies.append(_body(run=run, k=k, nul="\u0000"))
+            ids.append(f"{run}-{k}")
+            dropped += 1
+            continue
+        bodies.append(_body(run=run, k=k, id=f"order-{k % 3}"))
+        expected[bodies[-1].decode()] += 1
+        if kind in ("json", "resend"):
+            ids.append(f"{run}-{k}")
+            sent_with_id.append(k)
+        else:
+            ids.append("")
+            sent_without.append(k)
+    amqp.publish(URL, queue, bodies, message_ids=ids)
+    loop = BatchConsumer(
+        handler=py_handler,
+        organization_id=py_handler.organization_id,
+        url=URL,
+        queue=queue,
+        prefetch=batch + extra,
+        batch=batch,
+        max_messages=len(bodies),
+        idle_exit=10,
+        reconnect_for=0,
+    )
+    try:
+        tally = loop.run()
+        left = _ready(queue)
+    finally:
+        amqp.queue_delete(URL, queue)
+    assert tally.reconnects == 0  # the channel was never closed under the consumer
+    assert left == 0
+    assert _payloads(payload__run=run) == expected
+    assert (tally.handled, tally.stored, tally.dropped, tally.duplicates) == (
+        len(bodies),
+        sum(expected.values()),
+        dropped,
+        resent,
+    )
+
+
+def _rabbitmqctl(*args: str) -> list[list[str]]:
+    if not shutil.which("rabbitmqctl"):
+        pytest.fail("rabbitmqctl is not installed (Debian's rabbitmq-server has it)")
+    out = subprocess.run(
+        ["rabbitmqctl", *args, "-q"], capture_output=True, text=True, timeout=120, check=True
+    ).stdout
+    return [line.split("\t") for line in out.splitlines() if line.strip()]
+
+
+def _consumer_connections(queue: str) -> list[str]:
+    """The broker's ids of the connections consuming `queue` (through their channels)."""
+    channels = {
+        row[1] for row in _rabbitmqctl("list_consumers", "queue_name", "channel_pid") if row[0] == queue
+    }
+    return sorted(
+        {row[1] for row in _rabbitmqctl("list_channels", "pid", "connection") if row[0] in channels}
+    )
+
+
+def _broker_is_local() -> bool:
+    return urllib.parse.urlsplit(URL).hostname in ("127.0.0.1", "localhost", "::1")
+
+
+# rabbitmqctl reaches the local node only; like the other AMQP tests, this one fails rather than
+# skips when the local broker's tools are missing (scripts/test installs Debian's rabbitmq-server).
+@pytest.mark.skipif(
+    not _broker_is_local(), reason="the broker is not on this machine: rabbitmqctl cannot reach it"
+)
+def test_a_connection_the_broker_closes_is_reopened_and_nothing_is_lost_or_stored_twice(
+    py_handler, amqp_queue, consumer
+):
+    """The broker closes the consumer's connection after its batch is stored and before it is
+    acknowledged: the consumer reconnects, the redelivered messages (with and without message_id)
+    are recognised as stored, and messages published afterwards are consumed."""
+    _publish(amqp_queue, 3, prefix="c")
+    idless = [
+        _body(id="order-1", status="new"),
+        _body(id="order-1", status="paid"),  # the same record changed: another event
+        _body(lead="Ana"),
+        _body(lead="Ana"),  # the same body published twice without an id: two messages
+    ]
+    amqp.publish(URL, amqp_queue, idless)
+    proc = consumer(amqp_queue, "--max-messages", "9", "--idle-exit", "90", env={ACK_PAUSE_ENV: "300"})
+    wait_for(lambda: proc.saw(ACK_PAUSE_ENV), timeout=60, what="the first batch stored")
+    assert ExecutionItem.objects.count() == 7
+    connections = _consumer_connections(amqp_queue)
+    assert len(connections) == 1
+    _rabbitmqctl("close_connection", connections[0], "test: broker closes")
+    amqp.publish(URL, amqp_queue, [_body(after=1), _body(after=2)], message_ids=["after-1", ""])
+    assert proc.wait(timeout=120) == 0, proc.output()
+    assert proc.saw("CONNECTION_FORCED"), proc.output()
+    assert proc.saw("9 stored, 0 dropped, 7 already stored"), proc.output()
+    assert _payloads() == Counter(
+        {json.dumps({"n": i}): 1 for i in range(3)}
+        | {b.decode(): idless.count(b) for b in idless}
+        | {_body(after=1).decode(): 1, _body(after=2).decode(): 1}
+    )
+    assert _ready(amqp_queue) == 0
+
+
+def test_a_consumer_whose_queue_is_deleted_declares_it_again_and_goes_on_consuming(
+    py_handler, amqp_queue, consumer
+):
+    """The broker cancels the consumer of a deleted queue; before, the process stayed up consuming nothing."""
+    ids = _publish(amqp_queue, 2)
+    proc = consumer(amqp_queue, "--max-messages", "3", "--idle-exit", "60")
+    wait_for(lambda: ExecutionItem.objects.count() == 2, timeout=60, what="the first messages stored")
+    amqp.queue_delete(URL, amqp_queue)
+    amqp.publish(URL, amqp_queue, [b'{"n": 9}'], message_ids=["after"])
+    wait_for(lambda: ExecutionItem.objects.count() == 3, timeout=90, what="consuming resumed")
+    assert proc.wait(timeout=90) == 0, proc.output()
+    assert proc.saw("cancelled the consumer"), proc.output()
+    assert sorted(ExecutionItem.objects.values_list("external_id", flat=True)) == sorted([*ids, "after"])
+    assert _ready(amqp_queue) == 0
+
+
+class TcpProxy:
+    """A loopback TCP forwarder to the broker whose connections a test can cut (`drop`) or refuse
+    for good (`close`)."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.target = (host, port)
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.url = ""
+        self.sockets: list[socket.socket] = []
+        self.lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _addr = self.listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection(self.target)
+            with self.lock:
+                self.sockets += [client, upstream]
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(source: socket.socket, sink: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                sink.sendall(data)
+        for s in (source, sink):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def drop(self) -> None:
+        with self.lock:
+            sockets, self.sockets = self.sockets, []
+        for s in sockets:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # wakes the accepting thread; close() alone would not
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        self.drop()
+
+
+@pytest.fixture
+def proxy() -> Iterator[TcpProxy]:
+    parsed = urllib.parse.urlsplit(URL)
+    server = TcpProxy(parsed.hostname or "127.0.0.1", parsed.port or 5672)
+    server.url = urllib.parse.urlunsplit(
+        parsed._replace(netloc=f"{parsed.netloc.rsplit('@', 1)[0]}@127.0.0.1:{server.port}")
+    )
+    yield server
+    server.close()
+
+
+def test_a_dropped_connection_is_reopened_and_consuming_resumes(py_handler, amqp_queue, consumer, proxy):
+    ids = _publish(amqp_queue, 2)
+    proc = consumer(amqp_queue, "--amqp-url", proxy.url, "--max-messages", "3", "--idle-exit", "60")
+    wait_for(lambda: ExecutionItem.objects.count() == 2, timeout=60, what="the first messages stored")
+    proxy.drop()  # the network cuts the connection
+    amqp.publish(URL, amqp_queue, [b'{"n": 9}'], message_ids=["after"])
+    assert proc.wait(timeout=90) == 0, proc.output()
+    assert proc.saw("lost the consumer") and proc.saw("reconnected"), proc.output()
+    assert sorted(ExecutionItem.objects.values_list("external_id", flat=True)) == sorted([*ids, "after"])
+    assert _ready(amqp_queue) == 0
+
+
+def test_a_broker_that_stays_away_ends_the_consumer_non_zero_saying_why(
+    py_handler, amqp_queue, consumer, proxy
+):
+    ids = _publish(amqp_queue, 2)
+    proc = consumer(amqp_queue, "--amqp-url", proxy.url, "--reconnect-for", "2", "--idle-exit", "120")
+    wait_for(lambda: ExecutionItem.objects.count() == 2, timeout=60, what="the first messages stored")
+    proxy.close()  # the broker is gone for good
+    assert proc.wait(timeout=90) == 1, proc.output()
+    assert proc.saw("cannot consume") and proc.saw("again after 2 s"), proc.output()
+    assert sorted(ExecutionItem.objects.values_list("external_id", flat=True)) == sorted(ids)
+    assert _ready(amqp_queue) == 0
+
+
+def test_an_id_less_message_redelivered_after_it_was_stored_is_not_stored_again(
+    py_handler, amqp_queue, consumer
+):
+    """Without a message_id the body's hash recognises a redelivery (the broker marks it
+    redelivered); a first delivery of the same body is a new message and is stored."""
+    bodies = [
+        _body(id="order-7", status="new"),
+        _body(id="order-7", status="paid"),
+        _body(lead="Ana"),
+        _body(lead="Ana"),
+    ]
+    amqp.publish(URL, amqp_queue, bodies)
+    first = consumer(amqp_queue, "--idle-exit", "30", env={ACK_PAUSE_ENV: "120"})
+    wait_for(lambda: first.saw(ACK_PAUSE_ENV), timeout=60, what="the first batch stored")
+    first.signal(signal.SIGKILL)
+    first.wait(timeout=10)
+    assert ExecutionItem.objects.count() == 4
+    wait_for(lambda: _ready(amqp_queue) == 4, timeout=15, what="the unacknowledged messages requeued")
+    amqp.publish(URL, amqp_queue, [_body(lead="Ana")])  # published again, later: a new message
+
+    second = consumer(amqp_queue, "--max-messages", "5", "--idle-exit", "30")
+    assert second.wait(timeout=90) == 0, second.output()
+    assert second.saw("1 stored, 0 dropped, 4 already stored"), second.output()
+    assert _payloads() == Counter(
+        {_body(id="order-7", status="new").decode(): 1, _body(id="order-7", status="paid").decode(): 1}
+        | {_body(lead="Ana").decode(): 3}
+    )
+    assert _ready(amqp_queue) == 0
+
+
+def test_long_message_ids_are_compared_whole_not_cut_to_the_column(py_handler, amqp_queue, consumer):
+    """Two message ids that share their first 200 characters are two messages."""
+    from runner.models import WebhookEvent
+
+    prefix = "m" * 240
+    amqp.publish(
+        URL,
+        amqp_queue,
+        [b'{"n": 1}', b'{"n": 2}', b'{"n": 1}'],
+        message_ids=[prefix + "-a", prefix + "-b", prefix + "-a"],
+    )
+    proc = consumer(amqp_queue, "--max-messages", "3", "--idle-exit", "30")
+    assert proc.wait(timeout=90) == 0, proc.output()
+    assert proc.saw("2 stored, 0 dropped, 1 already stored"), proc.output()
+    assert _payloads() == Counter({'{"n": 1}': 1, '{"n": 2}': 1})
+    recorded = list(WebhookEvent.objects.values_list("event_id", flat=True))
+    assert len(set(recorded)) == 2 and all(len(i) <= 200 for i in recorded)
     assert _ready(amqp_queue) == 0

@@ -118,6 +118,26 @@ def test_a_retried_event_is_stored_once_and_answered_with_the_first_execution(cl
     assert ExecutionItem.objects.filter(external_id="order-7").count() == 2
 
 
+def test_long_event_ids_are_compared_whole_not_cut_to_the_column(client, py_handler):
+    """Two ids that share their first 200 characters are two events; the same long id twice is one."""
+    from runner.models import WebhookEvent
+
+    _hmac_handler(py_handler)
+    body = b'{"total": 10}'
+    prefix = "evt-" + "x" * 300
+
+    def post(event_id: str):
+        return _post(client, body, **{"X-Runner-Signature": signature(SECRET, body), "X-Event-Id": event_id})
+
+    assert post(prefix + "-a").status_code == 202
+    assert post(prefix + "-b").status_code == 202
+    again = post(prefix + "-a")
+    assert again.status_code == 200 and again.json()["status"] == "duplicate"
+    assert ExecutionItem.objects.count() == 2
+    recorded = list(WebhookEvent.objects.values_list("event_id", flat=True))
+    assert len(set(recorded)) == 2 and all(len(i) <= 200 for i in recorded)
+
+
 def test_concurrent_deliveries_of_one_event_store_it_once(live_server, py_handler):
     _hmac_handler(py_handler)
     url = f"{live_server.url}/hooks/crm-x/leads"
