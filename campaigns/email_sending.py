@@ -52,10 +52,12 @@ from campaigns.models import (
 from crm import bulk, ratelimit
 from crm.jobs import Defer
 from crm.models import Customer, Organization
+from crm.names import first_name
 from integrations.email import esp, pool
 from integrations.email.bounces import Failure, SmtpFailure, classify_exception
 from integrations.email.smtp import OutcomeUnknown, SmtpServer
 from integrations.models import EmailSettings
+from integrations.text import fold_whitespace
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +108,7 @@ def email_transport(email_settings: EmailSettings) -> SmtpServer | esp.EspAccoun
 
 def variables_for(customer: Customer, *, store_name: str, unsubscribe_url: str = "") -> dict[str, str]:
     return {
-        "first_name": (customer.name or "").split(" ")[0],
+        "first_name": first_name(customer.name or ""),
         "name": customer.name or "",
         "email": customer.email or "",
         "store_name": store_name,
@@ -125,7 +127,8 @@ def build_message(
     """A multipart/alternative message (text + HTML) with the RFC 8058 one-click headers."""
     message = MimeMessage()
     message["From"] = Address(email_settings.sender_name, addr_spec=email_settings.sender_email)
-    message["To"] = Address(to_name, addr_spec=to_address)
+    # A name with a line break (typed, or from an ERP) would make the header invalid and fail the job.
+    message["To"] = Address(fold_whitespace(to_name), addr_spec=to_address)
     message["Subject"] = rendered.subject
     message["Date"] = format_datetime(timezone.now())
     message["Message-ID"] = make_msgid(domain=email_settings.sender_email.rpartition("@")[2] or None)

@@ -143,6 +143,16 @@ def test_an_email_campaign_sends_once_to_each_recipient_over_pooled_connections(
     assert msg.email == people[0].email and msg.sent_at
 
 
+def test_the_first_name_in_an_email_follows_the_one_rule_for_names_as_typed(em, smtp, run_jobs):
+    erp = em["customers"](1, name=" MARIA\tDA SILVA")[0]
+    typed = em["customers"](1, start=1, name="\njoão  pedro")[0]
+    services.campaign_start(campaign=em["campaign"]())
+    run_jobs()
+    assert smtp.messages(to=erp.email)[0]["subject"] == "Maria, a Black Friday chegou"
+    assert smtp.messages(to=typed.email)[0]["subject"] == "João, a Black Friday chegou"
+    assert "Olá João, ofertas" in smtp.messages(to=typed.email)[0]["html"]
+
+
 def test_the_fan_out_and_the_send_are_bulk(em, smtp, run_jobs, settings):
     settings.EMAIL_BATCH_SIZE = 100
     em["customers"](600)
