@@ -3,8 +3,9 @@
 1 settings read fresh, password decrypted in memory only · 2 timeouts 15 s / 15 s / 30 s
 (integrations.email.smtp) · 3 List-Unsubscribe (https one-click + mailto) and
 List-Unsubscribe-Post · 4 SENT, metrics sent+1 and delivered+1 · 5 failures classified
-(integrations.email.bounces): hard bounces suppress the address, soft ones are retried, sender-side
-failures pause the organization's email and leave the recipients untouched · 6 3 attempts,
+(integrations.email.bounces): hard bounces suppress the address, soft ones are retried, policy blocks
+(5.7.x, blocklists) are BLOCKED and never suppress, sender-side failures pause the organization's
+email and leave the recipients untouched · 6 3 attempts,
 exponential from 60 s; completion check · 7 the organization's rate enforced by a limiter in Redis
 (crm.ratelimit) shared by every worker, and one SMTP connection per process reused across messages
 and jobs (integrations.email.pool) · 8 exactly once: messages are claimed (QUEUED -> SENDING) a few
@@ -213,6 +214,7 @@ def deliver(
 class _Chunk:
     sent: list[EmailMessage] = field(default_factory=list)
     bounced: list[EmailMessage] = field(default_factory=list)
+    blocked: list[EmailMessage] = field(default_factory=list)  # refused by policy: the address is kept
     failed: list[EmailMessage] = field(default_factory=list)
     skipped: list[EmailMessage] = field(default_factory=list)
     retry: list[EmailMessage] = field(default_factory=list)  # soft bounce with attempts left
@@ -423,6 +425,9 @@ def _send_chunk(
         elif outcome.failure.kind is Failure.SENDER:
             chunk.sender_failure = chunk.sender_failure or _describe(outcome.failure)
             chunk.release.append(m.pk)
+        elif outcome.failure.kind is Failure.BLOCKED:
+            m.bounce_message, m.failed_at = _describe(outcome.failure), now
+            chunk.blocked.append(m)
         elif outcome.failure.kind is Failure.SOFT_BOUNCE and m.attempts < ATTEMPTS:
             m.bounce_message = _describe(outcome.failure)
             chunk.retry.append(m)
@@ -449,6 +454,8 @@ def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
         m.status = Status.FAILED
     for m in chunk.bounced:
         m.status = Status.BOUNCED
+    for m in chunk.blocked:
+        m.status = Status.BLOCKED
     for m in chunk.skipped:
         m.status = Status.SKIPPED
     with transaction.atomic():
@@ -463,6 +470,9 @@ def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
             chunk.bounced,
             ["status", "email", "bounce_type", "bounce_message", "failed_at"],
             only_if=guard,
+        )
+        bulk.update_rows(
+            EmailMessage, chunk.blocked, ["status", "email", "bounce_message", "failed_at"], only_if=guard
         )
         bulk.update_rows(
             EmailMessage, chunk.failed, ["status", "email", "error_reason", "failed_at"], only_if=guard
@@ -483,6 +493,7 @@ def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
             sent=F("sent") + len(chunk.sent),
             delivered=F("delivered") + len(chunk.sent),
             bounced=F("bounced") + len(chunk.bounced),
+            blocked=F("blocked") + len(chunk.blocked),
             failed=F("failed") + len(chunk.failed),
             skipped=F("skipped") + len(chunk.skipped),
         )
@@ -504,6 +515,7 @@ def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
     counts.update(
         sent=len(chunk.sent),
         bounced=len(chunk.bounced),
+        blocked=len(chunk.blocked),
         failed=len(chunk.failed),
         skipped=len(chunk.skipped),
         retry=len(chunk.retry),

@@ -469,6 +469,9 @@ def _send_email(survey: Survey) -> str:
         raise Defer(PAUSED_DELAY, f"email sending paused: {text}")
     if failure.kind is Failure.SOFT_BOUNCE and _retry_or_fail(survey, f"soft bounce: {text}"):
         raise SurveyRetry(f"soft bounce: {text}")
+    if failure.kind is Failure.BLOCKED:
+        # The receiving server's policy refused it (blocklist, reputation): the address is kept.
+        _fail(survey, f"blocked: {text}")
     if failure.kind is Failure.HARD_BOUNCE:
         _fail(survey, f"hard bounce: {text}")
         EmailSuppression.objects.bulk_create(
