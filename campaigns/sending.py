@@ -100,6 +100,12 @@ def _variable(customer: Customer, source: str, store_name: str) -> str:
     return ""
 
 
+def template_values(*, customer: Customer, sources: list[str], store_name: str) -> list[str]:
+    """The template's body values for a customer, as Meta gets them (folded white space, its length
+    limit: integrations.whatsapp.parameters); "" for one that is empty."""
+    return [template_text(_variable(customer, source, store_name)) for source in sources]
+
+
 def _link(kind: str, message: WhatsappMessage) -> str:
     # A template's URL button ends in a variable ("https://<our host>/{{1}}"). The seed put a
     # __REDIRECT_URL__ sentinel there and replaced it per message; the value here is the
@@ -260,9 +266,7 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
             skipped[m.pk] = "another campaign is in flight for this customer"
             continue
         # 6: each value as Meta takes it (folded white space, its length limit), then none empty
-        body = [
-            template_text(_variable(customer, source, store_name)) for source in campaign.template_variables
-        ]
+        body = template_values(customer=customer, sources=campaign.template_variables, store_name=store_name)
         empty = [i + 1 for i, v in enumerate(body) if not v]
         if empty:
             skipped[m.pk] = (

@@ -222,9 +222,8 @@ def test_a_policy_block_is_recorded_apart_and_never_suppresses_the_address(em, s
     assert set(selectors.COUNT_KEYS) - {"blocked"} < set(data["counts"])
     assert {k: v for k, v in data["counts"].items() if v} == {"sent": 1, "bounced": 1, "blocked": 2}
     assert data["progress"] == 1.0
-    User.objects.create_user("ops", password="x-pw-12345", is_staff=True, is_superuser=True)
     client = Client()
-    client.login(username="ops", password="x-pw-12345")
+    client.force_login(User.objects.create_user("ops", is_staff=True, is_superuser=True))
     page = client.get(f"/admin/campaigns/campaign/{first.pk}/change/").content.decode()
     assert '<td data-count="blocked">2</td>' in page
     assert "4/4 (100%)" in client.get("/admin/campaigns/campaign/").content.decode()
