@@ -209,7 +209,7 @@ class CampaignAdmin(admin.ModelAdmin):
         metric = getattr(obj, "metric", None)
         if metric is None or not metric.queued:
             return "—"
-        done = metric.sent + metric.bounced + metric.failed + metric.skipped
+        done = metric.sent + metric.bounced + metric.blocked + metric.failed + metric.skipped
         return f"{done}/{metric.queued} ({100 * done // metric.queued}%)"
 
     @admin.display(description=_("live status"))
@@ -572,6 +572,7 @@ class CampaignMetricAdmin(BigTableAdmin):
         "delivered",
         "read",
         "bounced",
+        "blocked",
         "failed",
         "skipped",
         "opened",
@@ -591,6 +592,7 @@ class CampaignMetricAdmin(BigTableAdmin):
         "opened",
         "clicked",
         "bounced",
+        "blocked",
         "cost",
     )
 

@@ -64,9 +64,9 @@ def chatwoot_message_content(message: WhatsappMessage) -> str:
     number = campaign.whatsapp_number
     store_name = number.store.name if number is not None and number.store is not None else ""
     # The same rendering the send used (sending's step 6), so the agent sees what the customer got.
-    values = [
-        sending._variable(message.customer, source, store_name) for source in campaign.template_variables
-    ]
+    values = sending.template_values(
+        customer=message.customer, sources=campaign.template_variables, store_name=store_name
+    )
     text = f"[campanha {campaign.name}] {campaign.template_name}"
     return f"{text}: {', '.join(values)}" if values else text
 

@@ -53,8 +53,8 @@ DASHBOARD_MAX_CAMPAIGNS = 200
 class Series:
     key: str  # the name in the JSON
     column: str  # the timestamp it is bucketed by
-    status: str | None = None  # only messages in this status (email: a failure is bounced or failed)
-    exclude_status: str | None = None
+    status: str | None = None  # only messages in this status (email: a failure is bounced, blocked or failed)
+    exclude_statuses: tuple[str, ...] = ()
 
 
 WHATSAPP_SERIES = (
@@ -69,7 +69,10 @@ EMAIL_SERIES = (
     Series("opened", "opened_at"),
     Series("clicked", "clicked_at"),
     Series("bounced", "failed_at", status=EmailMessage.Status.BOUNCED),
-    Series("failed", "failed_at", exclude_status=EmailMessage.Status.BOUNCED),
+    Series("blocked", "failed_at", status=EmailMessage.Status.BLOCKED),
+    Series(
+        "failed", "failed_at", exclude_statuses=(EmailMessage.Status.BOUNCED, EmailMessage.Status.BLOCKED)
+    ),
 )
 
 
@@ -81,6 +84,7 @@ LABELS = {
     "opened": _("opened"),
     "clicked": _("clicked"),
     "bounced": _("bounced"),
+    "blocked": _("blocked"),
     "failed": _("failed"),
 }
 
@@ -194,7 +198,7 @@ def campaign_series(*, campaign: Campaign) -> dict[str, Any]:
                 "pk",
                 filter=Q(status=s.status)
                 if s.status
-                else (~Q(status=s.exclude_status) if s.exclude_status else None),
+                else (~Q(status__in=s.exclude_statuses) if s.exclude_statuses else None),
             )
             for s in wanted
         }
@@ -241,7 +245,7 @@ class CampaignRow:
     delivered: int = 0
     read: int = 0
     clicked: int = 0
-    failed: int = 0  # bounced included
+    failed: int = 0  # bounced and blocked included
     cost: Decimal = Decimal("0")
 
     @classmethod
@@ -256,7 +260,7 @@ class CampaignRow:
             delivered=metric.delivered,
             read=metric.read,
             clicked=metric.clicked,
-            failed=metric.failed + metric.bounced,
+            failed=metric.failed + metric.bounced + metric.blocked,
             cost=metric.cost,
         )
 

@@ -3,8 +3,9 @@
 1 settings read fresh, password decrypted in memory only · 2 timeouts 15 s / 15 s / 30 s
 (integrations.email.smtp) · 3 List-Unsubscribe (https one-click + mailto) and
 List-Unsubscribe-Post · 4 SENT, metrics sent+1 and delivered+1 · 5 failures classified
-(integrations.email.bounces): hard bounces suppress the address, soft ones are retried, sender-side
-failures pause the organization's email and leave the recipients untouched · 6 3 attempts,
+(integrations.email.bounces): hard bounces suppress the address, soft ones are retried, policy blocks
+(5.7.x, blocklists) are BLOCKED and never suppress, sender-side failures pause the organization's
+email and leave the recipients untouched · 6 3 attempts,
 exponential from 60 s; completion check · 7 the organization's rate enforced by a limiter in Redis
 (crm.ratelimit) shared by every worker, and one SMTP connection per process reused across messages
 and jobs (integrations.email.pool) · 8 exactly once: messages are claimed (QUEUED -> SENDING) a few
@@ -52,10 +53,12 @@ from campaigns.models import (
 from crm import bulk, ratelimit
 from crm.jobs import Defer
 from crm.models import Customer, Organization
+from crm.names import first_name
 from integrations.email import esp, pool
 from integrations.email.bounces import Failure, SmtpFailure, classify_exception
 from integrations.email.smtp import OutcomeUnknown, SmtpServer
 from integrations.models import EmailSettings
+from integrations.text import fold_whitespace
 
 logger = logging.getLogger(__name__)
 
@@ -106,7 +109,7 @@ def email_transport(email_settings: EmailSettings) -> SmtpServer | esp.EspAccoun
 
 def variables_for(customer: Customer, *, store_name: str, unsubscribe_url: str = "") -> dict[str, str]:
     return {
-        "first_name": (customer.name or "").split(" ")[0],
+        "first_name": first_name(customer.name or ""),
         "name": customer.name or "",
         "email": customer.email or "",
         "store_name": store_name,
@@ -125,7 +128,8 @@ def build_message(
     """A multipart/alternative message (text + HTML) with the RFC 8058 one-click headers."""
     message = MimeMessage()
     message["From"] = Address(email_settings.sender_name, addr_spec=email_settings.sender_email)
-    message["To"] = Address(to_name, addr_spec=to_address)
+    # A name with a line break (typed, or from an ERP) would make the header invalid and fail the job.
+    message["To"] = Address(fold_whitespace(to_name), addr_spec=to_address)
     message["Subject"] = rendered.subject
     message["Date"] = format_datetime(timezone.now())
     message["Message-ID"] = make_msgid(domain=email_settings.sender_email.rpartition("@")[2] or None)
@@ -210,6 +214,7 @@ def deliver(
 class _Chunk:
     sent: list[EmailMessage] = field(default_factory=list)
     bounced: list[EmailMessage] = field(default_factory=list)
+    blocked: list[EmailMessage] = field(default_factory=list)  # refused by policy: the address is kept
     failed: list[EmailMessage] = field(default_factory=list)
     skipped: list[EmailMessage] = field(default_factory=list)
     retry: list[EmailMessage] = field(default_factory=list)  # soft bounce with attempts left
@@ -420,6 +425,9 @@ def _send_chunk(
         elif outcome.failure.kind is Failure.SENDER:
             chunk.sender_failure = chunk.sender_failure or _describe(outcome.failure)
             chunk.release.append(m.pk)
+        elif outcome.failure.kind is Failure.BLOCKED:
+            m.bounce_message, m.failed_at = _describe(outcome.failure), now
+            chunk.blocked.append(m)
         elif outcome.failure.kind is Failure.SOFT_BOUNCE and m.attempts < ATTEMPTS:
             m.bounce_message = _describe(outcome.failure)
             chunk.retry.append(m)
@@ -446,6 +454,8 @@ def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
         m.status = Status.FAILED
     for m in chunk.bounced:
         m.status = Status.BOUNCED
+    for m in chunk.blocked:
+        m.status = Status.BLOCKED
     for m in chunk.skipped:
         m.status = Status.SKIPPED
     with transaction.atomic():
@@ -460,6 +470,9 @@ def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
             chunk.bounced,
             ["status", "email", "bounce_type", "bounce_message", "failed_at"],
             only_if=guard,
+        )
+        bulk.update_rows(
+            EmailMessage, chunk.blocked, ["status", "email", "bounce_message", "failed_at"], only_if=guard
         )
         bulk.update_rows(
             EmailMessage, chunk.failed, ["status", "email", "error_reason", "failed_at"], only_if=guard
@@ -480,6 +493,7 @@ def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
             sent=F("sent") + len(chunk.sent),
             delivered=F("delivered") + len(chunk.sent),
             bounced=F("bounced") + len(chunk.bounced),
+            blocked=F("blocked") + len(chunk.blocked),
             failed=F("failed") + len(chunk.failed),
             skipped=F("skipped") + len(chunk.skipped),
         )
@@ -501,6 +515,7 @@ def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
     counts.update(
         sent=len(chunk.sent),
         bounced=len(chunk.bounced),
+        blocked=len(chunk.blocked),
         failed=len(chunk.failed),
         skipped=len(chunk.skipped),
         retry=len(chunk.retry),

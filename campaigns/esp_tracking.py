@@ -7,9 +7,10 @@ indexed lookup and applies the event:
 
 delivered: nothing (sending already counted sent and delivered) · bounced, rejected: BOUNCED hard, only
 from SENT, metric bounced+1 delivered-1, the address suppressed (a soft bounce, which some ESPs report
-as "bounced" too, is only noted) · deferred: noted in bounce_message · complained: the address
-suppressed ("complaint") and the customer opted out of email · unsubscribed: opted out · opened,
-clicked: counted once (campaigns.links).
+as "bounced" too, is only noted; a policy block, SendGrid's "blocked", Mailgun's "espblock" or a
+5.7.x reply, is BLOCKED, metric blocked+1 delivered-1, the address kept: integrations.email.bounces) ·
+deferred: noted in bounce_message · complained: the address suppressed ("complaint") and the
+customer opted out of email · unsubscribed: opted out · opened, clicked: counted once (campaigns.links).
 
 Every transition is a compare-and-set, so an event the ESP posts twice counts once. An event whose id
 is not (yet) stored is kept in Redis for EARLY_TTL: the ESP can report a bounce before the send job
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 from anymail.signals import AnymailTrackingEvent, EventType
@@ -35,12 +36,11 @@ from campaigns import links
 from campaigns.models import BounceType, CampaignMetric, EmailMessage, EmailSuppression
 from crm import jobs
 from crm.models import Customer, OptOutSource
+from integrations.email.bounces import Failure, classify_esp_bounce, esp_event_markers
 
 logger = logging.getLogger(__name__)
 
 Status = EmailMessage.Status
-# Raw event types some ESPs report as "bounced" although the address may still work.
-_SOFT_BOUNCES = {"Type": {"SoftBounce"}, "event": {"soft_bounce"}}  # Postmark, Brevo
 
 
 def on_tracking(sender: Any, event: AnymailTrackingEvent, esp_name: str, **kwargs: Any) -> None:
@@ -82,12 +82,11 @@ def _message(esp_message_id: str) -> EmailMessage | None:
 
 
 def _keep_early(event: AnymailTrackingEvent, esp_name: str) -> None:
-    raw = event.esp_event if isinstance(event.esp_event, Mapping) else {}
     kept = {
         "esp": esp_name,
         "event_type": event.event_type,
-        # only the raw fields _detail and _is_soft_bounce read
-        "esp_event": {k: raw[k] for k in ("Type", "event") if isinstance(raw.get(k), str)},
+        # only the raw fields _detail and classify_esp_bounce read
+        "esp_event": esp_event_markers(event.esp_event),
         "description": event.description,
         "mta_response": event.mta_response,
         "reject_reason": event.reject_reason,
@@ -149,6 +148,20 @@ def message_bounced(*, message: EmailMessage, detail: str) -> bool:
     return bool(changed)
 
 
+def message_blocked(*, message: EmailMessage, detail: str) -> bool:
+    """A sent message was refused by the receiving server's policy (blocklist, reputation, content):
+    BLOCKED and counted apart; the address is not suppressed. True only the first time."""
+    with transaction.atomic():
+        changed = EmailMessage.objects.filter(pk=message.pk, status=Status.SENT).update(
+            status=Status.BLOCKED, bounce_message=detail[:2000], failed_at=timezone.now()
+        )
+        if changed:
+            CampaignMetric.objects.filter(campaign_id=message.campaign_id).update(
+                blocked=F("blocked") + 1, delivered=F("delivered") - 1
+            )
+    return bool(changed)
+
+
 def message_deferred(*, message: EmailMessage, detail: str) -> bool:
     """Note a delay the ESP reported on a sent message (it may still be delivered)."""
     return bool(
@@ -191,22 +204,23 @@ def _suppress(message: EmailMessage, reason: str, detail: str) -> None:
 
 
 def _detail(event: AnymailTrackingEvent, esp_name: str) -> str:
-    raw = event.esp_event if isinstance(event.esp_event, Mapping) else {}
-    kind = raw.get("Type") or raw.get("event") or event.reject_reason or event.event_type
+    raw = esp_event_markers(event.esp_event)
+    kind = raw.get("Type") or raw.get("reason") or raw.get("type") or raw.get("event")
+    kind = kind or event.reject_reason or event.event_type
     parts = [f"{esp_name} {kind}:", event.description or "", event.mta_response or ""]
     return " ".join(p for p in parts if p).strip()
 
 
-def _is_soft_bounce(event: AnymailTrackingEvent) -> bool:
-    raw = event.esp_event if isinstance(event.esp_event, Mapping) else {}
-    return any(raw.get(key) in values for key, values in _SOFT_BOUNCES.items())
-
-
 def _bounced(message: EmailMessage, event: AnymailTrackingEvent, esp_name: str) -> None:
-    if event.event_type == EventType.BOUNCED and _is_soft_bounce(event):
-        message_deferred(message=message, detail=_detail(event, esp_name))
+    response = " ".join(p for p in (event.mta_response, event.description) if p)
+    kind = classify_esp_bounce(markers=esp_event_markers(event.esp_event), response=response)
+    detail = _detail(event, esp_name)
+    if kind is Failure.BLOCKED:
+        message_blocked(message=message, detail=detail)
+    elif kind is Failure.SOFT_BOUNCE and event.event_type == EventType.BOUNCED:
+        message_deferred(message=message, detail=detail)
     else:
-        message_bounced(message=message, detail=_detail(event, esp_name))
+        message_bounced(message=message, detail=detail)
 
 
 _HANDLERS: dict[str, Callable[[EmailMessage, AnymailTrackingEvent, str], object]] = {

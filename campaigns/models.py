@@ -190,6 +190,7 @@ class CampaignMetric(models.Model):
     clicked = models.PositiveIntegerField(_("clicked"), default=0)
     opened = models.PositiveIntegerField(_("opened"), default=0)
     bounced = models.PositiveIntegerField(_("bounced"), default=0)
+    blocked = models.PositiveIntegerField(_("blocked"), default=0)
     cost = models.DecimalField(_("cost"), max_digits=14, decimal_places=6, default=Decimal("0"))
 
     class Meta:
@@ -301,18 +302,21 @@ class BounceType(models.TextChoices):
 
 
 class EmailMessage(models.Model):
-    """One campaign email to one customer: claimed, sent once, then opened/clicked or bounced."""
+    """One campaign email to one customer: claimed, sent once, then opened/clicked, bounced or blocked."""
 
     class Status(models.TextChoices):
         QUEUED = "queued", _("queued")
         SENDING = "sending", _("sending")
         SENT = "sent", _("sent")
         BOUNCED = "bounced", _("bounced")
+        # Refused by the receiving server's policy (blocklist, reputation, content): says nothing
+        # of the address, which is not suppressed.
+        BLOCKED = "blocked", _("blocked")
         FAILED = "failed", _("failed")
         SKIPPED = "skipped", _("skipped")
         CANCELLED = "cancelled", _("cancelled")
 
-    FINAL = (Status.SENT, Status.BOUNCED, Status.FAILED, Status.SKIPPED, Status.CANCELLED)
+    FINAL = (Status.SENT, Status.BOUNCED, Status.BLOCKED, Status.FAILED, Status.SKIPPED, Status.CANCELLED)
     IN_FLIGHT = (Status.QUEUED, Status.SENDING)
 
     # No index of their own: the composite indexes below lead with them (one index less to

@@ -20,7 +20,18 @@ from campaigns.models import (
 )
 from crm.models import Customer, Sale
 
-COUNT_KEYS = ("queued", "sending", "sent", "delivered", "read", "bounced", "failed", "skipped", "cancelled")
+COUNT_KEYS = (
+    "queued",
+    "sending",
+    "sent",
+    "delivered",
+    "read",
+    "bounced",
+    "blocked",  # email refused by the receiving server's policy (the address is kept)
+    "failed",
+    "skipped",
+    "cancelled",
+)
 # Counted once per message from the metrics, not from the message statuses.
 ENGAGEMENT_KEYS = ("opened", "clicked")
 
@@ -81,7 +92,7 @@ def campaign_status(*, campaign: Campaign) -> dict[str, Any]:
     """What `campaign_status --json` and the progress page show."""
     counts = campaign_counts(campaign_id=campaign.pk, channel=campaign.channel)
     metric = CampaignMetric.objects.filter(campaign_id=campaign.pk).first()
-    done = sum(counts[k] for k in ("sent", "delivered", "read", "bounced", "failed", "skipped", "cancelled"))
+    done = sum(counts[k] for k in COUNT_KEYS if k not in ("queued", "sending"))
     total = sum(counts.values())
     for key in ENGAGEMENT_KEYS:
         counts[key] = getattr(metric, key) if metric else 0

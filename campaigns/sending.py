@@ -1,7 +1,8 @@
 """Sending one batch of WhatsApp messages: the seed's 12 steps, for many messages at once.
 
 1 credentials fresh from the database · 2 phone to E.164 · 3 organization settings · 4 per-customer
-limit · 5 conflict block · 6 no empty template variable (Meta 131008 prevented) · 7 components ·
+limit · 5 conflict block · 6 template variables as Meta takes them (integrations.whatsapp.parameters:
+no new-line, tab or run of spaces, 132018 prevented) and none empty (131008 prevented) · 7 components ·
 8 Meta Graph call · 9 SENT + metric · 10 cost · 11 Chatwoot mirror (its own job) · 12 completion.
 
 Exactly once: messages are claimed (QUEUED -> SENDING) in the database before Meta is called, so
@@ -32,10 +33,12 @@ from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from crm import aio, bulk, ratelimit
 from crm.jobs import Defer
 from crm.models import Customer, OptOutSource, Organization
+from crm.names import first_name
 from integrations import http
 from integrations.models import WhatsappPrice
 from integrations.whatsapp.client import GraphClient, SendResult, TemplateMessage, UrlButton
 from integrations.whatsapp.errors import Action
+from integrations.whatsapp.parameters import template_text
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +90,7 @@ def phone_region(e164: str) -> str:
 
 def _variable(customer: Customer, source: str, store_name: str) -> str:
     if source == "first_name":
-        return (customer.name or "").split(" ")[0]
+        return first_name(customer.name or "")
     if source == "name":
         return customer.name or ""
     if source == "email":
@@ -95,6 +98,12 @@ def _variable(customer: Customer, source: str, store_name: str) -> str:
     if source == "store_name":
         return store_name
     return ""
+
+
+def template_values(*, customer: Customer, sources: list[str], store_name: str) -> list[str]:
+    """The template's body values for a customer, as Meta gets them (folded white space, its length
+    limit: integrations.whatsapp.parameters); "" for one that is empty."""
+    return [template_text(_variable(customer, source, store_name)) for source in sources]
 
 
 def _link(kind: str, message: WhatsappMessage) -> str:
@@ -256,8 +265,9 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         if m.customer_id in busy:
             skipped[m.pk] = "another campaign is in flight for this customer"
             continue
-        body = [_variable(customer, source, store_name) for source in campaign.template_variables]  # 6
-        empty = [i + 1 for i, v in enumerate(body) if not v.strip()]
+        # 6: each value as Meta takes it (folded white space, its length limit), then none empty
+        body = template_values(customer=customer, sources=campaign.template_variables, store_name=store_name)
+        empty = [i + 1 for i, v in enumerate(body) if not v]
         if empty:
             skipped[m.pk] = (
                 f"empty template variable {{{{{empty[0]}}}}} ({campaign.template_variables[empty[0] - 1]})"

@@ -383,17 +383,28 @@ def campaign_retry_failed(*, campaign: Campaign) -> int:
     """Queue the failed messages again (fresh attempts) and reopen the campaign. Returns how many."""
     with transaction.atomic():
         if campaign.channel == Channel.EMAIL:
-            # Failed ones and soft bounces (hard bounces are suppressed); never an outcome unknown.
+            # Failed ones, soft bounces and policy blocks (the block may be lifted: the address was
+            # never in question); hard bounces are suppressed; never an outcome unknown.
             mail = EmailMessage.objects.filter(campaign_id=campaign.pk).exclude(error_reason=OUTCOME_UNKNOWN)
             reset = {"status": MsgStatus.QUEUED, "attempts": 0, "error_reason": "", "failed_at": None}
             failed = mail.filter(status=EmailMessage.Status.FAILED).update(**reset)
             soft = mail.filter(status=EmailMessage.Status.BOUNCED, bounce_type=BounceType.SOFT).update(
                 **reset, bounce_type="", bounce_message=""
             )
-            retried = failed + soft
+            # A block the ESP reported came after the send was counted: that count goes with it.
+            blocked_after_send = mail.filter(
+                status=EmailMessage.Status.BLOCKED, sent_at__isnull=False
+            ).update(**reset, bounce_message="", sent_at=None, esp_message_id=None)
+            blocked = blocked_after_send + mail.filter(status=EmailMessage.Status.BLOCKED).update(
+                **reset, bounce_message=""
+            )
+            retried = failed + soft + blocked
             if retried:
                 CampaignMetric.objects.filter(campaign_id=campaign.pk).update(
-                    failed=F("failed") - failed, bounced=F("bounced") - soft
+                    failed=F("failed") - failed,
+                    bounced=F("bounced") - soft,
+                    blocked=F("blocked") - blocked,
+                    sent=F("sent") - blocked_after_send,
                 )
         else:
             # Not the ones Meta may have accepted: an outcome unknown, or a wamid already assigned.

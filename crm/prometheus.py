@@ -61,7 +61,17 @@ COUNTERS: dict[str, tuple[str, tuple[str, ...], tuple[tuple[str, ...], ...]]] = 
         (("customers",), ("sales",)),
     ),
 }
-MESSAGE_STATUSES = ("sent", "delivered", "read", "failed", "skipped", "opened", "clicked", "bounced")
+MESSAGE_STATUSES = (
+    "sent",
+    "delivered",
+    "read",
+    "failed",
+    "skipped",
+    "opened",
+    "clicked",
+    "bounced",
+    "blocked",
+)
 CIRCUIT_STATES = {"closed": 0, "half": 1, "open": 2}
 
 

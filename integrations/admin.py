@@ -3,6 +3,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.db import models
 from django.utils.translation import gettext_lazy as _
@@ -10,6 +11,7 @@ from django.utils.translation import gettext_lazy as _
 if TYPE_CHECKING:
     from django.utils.functional import _StrPromise  # a stub-only name: lazy translated strings
 
+from crm.checks import public_url_warnings
 from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, WhatsappPrice
 
 
@@ -170,6 +172,23 @@ class EmailSettingsAdmin(admin.ModelAdmin):
     list_select_related = ("organization",)
     search_fields = ("sender_email", "host", "organization__name")
     actions = ["send_test_email"]
+
+    def changelist_view(self, request, extra_context=None):
+        self._warn_about_public_url(request)
+        return super().changelist_view(request, extra_context)
+
+    def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
+        self._warn_about_public_url(request)
+        return super().changeform_view(request, object_id, form_url, extra_context)
+
+    @staticmethod
+    def _warn_about_public_url(request) -> None:
+        """The system check's crm.W001 where email is configured (on GET only: a POST redirects,
+        and the page it lands on says it again)."""
+        if request.method != "GET":
+            return
+        for warning in public_url_warnings(public_url=settings.PUBLIC_URL, debug=settings.DEBUG):
+            messages.warning(request, f"{warning.msg} {warning.hint}")
 
     @admin.action(description=_("Send a test email to the sender address"))
     def send_test_email(self, request, queryset):

@@ -29,6 +29,7 @@ from campaigns.sending import _graph_client, normalize_phone
 from crm import aio, jobs, queues, ratelimit, recovery
 from crm.jobs import Defer
 from crm.models import Customer, OptOutSource, Organization, Sale
+from crm.names import first_name
 from integrations.email.bounces import Failure, SmtpFailure
 from integrations.models import EmailSettings, WhatsappNumber
 from integrations.whatsapp.client import TemplateMessage, UrlButton
@@ -236,18 +237,12 @@ def survey_answer(*, survey: Survey, score: int, comment: str) -> bool:
 # --- Sending -------------------------------------------------------------------------------------
 
 
-def _first_name(customer: Customer) -> str:
-    # Any whitespace splits: Meta refuses a template parameter with a tab or a newline (132018).
-    words = (customer.name or "").split()
-    return words[0] if words else ""
-
-
 def render_survey_email(survey: Survey) -> RenderedEmail:
     """The survey email (Portuguese): subject, HTML and text bodies with the survey's https link."""
     from campaigns.email_render import RenderedEmail
 
     context = {
-        "first_name": _first_name(survey.customer),
+        "first_name": first_name(survey.customer.name or ""),
         "organization": survey.organization.name,
         "store": survey.store.name,
         "url": links.survey_url(survey),
@@ -474,6 +469,9 @@ def _send_email(survey: Survey) -> str:
         raise Defer(PAUSED_DELAY, f"email sending paused: {text}")
     if failure.kind is Failure.SOFT_BOUNCE and _retry_or_fail(survey, f"soft bounce: {text}"):
         raise SurveyRetry(f"soft bounce: {text}")
+    if failure.kind is Failure.BLOCKED:
+        # The receiving server's policy refused it (blocklist, reputation): the address is kept.
+        _fail(survey, f"blocked: {text}")
     if failure.kind is Failure.HARD_BOUNCE:
         _fail(survey, f"hard bounce: {text}")
         EmailSuppression.objects.bulk_create(
@@ -522,7 +520,7 @@ def _send_whatsapp(survey: Survey) -> str:
         to=phone.lstrip("+"),
         template=template,
         language=WHATSAPP_LANGUAGE,
-        body=[_first_name(survey.customer) or FIRST_NAME_FALLBACK],
+        body=[first_name(survey.customer.name or "") or FIRST_NAME_FALLBACK],
         # The template's URL button is "https://<our host>/{{1}}": its suffix is the survey's path.
         buttons=[UrlButton(0, links.survey_path(survey))],
         biz_opaque_callback_data=f"s:{survey.pk}",

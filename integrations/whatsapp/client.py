@@ -12,6 +12,7 @@ import aiohttp
 
 from integrations.errors import IntegrationError
 from integrations.whatsapp.errors import Action, classify
+from integrations.whatsapp.parameters import template_text
 
 
 @dataclass(frozen=True)
@@ -44,14 +45,16 @@ class SendResult:
 
 
 def build_payload(message: TemplateMessage) -> dict:
-    """The Graph API JSON body of a template message."""
+    """The Graph API JSON body of a template message; body texts as Meta takes them (`template_text`)."""
     components: list[dict] = []
     if message.header_image_url:
         components.append(
             {"type": "header", "parameters": [{"type": "image", "image": {"link": message.header_image_url}}]}
         )
     if message.body:
-        components.append({"type": "body", "parameters": [{"type": "text", "text": v} for v in message.body]})
+        components.append(
+            {"type": "body", "parameters": [{"type": "text", "text": template_text(v)} for v in message.body]}
+        )
     for button in message.buttons:
         components.append(
             {

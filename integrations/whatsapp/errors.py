@@ -26,7 +26,11 @@ _BY_CODE: dict[int, Action] = {
     132000: Action.STOP_CAMPAIGN,  # template param count mismatch
     132001: Action.STOP_CAMPAIGN,  # template does not exist
     132012: Action.STOP_CAMPAIGN,  # template parameter format mismatch
-    132018: Action.STOP_CAMPAIGN,  # parameter with newline/tab/too many spaces (we flatten them first)
+    # One recipient's values, not the campaign: a parameter with a new-line, a tab or more than 4
+    # spaces in a row (integrations.whatsapp.parameters folds them first, so this is a value that
+    # still got through), and a text too long once the values are in. That message fails; the rest go.
+    132018: Action.DROP_RECIPIENT,
+    132005: Action.DROP_RECIPIENT,
     190: Action.STOP_ORGANIZATION,  # access token expired/invalid
     131031: Action.STOP_ORGANIZATION,  # business account locked
     131042: Action.STOP_ORGANIZATION,  # payment issue

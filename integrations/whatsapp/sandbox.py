@@ -58,8 +58,14 @@ VERSION_RE = re.compile(r"v\d+\.\d+")
 TO_RE = re.compile(r"\+?\d{8,15}")
 # 55 + two-digit area code + the mobile "9" + eight digits.
 BR_MOBILE_RE = re.compile(r"(55\d{2})9(\d{8})")
-# Meta refuses template text parameters with these (error 132018).
-BAD_WHITESPACE_RE = re.compile(r"[\n\t]| {5,}")
+# Meta refuses template text parameters with these (error 132018: "Param text cannot have
+# new-line/tab characters or more than 4 consecutive spaces"). Every line break counts here (\r, a
+# vertical tab, U+2028...): the sandbox errs on the strict side, so what passes it passes Meta.
+BAD_WHITESPACE_RE = re.compile(r"[\n\r\t\v\f\x85\u2028\u2029]| {5,}")
+# The text of a body parameter: 1,024 characters when the template has other components, 32,768 when
+# the body is alone (Cloud API reference, parameter object); Meta answers 132005 beyond.
+BODY_TEXT_MAX = 1024
+BODY_ONLY_TEXT_MAX = 32768
 
 DEFAULT_STATUS_DELAYS_MS: tuple[float, ...] = (20.0, 40.0, 60.0)
 STATUS_SEQUENCE = ("sent", "delivered", "read")
@@ -90,6 +96,7 @@ ERRORS: dict[int, tuple[str, str]] = {
         "Failed to send message because this user's phone number is part of an experiment.",
     ),
     131000: ("Something went wrong", "Message failed to send due to an unknown error."),
+    132005: ("Template Hydrated Text Too Long", "Translated text is too long."),
     131008: ("Required parameter is missing", "The request is missing a required parameter."),
     131026: (
         "Message undeliverable",
@@ -369,6 +376,20 @@ def _validate_parameter(component: str, parameter: Any) -> None:
         raise GraphError(100, f"Invalid parameter type {kind!r} in {component}")
 
 
+def _check_body_length(components: list[dict[str, Any]]) -> None:
+    """Raise 132005 for a body text parameter over Meta's limit (counted in UTF-16 code units, the
+    strict reading of "characters")."""
+    alone = all(component.get("type") == "body" for component in components)
+    limit = BODY_ONLY_TEXT_MAX if alone else BODY_TEXT_MAX
+    for component in components:
+        if component.get("type") != "body":
+            continue
+        for parameter in component.get("parameters", []):
+            text = parameter.get("text") if parameter.get("type") == "text" else None
+            if isinstance(text, str) and len(text.encode("utf-16-le")) // 2 > limit:
+                raise GraphError(132005, f"Param text is over {limit} characters")
+
+
 def validate_message(payload: Any) -> tuple[str, dict[str, Any]]:
     """Check a send request like Meta; returns ``(to, template)`` or raises :class:`GraphError`."""
     _require(isinstance(payload, dict), 100, "The request body must be a JSON object")
@@ -419,6 +440,7 @@ def validate_message(payload: Any) -> tuple[str, dict[str, Any]]:
         _require(isinstance(parameters, list), 100, f"Param parameters of {ctype} must be an array")
         for parameter in parameters:
             _validate_parameter(str(ctype), parameter)
+    _check_body_length(components)
     callback = payload.get("biz_opaque_callback_data")
     _require(
         callback is None or (isinstance(callback, str) and len(callback) <= MAX_CALLBACK_DATA),

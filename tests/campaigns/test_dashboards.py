@@ -172,15 +172,16 @@ def test_a_long_campaign_gets_wider_buckets_and_never_more_than_300_points(world
     assert data["series"]["sent"][-1] == 1
 
 
-def test_an_email_campaign_splits_bounces_from_failures_and_counts_opens(world):
+def test_an_email_campaign_splits_bounces_and_blocks_from_failures_and_counts_opens(world):
     org = world["org"]
     start = timezone.now() - timedelta(minutes=10)
     campaign = _campaign(org, start, channel=Channel.EMAIL, status=Campaign.Status.SENDING, finished_at=None)
-    people = _customers(org, 5)
+    people = _customers(org, 6)
     rows = [
         ("sent", {"sent_at": start, "opened_at": start + timedelta(minutes=2)}),
         ("sent", {"sent_at": start, "opened_at": start + timedelta(minutes=2), "clicked_at": start}),
         ("bounced", {"failed_at": start + timedelta(minutes=1)}),
+        ("blocked", {"failed_at": start + timedelta(minutes=1)}),
         ("failed", {"failed_at": start + timedelta(minutes=1)}),
         ("queued", {}),
     ]
@@ -193,8 +194,9 @@ def test_an_email_campaign_splits_bounces_from_failures_and_counts_opens(world):
 
     data = dashboards.campaign_series(campaign=campaign)
 
-    assert data["totals"] == {"sent": 2, "opened": 2, "clicked": 1, "bounced": 1, "failed": 1}
+    assert data["totals"] == {"sent": 2, "opened": 2, "clicked": 1, "bounced": 1, "blocked": 1, "failed": 1}
     assert data["series"]["bounced"][1] == 1 and data["series"]["failed"][1] == 1
+    assert data["series"]["blocked"][1] == 1
     assert data["live"] is True  # still sending: the page keeps refreshing the chart
     assert Decimal(data["cost_total"]) == 0
 

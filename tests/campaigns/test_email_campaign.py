@@ -143,6 +143,16 @@ def test_an_email_campaign_sends_once_to_each_recipient_over_pooled_connections(
     assert msg.email == people[0].email and msg.sent_at
 
 
+def test_the_first_name_in_an_email_follows_the_one_rule_for_names_as_typed(em, smtp, run_jobs):
+    erp = em["customers"](1, name=" MARIA\tDA SILVA")[0]
+    typed = em["customers"](1, start=1, name="\njoão  pedro")[0]
+    services.campaign_start(campaign=em["campaign"]())
+    run_jobs()
+    assert smtp.messages(to=erp.email)[0]["subject"] == "Maria, a Black Friday chegou"
+    assert smtp.messages(to=typed.email)[0]["subject"] == "João, a Black Friday chegou"
+    assert "Olá João, ofertas" in smtp.messages(to=typed.email)[0]["html"]
+
+
 def test_the_fan_out_and_the_send_are_bulk(em, smtp, run_jobs, settings):
     settings.EMAIL_BATCH_SIZE = 100
     em["customers"](600)
@@ -180,6 +190,60 @@ def test_a_hard_bounce_suppresses_the_address_for_future_campaigns(em, smtp, run
         good.pk
     ]
     assert len(smtp.messages(to=dead.email)) == 0
+
+
+SPAMHAUS = "5.7.1 Service unavailable; client host [203.0.113.9] blocked using Spamhaus"
+
+
+def test_a_policy_block_is_recorded_apart_and_never_suppresses_the_address(em, smtp, run_jobs):
+    from django.contrib.auth.models import User
+
+    at_rcpt, at_data, dead, _fine = em["customers"](4)
+    smtp.reply_for(at_rcpt.email, 550, SPAMHAUS)
+    smtp.reply_for(at_data.email, 554, "5.7.1 Message rejected due to policy", at="DATA")
+    smtp.reply_for(dead.email, 550, "5.1.1 <x>: Recipient address rejected: User unknown")
+    first = services.campaign_start(campaign=em["campaign"]())
+    run_jobs(settle=3)
+    first.refresh_from_db()
+    assert first.status == Campaign.Status.SENT
+    for person, words in ((at_rcpt, "Spamhaus"), (at_data, "due to policy")):
+        msg = EmailMessage.objects.get(campaign=first, customer=person)
+        # blocked at once, not retried (a block outlasts a minute), and not a bounce
+        assert (msg.status, msg.bounce_type, msg.attempts) == (S.BLOCKED, "", 1)
+        assert "5.7.1" in msg.bounce_message and words in msg.bounce_message and msg.failed_at
+    # only the dead address is suppressed
+    assert list(EmailSuppression.objects.values_list("email", flat=True)) == [dead.email.lower()]
+    metric = CampaignMetric.objects.get(campaign=first)
+    assert (metric.sent, metric.delivered, metric.bounced, metric.blocked) == (1, 1, 1, 2)
+    # counted apart wherever counts show, the existing keys kept
+    out = StringIO()
+    call_command("campaign_status", str(first.pk), "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    assert set(selectors.COUNT_KEYS) - {"blocked"} < set(data["counts"])
+    assert {k: v for k, v in data["counts"].items() if v} == {"sent": 1, "bounced": 1, "blocked": 2}
+    assert data["progress"] == 1.0
+    client = Client()
+    client.force_login(User.objects.create_user("ops", is_staff=True, is_superuser=True))
+    page = client.get(f"/admin/campaigns/campaign/{first.pk}/change/").content.decode()
+    assert '<td data-count="blocked">2</td>' in page
+    assert "4/4 (100%)" in client.get("/admin/campaigns/campaign/").content.decode()
+    assert "column-blocked" in client.get("/admin/campaigns/campaignmetric/").content.decode()
+    series = client.get(f"/admin/campaigns/campaign/{first.pk}/series/").json()
+    assert (series["totals"]["blocked"], series["totals"]["bounced"], series["totals"]["failed"]) == (2, 1, 0)
+
+    # the next campaign still writes to the blocked addresses, never to the dead one
+    smtp.reset()
+    second = services.campaign_start(campaign=em["campaign"](name="Natal"))
+    run_jobs()
+    assert _statuses(second) == {"sent": 3}
+    assert smtp.messages(to=at_rcpt.email) and smtp.messages(to=at_data.email)
+
+    # and "retry failed" tries the blocked ones again (the block may have been lifted)
+    assert services.campaign_retry_failed(campaign=first) == 2
+    run_jobs()
+    assert _statuses(first) == {"sent": 3, "bounced": 1}
+    metric.refresh_from_db()
+    assert (metric.sent, metric.bounced, metric.blocked) == (3, 1, 0)
 
 
 def test_a_soft_bounce_is_retried_with_backoff_then_bounces_soft(em, smtp, run_jobs):

@@ -4,6 +4,8 @@ loopback stand-in for Postmark's API, and Postmark's tracking webhooks posted to
 from __future__ import annotations
 
 import base64
+import hashlib
+import hmac
 import json
 import logging
 import socket
@@ -416,6 +418,115 @@ def test_a_bounce_that_arrives_before_its_send_is_recorded_is_applied_once_it_is
     assert _statuses(campaign) == {"sent": 2, "bounced": 1}
     assert _metric(campaign) == (3, 2, 1, 0, 0)
     assert not jobs.get_connection().exists(esp_tracking.EARLY_KEY + str(seen["id"]))  # applied, forgotten
+
+
+SPAMCOP = "554 5.7.1 Service unavailable; Client host [167.89.55.66] blocked using bl.spamcop.net"
+MAILGUN_SIGNING_KEY = "mailgun-signing-key-0123456789"
+
+
+def _sendgrid_bounce(message: EmailMessage, *, kind: str, reason: str) -> list[dict]:
+    """SendGrid's event webhook body for one bounce (`kind` "bounce" or "blocked"), as it posts it."""
+    return [
+        {
+            "email": message.email,
+            "timestamp": 1526923399,
+            "event": "bounce",
+            "ip": "167.89.55.66",
+            "reason": reason,
+            "status": reason.split()[1],
+            "sg_event_id": f"B977-{message.pk}",
+            "sg_message_id": f"grsqQC4hRxKgKG-{message.pk}.filter0001p2iad2",
+            "smtp-id": f"<grsqQC4hRxKgKG-{message.pk}@ismtpd0046p1mdw1.sendgrid.net>",
+            "tls": 1,
+            "type": kind,
+            "anymail_id": message.esp_message_id,
+        }
+    ]
+
+
+def _mailgun_failed(message_id: str, recipient: str, *, reason: str, token: str) -> dict:
+    """Mailgun's signed webhook body for a permanent failure with that `reason`."""
+    timestamp = str(int(time.time()))
+    signature = hmac.new(MAILGUN_SIGNING_KEY.encode(), f"{timestamp}{token}".encode(), hashlib.sha256)
+    return {
+        "signature": {"timestamp": timestamp, "token": token, "signature": signature.hexdigest()},
+        "event-data": {
+            "event": "failed",
+            "severity": "permanent",
+            "reason": reason,
+            "recipient": recipient,
+            "timestamp": time.time(),
+            "id": f"ev-{token}",
+            "message": {"headers": {"message-id": message_id.strip("<>")}},
+            "delivery-status": {
+                "code": 554,
+                "message": "5.7.1 [203.0.113.9] Blocked - see https://ipcheck.proofpoint.com/",
+                "description": "",
+            },
+        },
+    }
+
+
+def test_esp_block_events_mark_the_message_blocked_and_never_suppress(em, postmark, run_jobs, settings):
+    settings.ANYMAIL = {"WEBHOOK_SECRET": WEBHOOK_SECRET, "MAILGUN_WEBHOOK_SIGNING_KEY": MAILGUN_SIGNING_KEY}
+    campaign, people, (a, b, c) = _sent_campaign(em, 3, run_jobs)
+    # b as if sent through Mailgun, which names messages by their Message-ID
+    EmailMessage.objects.filter(pk=b.pk).update(esp_message_id="<20261201.1@mg.loja.example.com.br>")
+    b.refresh_from_db()
+
+    def post(path: str, payload: object) -> int:
+        body = json.dumps(payload)
+        auth = _auth()["HTTP_AUTHORIZATION"]
+        response = Client().post(path, data=body, content_type="application/json", HTTP_AUTHORIZATION=auth)
+        return response.status_code
+
+    sendgrid_blocked = _sendgrid_bounce(a, kind="blocked", reason=SPAMCOP)
+    assert post("/anymail/sendgrid/tracking/", sendgrid_blocked) == 200
+    assert post("/anymail/sendgrid/tracking/", sendgrid_blocked) == 200  # SendGrid retries: counted once
+    mailgun = _mailgun_failed(b.esp_message_id, b.email, reason="espblock", token="a" * 50)
+    assert post("/anymail/mailgun/tracking/", mailgun) == 200
+    a.refresh_from_db()
+    b.refresh_from_db()
+    assert (a.status, a.bounce_type) == (S.BLOCKED, "") and a.failed_at
+    assert a.bounce_message.startswith("SendGrid blocked:") and "spamcop" in a.bounce_message
+    assert (b.status, b.bounce_type) == (S.BLOCKED, "") and b.bounce_message.startswith("Mailgun espblock:")
+    assert not EmailSuppression.objects.exists()
+    assert CampaignMetric.objects.get(campaign=campaign).blocked == 2
+    assert _metric(campaign) == (3, 1, 0, 0, 0)  # sent, delivered, bounced, opened, clicked
+    assert _statuses(campaign) == {"sent": 1, "blocked": 2}
+
+    # a SendGrid bounce of type "bounce" is still a hard bounce: suppressed
+    hard = _sendgrid_bounce(
+        c, kind="bounce", reason="550 5.1.1 The email account that you tried to reach does not exist"
+    )
+    assert post("/anymail/sendgrid/tracking/", hard) == 200
+    c.refresh_from_db()
+    assert (c.status, c.bounce_type) == (S.BOUNCED, "hard")
+    assert list(EmailSuppression.objects.values_list("email", flat=True)) == [people[2].email]
+
+    # the next campaign writes to the blocked addresses again
+    second = services.campaign_start(campaign=em["campaign"](name="Natal"))
+    run_jobs()
+    assert _statuses(second) == {"sent": 2}
+
+
+def test_a_block_event_that_arrives_before_its_send_is_recorded_is_applied_as_a_block(em, postmark, run_jobs):
+    campaign, _people, (a,) = _sent_campaign(em, 1, run_jobs)
+    early_id = "11111111-2222-3333-4444-555555555555"
+    ahead = _sendgrid_bounce(a, kind="blocked", reason=SPAMCOP)
+    ahead[0]["anymail_id"] = early_id
+    body = json.dumps(ahead)
+    response = Client().post(
+        "/anymail/sendgrid/tracking/", data=body, content_type="application/json", **_auth()
+    )
+    assert response.status_code == 200
+    assert jobs.get_connection().exists(esp_tracking.EARLY_KEY + early_id)
+    # its send is recorded now (as the send job does, then applies what came early)
+    EmailMessage.objects.filter(pk=a.pk).update(esp_message_id=early_id)
+    assert esp_tracking.apply_early([early_id]) == 1
+    a.refresh_from_db()
+    assert a.status == S.BLOCKED and not EmailSuppression.objects.exists()
+    assert CampaignMetric.objects.get(campaign=campaign).blocked == 1
 
 
 def test_a_spam_complaint_suppresses_the_address_and_opts_the_customer_out(em, postmark, run_jobs):

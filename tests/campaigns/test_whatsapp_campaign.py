@@ -83,6 +83,55 @@ def test_an_empty_template_variable_skips_the_message_and_meta_never_sees_it(wa,
     assert CampaignMetric.objects.get(campaign=campaign).skipped == 1
 
 
+# Names as people type them and ERPs export them, with the first name and the whole name Meta gets.
+NAMES_AS_TYPED = [
+    ("\tMaria Souza", "Maria", "Maria Souza"),
+    ("JOSÉ\r\nDA SILVA", "José", "JOSÉ DA SILVA"),
+    ("Ana     Paula", "Ana", "Ana Paula"),
+    (" Pedro Henrique", "Pedro", "Pedro Henrique"),
+    ("💖 Bia\n", "Bia", "💖 Bia"),
+    ("MARIA DA SILVA", "Maria", "MARIA DA SILVA"),
+    ("Luiza\u2028Lima", "Luiza", "Luiza Lima"),
+    ("Carla\u00a0\u00a0\u00a0\u00a0\u00a0Dias", "Carla", "Carla Dias"),
+    ("Xavier" * 33, "Xavier" * 33, "Xavier" * 33),
+]
+
+
+def test_customers_named_as_people_type_them_all_get_the_campaign(wa, sandbox, run_jobs):
+    people = [wa["customers"](1, start=i, name=name)[0] for i, (name, _, _) in enumerate(NAMES_AS_TYPED)]
+    blank = wa["customers"](1, start=50, name=" \t\n ")[0]
+    campaign = services.campaign_start(campaign=wa["campaign"](template_variables=["first_name", "name"]))
+    run_jobs()
+    campaign.refresh_from_db()
+    # Everyone is sent to (the sandbox refuses with 132018 what Meta refuses); the campaign completes.
+    assert campaign.status == Campaign.Status.SENT and not campaign.stop_reason
+    assert _statuses(campaign) == {"sent": len(NAMES_AS_TYPED), "skipped": 1}
+    assert sandbox.stats()["rejected"] == 0
+    for person, (_, first, whole) in zip(people, NAMES_AS_TYPED, strict=True):
+        [sent] = sandbox.messages(to=person.phone)
+        body = next(c for c in sent["template"]["components"] if c["type"] == "body")
+        assert [p["text"] for p in body["parameters"]] == [first, whole]
+    # A name with nothing in it still falls back as before: skipped, never sent empty.
+    msg = WhatsappMessage.objects.get(customer=blank)
+    assert msg.status == S.SKIPPED and "empty template variable {{1}} (first_name)" in msg.error_reason
+
+
+def test_a_132018_from_meta_fails_that_message_and_the_campaign_completes(wa, sandbox, run_jobs, settings):
+    settings.WHATSAPP_BATCH_SIZE = 3
+    people = wa["customers"](7)
+    sandbox.add_rule(to=people[1].phone.lstrip("+"), code=132018)
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs()
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.SENT and not campaign.stop_reason
+    msg = WhatsappMessage.objects.get(customer=people[1])
+    assert (msg.status, msg.error_code, msg.attempts) == (S.FAILED, 132018, 1)
+    assert "new-line/tab" in msg.error_reason and msg.failed_at
+    assert _statuses(campaign) == {"sent": 6, "failed": 1}
+    assert len(sandbox.messages()) == 6
+    assert CampaignMetric.objects.get(campaign=campaign).failed == 1
+
+
 def test_131050_fails_the_message_and_records_the_opt_out(wa, sandbox, run_jobs):
     people = wa["customers"](5)
     sandbox.add_rule(to=people[2].phone.lstrip("+"), code=131050)

@@ -12,12 +12,14 @@ from integrations.email.bounces import (
     BounceType,
     Failure,
     SmtpFailure,
+    classify_esp_bounce,
     classify_exception,
     classify_reply,
+    esp_event_markers,
     parse_reply,
 )
 
-HARD, SOFT, SENDER = Failure.HARD_BOUNCE, Failure.SOFT_BOUNCE, Failure.SENDER
+HARD, SOFT, SENDER, BLOCKED = Failure.HARD_BOUNCE, Failure.SOFT_BOUNCE, Failure.SENDER, Failure.BLOCKED
 
 GMAIL_NO_SUCH_USER = (
     "550-5.1.1 The email account that you tried to reach does not exist. Please try\n"
@@ -44,7 +46,7 @@ GMAIL_BAD_CREDENTIALS = (
         (GMAIL_OVER_QUOTA, SOFT),
         (GMAIL_BAD_CREDENTIALS, SENDER),
         ("550 5.2.1 The email account that you tried to reach is disabled. - gsmtp", HARD),
-        ("550 5.7.1 [203.0.113.9] Our system has detected that this message is likely spam.", HARD),
+        ("550 5.7.1 [203.0.113.9] Our system has detected that this message is likely spam.", BLOCKED),
         ("450 4.2.1 The user you are trying to contact is receiving mail too quickly. - gsmtp", SOFT),
         ("421 4.7.0 Try again later, closing connection. (EHLO) - gsmtp", SENDER),
         ("530 5.7.0 Must issue a STARTTLS command first. - gsmtp", SENDER),
@@ -110,16 +112,78 @@ GMAIL_BAD_CREDENTIALS = (
         ("", SOFT),
         ("599 weird", HARD),
         ("499 weird", SOFT),
-        ("550 host 200.4.1.20 blocked", HARD),  # not a "4.1.20" enhanced status
+        ("550 host 200.4.1.20 blocked", BLOCKED),  # not a "4.1.20" enhanced status (that would be soft)
     ],
 )
 def test_it_classifies_a_real_world_reply(reply: str, kind: Failure) -> None:
     assert classify_reply(None, reply).kind is kind
 
 
+# Policy blocks say nothing about the address: the IP, the domain's reputation, the content.
+@pytest.mark.parametrize(
+    ("reply", "kind"),
+    [
+        ("550 5.7.1 Service unavailable; client host [203.0.113.9] blocked using Spamhaus", BLOCKED),
+        ("554 5.7.1 Service unavailable; Client host [203.0.113.9] blocked using bl.spamcop.net", BLOCKED),
+        ("554 5.7.1 <c@example.com.br>: Message rejected due to policy", BLOCKED),
+        (
+            "550 5.7.1 Unfortunately, messages from [203.0.113.9] weren't sent. Please contact your Internet "
+            "service provider since part of their network is on our block list (S3150).",
+            BLOCKED,
+        ),
+        ("550 5.7.606 Access denied, banned sending IP [203.0.113.9]", BLOCKED),  # Microsoft
+        ("550-5.7.26 This mail is unauthenticated, which poses a security risk", BLOCKED),  # Gmail DMARC
+        ("552 5.7.0 This message was blocked because its content presents a security issue", BLOCKED),
+        ("553 5.7.1 [BL21] Connections will not be accepted from 203.0.113.9", BLOCKED),  # Yahoo
+        ("550 Rejected: 203.0.113.9 listed at zen.spamhaus.org", BLOCKED),  # no enhanced code
+        ("554 Your access to this mail system has been rejected due to poor reputation", BLOCKED),
+        ("550 5.0.0 Mensagem bloqueada pela política anti-spam", BLOCKED),
+        # ...but not those that speak of the address, the relay or our login, nor temporary ones.
+        ("550 5.7.13 User account disabled", HARD),
+        ("550 5.7.17 Mailbox owner has changed", HARD),
+        ("550 5.1.1 <a@b.com>: Recipient address rejected: User unknown", HARD),
+        ("554 5.7.1 <a@b.com>: Relay access denied", SENDER),
+        ("553 5.7.1 <x@y>: Sender address rejected: not owned by user loja", SENDER),
+        ("535 5.7.8 Authentication credentials invalid", SENDER),
+        ("451 4.7.1 Service unavailable; client host [203.0.113.9] blocked using Spamhaus", SOFT),
+        ("450 Blocked for now, try again later", SOFT),
+    ],
+)
+def test_it_tells_a_policy_block_from_a_bounce(reply: str, kind: Failure) -> None:
+    assert classify_reply(None, reply).kind is kind
+
+
+@pytest.mark.parametrize(
+    ("raw", "response", "kind"),
+    [
+        # SendGrid: a "bounce" event whose type is "blocked"
+        ({"event": "bounce", "type": "blocked", "reason": "550 5.7.1 blocked"}, "550 5.7.1 blocked", BLOCKED),
+        ({"event": "bounce", "type": "bounce"}, "550 5.1.1 The email account does not exist", HARD),
+        # Mailgun: a permanent "failed" event whose reason is "espblock"
+        ({"event-data": {"event": "failed", "severity": "permanent", "reason": "espblock"}}, "", BLOCKED),
+        ({"event-data": {"event": "failed", "severity": "permanent", "reason": "bounce"}}, "", HARD),
+        # Postmark
+        ({"Type": "Blocked", "RecordType": "Bounce"}, "", BLOCKED),
+        ({"Type": "DMARCPolicy", "RecordType": "Bounce"}, "", BLOCKED),
+        ({"Type": "SoftBounce", "RecordType": "Bounce"}, "", SOFT),
+        ({"Type": "HardBounce", "RecordType": "Bounce"}, "smtp;550 5.1.1 unknown", HARD),
+        # Brevo's "blocked" is its own suppression of the address: not a policy block
+        ({"event": "blocked"}, "", HARD),
+        ({"event": "soft_bounce"}, "", SOFT),
+        # any ESP: the server's own reply decides when the ESP calls a block a bounce
+        ({"event": "hard_bounce"}, "550 5.7.1 client host blocked using Spamhaus", BLOCKED),
+        ("not a mapping", "", HARD),
+    ],
+)
+def test_esp_events_are_classified_by_the_esps_markers_then_the_servers_reply(
+    raw: object, response: str, kind: Failure
+) -> None:
+    assert classify_esp_bounce(markers=esp_event_markers(raw), response=response) is kind
+
+
 @pytest.mark.parametrize(
     ("kind", "bounce_type"),
-    [(HARD, BounceType.HARD), (SOFT, BounceType.SOFT), (SENDER, None)],
+    [(HARD, BounceType.HARD), (SOFT, BounceType.SOFT), (SENDER, None), (BLOCKED, None)],
 )
 def test_only_bounces_have_a_bounce_type(kind: Failure, bounce_type: BounceType | None) -> None:
     assert SmtpFailure(kind=kind, code=None, enhanced=None, message="").bounce_type is bounce_type
@@ -186,7 +250,7 @@ def test_latin1_bytes_are_decoded_with_replacement_and_still_understood() -> Non
 @pytest.mark.parametrize(
     ("exc", "kind", "code"),
     [
-        (smtplib.SMTPDataError(550, b"5.7.1 Message rejected as spam"), HARD, 550),
+        (smtplib.SMTPDataError(550, b"5.7.1 Message rejected as spam"), BLOCKED, 550),
         (smtplib.SMTPDataError(552, b"5.2.2 Mailbox full"), SOFT, 552),
         (smtplib.SMTPDataError(451, b"4.3.0 Error: queue file write error"), SOFT, 451),
         (smtplib.SMTPDataError(421, b"4.4.2 Connection timed out"), SENDER, 421),

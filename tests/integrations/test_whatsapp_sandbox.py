@@ -304,6 +304,34 @@ def test_it_rejects_a_variable_with_a_new_line_with_132018(client: httpx.Client)
     assert "new-line" in error["error_data"]["details"]
 
 
+@pytest.mark.parametrize(
+    "text",
+    ["Ana\tSilva", "Ana\r\nSilva", "Ana\rSilva", "Ana\u2028Silva", "Ana     Silva", " " * 5 + "Ana"],
+)
+def test_it_rejects_what_meta_refuses_in_a_parameter_with_132018(client: httpx.Client, text: str) -> None:
+    body = message()
+    body["template"]["components"][1]["parameters"][0] = {"type": "text", "text": text}
+    assert_graph_error(client.post(SEND_PATH, json=body), 400, 132018)
+
+
+def test_it_takes_up_to_four_spaces_in_a_row(client: httpx.Client) -> None:
+    body = message()
+    body["template"]["components"][1]["parameters"][0] = {"type": "text", "text": "Ana    Silva"}
+    assert client.post(SEND_PATH, json=body).status_code == 200
+
+
+def test_a_body_parameter_over_metas_length_limit_is_refused_with_132005(client: httpx.Client) -> None:
+    body = message()
+    params = body["template"]["components"][1]["parameters"]
+    params[0] = {"type": "text", "text": "a" * 1024}
+    assert client.post(SEND_PATH, json=body).status_code == 200
+    params[0] = {"type": "text", "text": "😀" * 513}  # 1,026 UTF-16 code units
+    assert_graph_error(client.post(SEND_PATH, json=body), 400, 132005)
+    # With the body as the template's only component the limit is 32,768.
+    body["template"]["components"] = [{"type": "body", "parameters": [{"type": "text", "text": "a" * 5000}]}]
+    assert client.post(SEND_PATH, json=body).status_code == 200
+
+
 def test_it_rejects_a_body_that_is_not_json_with_100(client: httpx.Client) -> None:
     response = client.post(SEND_PATH, content=b"{not json", headers={"Content-Type": "application/json"})
     assert_graph_error(response, 400, 100)

@@ -159,6 +159,19 @@ def test_a_hard_bounce_fails_the_survey_suppresses_the_address_and_never_resends
     assert services.survey_send(survey_id=survey.pk) == "nothing to do"
 
 
+def test_a_policy_block_fails_the_survey_and_keeps_the_address(email_shop: Shop, smtp: SmtpSandbox, run_jobs):
+    smtp.reply_for("ana@example.com.br", 550, "5.7.1 Service unavailable; client host blocked using Spamhaus")
+    survey = email_shop.due_survey(email_shop.ana)
+
+    _send_due(run_jobs)
+
+    survey = reload(survey)
+    assert (survey.status, survey.attempts) == (S.FAILED, 1)
+    assert survey.reason.startswith("blocked: 550 5.7.1") and "Spamhaus" in survey.reason
+    assert not EmailSuppression.objects.exists()
+    assert smtp.messages() == []
+
+
 def test_a_soft_bounce_goes_back_to_scheduled_and_rq_retries_it(
     email_shop: Shop, smtp: SmtpSandbox, run_jobs
 ):

@@ -65,6 +65,21 @@ def test_a_store_without_a_number_uses_the_organization_s_first_number(
     assert (sent["to"], sent["phone_number_id"]) == ("5521999990002", ORG_NUMBER_ID)
 
 
+def test_names_as_typed_get_the_same_first_name_as_campaigns_and_an_empty_one_the_fallback(
+    whatsapp_shop: Shop, meta: SandboxServer, run_jobs
+):
+    shop = whatsapp_shop
+    erp = shop.customer("\tJOÃO\r\nDA SILVA", "", "+5511999990003")
+    blank = shop.customer(" \u200b\t", "", "+5511999990004")
+    surveys = [shop.due_survey(c) for c in (erp, blank)]
+
+    _send_due(run_jobs)
+
+    assert [reload(s).status for s in surveys] == [S.SENT, S.SENT]
+    first = {m["to"]: _components(m)["body"]["parameters"][0]["text"] for m in meta.messages()}
+    assert first == {"5511999990003": "João", "5511999990004": services.FIRST_NAME_FALLBACK}
+
+
 def test_opted_out_and_phoneless_customers_are_skipped(whatsapp_shop: Shop, meta: SandboxServer, run_jobs):
     shop = whatsapp_shop
     shop.ana.whatsapp_opted_out_at = timezone.now()
