@@ -30,6 +30,29 @@ def _static_root() -> None:
     Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Tests that start real processes (workers, servers) first: spread over xdist's processes at
+    the start, they do not leave one process running the longest tests at the end."""
+
+    def weight(item: pytest.Item) -> int:
+        if item.get_closest_marker("slow") or "web_server" in getattr(item, "fixturenames", ()):
+            return 0
+        return 1
+
+    items.sort(key=weight)  # stable: the order within each group stays the files' order
+
+
+@pytest.fixture(autouse=True)
+def _one_language() -> Iterator[None]:
+    """Every test starts in the settings' language: a view or command that activated another one
+    must not change what the next test (on the same process) reads."""
+    from django.utils import translation
+
+    translation.deactivate()
+    yield
+    translation.deactivate()
+
+
 @pytest.fixture(autouse=True)
 def redis_db() -> Iterator:
     """Every test starts and ends with an empty Redis database of its own."""

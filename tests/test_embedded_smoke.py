@@ -68,6 +68,7 @@ def _get(opener, url: str, timeout: float = 5) -> tuple[int, bytes]:
         return 0, b""
 
 
+@pytest.mark.timeout(600)  # two cold starts of the whole stack, on a machine shared with other tests
 def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
     var = tmp_path / "var"
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")}
