@@ -390,22 +390,31 @@ def _record(
         # A status webhook may have settled some of these while the batch was in flight (Meta
         # answers statuses fast, a paced batch takes seconds): lock the rows and write only the
         # ones still SENDING, so a delivered/read is never undone nor a send counted twice.
-        current = dict(
+        rows = list(
             WhatsappMessage.objects.select_for_update()
             .filter(id__in=[m.pk for m in messages])
-            .values_list("id", "status")
+            .values_list("id", "status", "cost")
         )
+        current = {pk: status for pk, status, _ in rows}
+        priced = {pk for pk, _, row_cost in rows if row_cost}
         pending = {pk for pk, status in current.items() if status == Status.SENDING}
         # Accepted by Meta but already moved forward by its status webhook (which counted them as
-        # sent): only what the send alone knows (cost, wa_id, phone) is still to be written.
+        # sent, and their cost when its pricing block said it): only what the send alone knows
+        # (wa_id, phone, and the cost not yet counted) is still to be written.
         settled = [m for m in sent if current.get(m.pk) in (Status.SENT, Status.DELIVERED, Status.READ)]
+        for m in settled:
+            if m.pk in priced:
+                m.cost = Decimal("0")  # counted by the webhook; the row keeps the webhook's cost
         sent = [m for m in sent if m.pk in pending]
         failed = [m for m in failed if m.pk in pending]
         skip_rows = [m for m in skip_rows if m.pk in pending]
         requeue_spent = [pk for pk in requeue_spent if pk in pending]
         requeue_free = [pk for pk in requeue_free if pk in pending]
         cost = sum((m.cost for m in sent + settled), Decimal("0"))
-        bulk.update_rows(WhatsappMessage, settled, ["wa_id", "cost", "phone"])
+        bulk.update_rows(WhatsappMessage, [m for m in settled if m.pk in priced], ["wa_id", "phone"])
+        bulk.update_rows(
+            WhatsappMessage, [m for m in settled if m.pk not in priced], ["wa_id", "cost", "phone"]
+        )
         guard = {"status": Status.SENDING}
         bulk.update_rows(
             WhatsappMessage, sent, ["status", "wamid", "wa_id", "sent_at", "cost", "phone"], only_if=guard
