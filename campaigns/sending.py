@@ -345,6 +345,7 @@ def _record(
     prices = _prices(campaign.template_category) if outcomes else {}
     sent: list[WhatsappMessage] = []
     failed: list[WhatsappMessage] = []
+    unknown: list[WhatsappMessage] = []  # out of attempts, but Meta may have accepted the last one
     requeue_spent: list[int] = []
     requeue_free: list[int] = []
     opt_outs: list[int] = []
@@ -369,6 +370,10 @@ def _record(
         elif action == Action.STOP_ORGANIZATION:
             requeue_free.append(m.pk)
             stop_org = str(r.error)
+        elif r.maybe_accepted and action == Action.RETRY:
+            # Never "failed": a late status webhook still settles it (campaigns.statuses).
+            m.status, m.error_reason = Status.UNKNOWN, f"outcome unknown: {r.error.message}; not resent"
+            unknown.append(m)
         else:
             if action == Action.OPT_OUT:
                 opt_outs.append(m.customer_id)
@@ -407,6 +412,7 @@ def _record(
                 m.cost = Decimal("0")  # counted by the webhook; the row keeps the webhook's cost
         sent = [m for m in sent if m.pk in pending]
         failed = [m for m in failed if m.pk in pending]
+        unknown = [m for m in unknown if m.pk in pending]
         skip_rows = [m for m in skip_rows if m.pk in pending]
         requeue_spent = [pk for pk in requeue_spent if pk in pending]
         requeue_free = [pk for pk in requeue_free if pk in pending]
@@ -426,6 +432,7 @@ def _record(
             only_if=guard,
         )
         bulk.update_rows(WhatsappMessage, skip_rows, ["status", "error_reason", "phone"], only_if=guard)
+        bulk.update_rows(WhatsappMessage, unknown, ["status", "error_reason", "phone"], only_if=guard)
         if requeue_spent:
             WhatsappMessage.objects.filter(id__in=requeue_spent).update(status=Status.QUEUED, sending_at=None)
         if requeue_free:
@@ -435,6 +442,7 @@ def _record(
         CampaignMetric.objects.filter(campaign_id=campaign.pk).update(
             sent=F("sent") + len(sent),
             failed=F("failed") + len(failed),
+            unknown=F("unknown") + len(unknown),
             skipped=F("skipped") + len(skip_rows),
             cost=F("cost") + cost,
         )
@@ -464,6 +472,7 @@ def _record(
     counts.update(
         sent=len(sent),
         failed=len(failed),
+        unknown=len(unknown),
         skipped=len(skip_rows),
         retry=len(requeue_spent),
         throttled=len(requeue_free),
