@@ -95,11 +95,6 @@ def esp_tracking_webhook(
     if provider not in tracking.VIEWS:
         return _refused(404, f"no tracking webhook for {provider!r}")
     organization_id = int(organization_id) if organization_id is not None else None  # the URL's digits
-    email: EmailSettings | None = None
-    if organization_id is not None:
-        email = EmailSettings.objects.filter(organization_id=organization_id, provider=provider).first()
-        if email is None:
-            return _refused(404, f"organization {organization_id} does not send through {provider}")
     if request.method == "HEAD":
         return HttpResponse()
     try:
@@ -109,6 +104,11 @@ def esp_tracking_webhook(
     if not _authenticated(request, organization_id):
         logger.warning("%s tracking webhook: missing or wrong basic auth", provider)
         return _refused(401, "missing or wrong basic auth", **{"WWW-Authenticate": 'Basic realm="anymail"'})
+    email: EmailSettings | None = None
+    if organization_id is not None:  # looked up only for an authenticated sender: no probing
+        email = EmailSettings.objects.filter(organization_id=organization_id, provider=provider).first()
+        if email is None:
+            return _refused(404, f"organization {organization_id} does not send through {provider}")
     try:
         payload = intake.parse_json(raw)
         raws = tracking.raw_events(provider, payload)
