@@ -209,7 +209,7 @@ class CampaignAdmin(admin.ModelAdmin):
         metric = getattr(obj, "metric", None)
         if metric is None or not metric.queued:
             return "—"
-        done = metric.sent + metric.bounced + metric.blocked + metric.failed + metric.skipped
+        done = metric.sent + metric.bounced + metric.blocked + metric.failed + metric.unknown + metric.skipped
         return f"{done}/{metric.queued} ({100 * done // metric.queued}%)"
 
     @admin.display(description=_("live status"))
@@ -574,6 +574,7 @@ class CampaignMetricAdmin(BigTableAdmin):
         "bounced",
         "blocked",
         "failed",
+        "unknown",
         "skipped",
         "opened",
         "clicked",
@@ -593,6 +594,7 @@ class CampaignMetricAdmin(BigTableAdmin):
         "clicked",
         "bounced",
         "blocked",
+        "unknown",
         "cost",
     )
 

@@ -7,8 +7,4 @@ class CampaignsConfig(AppConfig):
     verbose_name = _("Campaigns")
 
     def ready(self) -> None:
-        from anymail.signals import tracking
-
-        from campaigns import esp_tracking, services  # noqa: F401 - services registers the recoverer
-
-        tracking.connect(esp_tracking.on_tracking, dispatch_uid="campaigns.esp_tracking")
+        from campaigns import services  # noqa: F401 - services registers the recoverer

@@ -1,9 +1,9 @@
-"""ESP tracking webhooks (django-anymail's views under /anymail/, basic auth) feeding the statuses that
-SMTP sends and our own links feed.
+"""ESP tracking webhooks feeding the statuses that SMTP sends and our own links feed.
 
-anymail normalizes every ESP's events and sends its `tracking` signal; `on_tracking` (connected in
-CampaignsConfig.ready) finds the message by `event.message_id` = EmailMessage.esp_message_id with one
-indexed lookup and applies the event:
+The intake (campaigns.esp_views: authenticated, strict JSON, the provider's shape) hands anymail's
+normalized events (integrations.email.tracking.parse) to `events_apply`, which finds each message by
+`event.message_id` = EmailMessage.esp_message_id with one indexed lookup (within the organization
+the webhook URL names, when it names one) and applies the event:
 
 delivered: nothing (sending already counted sent and delivered) · bounced, rejected: BOUNCED hard, only
 from SENT, metric bounced+1 delivered-1, the address suppressed (a soft bounce, which some ESPs report
@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from anymail.signals import AnymailTrackingEvent, EventType
 from django.db import transaction
@@ -43,20 +42,31 @@ logger = logging.getLogger(__name__)
 Status = EmailMessage.Status
 
 
-def on_tracking(sender: Any, event: AnymailTrackingEvent, esp_name: str, **kwargs: Any) -> None:
-    """Receiver of anymail's `tracking` signal: apply one ESP event to its campaign message."""
+def events_apply(
+    *, esp_name: str, events: list[AnymailTrackingEvent], organization_id: int | None = None
+) -> dict[str, int]:
+    """Apply parsed ESP tracking events to their campaign messages (of that organization, when given);
+    returns counts applied/ignored/early. Safe to run twice: every transition is a compare-and-set."""
+    counts = {"applied": 0, "ignored": 0, "early": 0}
+    for event in events:
+        outcome = _event_apply(event, esp_name, organization_id)
+        counts[outcome] += 1
+    return counts
+
+
+def _event_apply(event: AnymailTrackingEvent, esp_name: str, organization_id: int | None) -> str:
     handler = _HANDLERS.get(event.event_type)
     if handler is None:
-        return
+        return "ignored"
     if not event.message_id:
         logger.info("%s %s event without a message id: ignored", esp_name, event.event_type)
-        return
-    message = _message(str(event.message_id))
+        return "ignored"
+    message = _message(str(event.message_id), organization_id)
     if message is None:
-        _keep_early(event, esp_name)
+        _keep_early(event, esp_name, organization_id)
         # The send may have been recorded between the lookup and the keeping, after its job looked
         # for early events: look once more (applying an event twice changes nothing).
-        message = _message(str(event.message_id))
+        message = _message(str(event.message_id), organization_id)
         if message is None:
             logger.info(
                 "%s %s event for unknown message id %s: kept %d s in case its send is being recorded",
@@ -65,25 +75,28 @@ def on_tracking(sender: Any, event: AnymailTrackingEvent, esp_name: str, **kwarg
                 event.message_id,
                 EARLY_TTL,
             )
-            return
+            return "early"
     handler(message, event, esp_name)
+    return "applied"
 
 
 EARLY_KEY = "crm:esp:early:"  # + the ESP's message id: a list of JSON events
 EARLY_TTL = 3600
 
 
-def _message(esp_message_id: str) -> EmailMessage | None:
-    return (
-        EmailMessage.objects.filter(esp_message_id=esp_message_id)
-        .only("id", "status", "campaign_id", "organization_id", "customer_id", "email")
-        .first()
-    )
+def _message(esp_message_id: str, organization_id: int | None = None) -> EmailMessage | None:
+    messages = EmailMessage.objects.filter(esp_message_id=esp_message_id)
+    if organization_id is not None:
+        # A webhook URL of one organization (authenticated by that organization's provider account)
+        # never touches another organization's messages.
+        messages = messages.filter(organization_id=organization_id)
+    return messages.only("id", "status", "campaign_id", "organization_id", "customer_id", "email").first()
 
 
-def _keep_early(event: AnymailTrackingEvent, esp_name: str) -> None:
+def _keep_early(event: AnymailTrackingEvent, esp_name: str, organization_id: int | None) -> None:
     kept = {
         "esp": esp_name,
+        "organization_id": organization_id,
         "event_type": event.event_type,
         # only the raw fields _detail and classify_esp_bounce read
         "esp_event": esp_event_markers(event.esp_event),
@@ -113,7 +126,7 @@ def apply_early(esp_message_ids: list[str]) -> int:
         for raw in kept:
             data = json.loads(raw)
             handler = _HANDLERS.get(data["event_type"])
-            message = _message(message_id) if handler else None
+            message = _message(message_id, data.get("organization_id")) if handler else None
             if handler is None or message is None:
                 continue
             event = AnymailTrackingEvent(

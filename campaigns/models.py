@@ -191,6 +191,8 @@ class CampaignMetric(models.Model):
     opened = models.PositiveIntegerField(_("opened"), default=0)
     bounced = models.PositiveIntegerField(_("bounced"), default=0)
     blocked = models.PositiveIntegerField(_("blocked"), default=0)
+    # WhatsApp messages whose send may or may not have reached Meta (see WhatsappMessage.Status.UNKNOWN).
+    unknown = models.PositiveIntegerField(_("outcome unknown"), default=0)
     cost = models.DecimalField(_("cost"), max_digits=14, decimal_places=6, default=Decimal("0"))
 
     class Meta:
@@ -201,8 +203,9 @@ class CampaignMetric(models.Model):
         return f"{self.campaign_id}: {self.sent}/{self.queued}"
 
 
-# The reason given to a message whose worker died after claiming it: Meta may or may not have
-# accepted it, so it is never sent again (a retry of failed messages leaves it alone).
+# The reason given to a message whose worker died after claiming it: the provider may or may not
+# have accepted it, so it is never sent again (a retry of failed messages leaves it alone). A
+# WhatsApp message keeps it as its error_reason in the UNKNOWN status; an email is FAILED with it.
 OUTCOME_UNKNOWN = "outcome unknown: the worker stopped during the send; not resent"
 
 
@@ -220,8 +223,22 @@ class WhatsappMessage(models.Model):
         FAILED = "failed", _("failed")
         SKIPPED = "skipped", _("skipped")
         CANCELLED = "cancelled", _("cancelled")
+        # Settled without knowing whether Meta accepted it (its worker died mid-send): a status of
+        # its own, not FAILED with a reason, because it is neither failed nor sent — it is counted
+        # apart, never sent again, and a late status webhook still moves it to sent, delivered,
+        # read or failed (campaigns.statuses). A status rather than a flag beside FAILED keeps one
+        # truth per row: every count, filter and index by status sees it without a second column.
+        UNKNOWN = "unknown", _("outcome unknown")
 
-    FINAL = (Status.SENT, Status.DELIVERED, Status.READ, Status.FAILED, Status.SKIPPED, Status.CANCELLED)
+    FINAL = (
+        Status.SENT,
+        Status.DELIVERED,
+        Status.READ,
+        Status.FAILED,
+        Status.SKIPPED,
+        Status.CANCELLED,
+        Status.UNKNOWN,
+    )
     IN_FLIGHT = (Status.QUEUED, Status.SENDING)
 
     # No index of their own: the composite indexes below lead with them (one index less to

@@ -29,6 +29,8 @@ COUNT_KEYS = (
     "bounced",
     "blocked",  # email refused by the receiving server's policy (the address is kept)
     "failed",
+    # WhatsApp: settled without knowing whether Meta accepted it; a late status webhook moves it on
+    "unknown",
     "skipped",
     "cancelled",
 )

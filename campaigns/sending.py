@@ -345,6 +345,7 @@ def _record(
     prices = _prices(campaign.template_category) if outcomes else {}
     sent: list[WhatsappMessage] = []
     failed: list[WhatsappMessage] = []
+    unknown: list[WhatsappMessage] = []  # out of attempts, but Meta may have accepted the last one
     requeue_spent: list[int] = []
     requeue_free: list[int] = []
     opt_outs: list[int] = []
@@ -369,6 +370,10 @@ def _record(
         elif action == Action.STOP_ORGANIZATION:
             requeue_free.append(m.pk)
             stop_org = str(r.error)
+        elif r.maybe_accepted and action == Action.RETRY:
+            # Never "failed": a late status webhook still settles it (campaigns.statuses).
+            m.status, m.error_reason = Status.UNKNOWN, f"outcome unknown: {r.error.message}; not resent"
+            unknown.append(m)
         else:
             if action == Action.OPT_OUT:
                 opt_outs.append(m.customer_id)
@@ -390,22 +395,32 @@ def _record(
         # A status webhook may have settled some of these while the batch was in flight (Meta
         # answers statuses fast, a paced batch takes seconds): lock the rows and write only the
         # ones still SENDING, so a delivered/read is never undone nor a send counted twice.
-        current = dict(
+        rows = list(
             WhatsappMessage.objects.select_for_update()
             .filter(id__in=[m.pk for m in messages])
-            .values_list("id", "status")
+            .values_list("id", "status", "cost")
         )
+        current = {pk: status for pk, status, _ in rows}
+        priced = {pk for pk, _, row_cost in rows if row_cost}
         pending = {pk for pk, status in current.items() if status == Status.SENDING}
         # Accepted by Meta but already moved forward by its status webhook (which counted them as
-        # sent): only what the send alone knows (cost, wa_id, phone) is still to be written.
+        # sent, and their cost when its pricing block said it): only what the send alone knows
+        # (wa_id, phone, and the cost not yet counted) is still to be written.
         settled = [m for m in sent if current.get(m.pk) in (Status.SENT, Status.DELIVERED, Status.READ)]
+        for m in settled:
+            if m.pk in priced:
+                m.cost = Decimal("0")  # counted by the webhook; the row keeps the webhook's cost
         sent = [m for m in sent if m.pk in pending]
         failed = [m for m in failed if m.pk in pending]
+        unknown = [m for m in unknown if m.pk in pending]
         skip_rows = [m for m in skip_rows if m.pk in pending]
         requeue_spent = [pk for pk in requeue_spent if pk in pending]
         requeue_free = [pk for pk in requeue_free if pk in pending]
         cost = sum((m.cost for m in sent + settled), Decimal("0"))
-        bulk.update_rows(WhatsappMessage, settled, ["wa_id", "cost", "phone"])
+        bulk.update_rows(WhatsappMessage, [m for m in settled if m.pk in priced], ["wa_id", "phone"])
+        bulk.update_rows(
+            WhatsappMessage, [m for m in settled if m.pk not in priced], ["wa_id", "cost", "phone"]
+        )
         guard = {"status": Status.SENDING}
         bulk.update_rows(
             WhatsappMessage, sent, ["status", "wamid", "wa_id", "sent_at", "cost", "phone"], only_if=guard
@@ -417,6 +432,7 @@ def _record(
             only_if=guard,
         )
         bulk.update_rows(WhatsappMessage, skip_rows, ["status", "error_reason", "phone"], only_if=guard)
+        bulk.update_rows(WhatsappMessage, unknown, ["status", "error_reason", "phone"], only_if=guard)
         if requeue_spent:
             WhatsappMessage.objects.filter(id__in=requeue_spent).update(status=Status.QUEUED, sending_at=None)
         if requeue_free:
@@ -426,6 +442,7 @@ def _record(
         CampaignMetric.objects.filter(campaign_id=campaign.pk).update(
             sent=F("sent") + len(sent),
             failed=F("failed") + len(failed),
+            unknown=F("unknown") + len(unknown),
             skipped=F("skipped") + len(skip_rows),
             cost=F("cost") + cost,
         )
@@ -455,6 +472,7 @@ def _record(
     counts.update(
         sent=len(sent),
         failed=len(failed),
+        unknown=len(unknown),
         skipped=len(skip_rows),
         retry=len(requeue_spent),
         throttled=len(requeue_free),

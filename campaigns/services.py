@@ -351,9 +351,7 @@ def campaign_stop(*, campaign_id: int, reason: str) -> None:
     with transaction.atomic():
         if Campaign.objects.filter(
             pk=campaign_id, status__in=[Status.SCHEDULED, Status.SENDING, Status.PAUSED]
-        ).update(
-            status=Status.STOPPED, stop_reason=reason, finished_at=timezone.now()
-        ):
+        ).update(status=Status.STOPPED, stop_reason=reason, finished_at=timezone.now()):
             _cancel_queued(campaign_id)
             logger.warning("campaign %s stopped: %s", campaign_id, reason, extra={"campaign_id": campaign_id})
 
@@ -504,23 +502,30 @@ def _unfinished_email_batches() -> Iterator[jobs.JobSpec]:
 def reconcile_in_flight(*, older_than_seconds: int | None = None) -> int:
     """Settle messages stuck in SENDING (their worker died after claiming them).
 
-    Their outcome is unknown (Meta may have accepted them): they are FAILED with that reason and
-    never sent again, because a second send is worse than a missing one. A status webhook that
-    arrives later still moves them to sent/delivered/read. Returns how many were settled.
+    Their outcome is unknown (the provider may have accepted them), and they are never sent again,
+    because a second send is worse than a missing one. A WhatsApp message becomes UNKNOWN (counted
+    in `unknown`, not failed): Meta may still report it, and a late status webhook moves it to
+    sent, delivered, read or failed. An email is FAILED with that reason (SMTP reports nothing
+    later). Either way the campaign can complete. Returns how many were settled.
     """
     limit = older_than_seconds if older_than_seconds is not None else settings.WHATSAPP_IN_FLIGHT_TIMEOUT
     cutoff = timezone.now() - timedelta(seconds=limit)
     settled = 0
     for channel in (Channel.WHATSAPP, Channel.EMAIL):
         model = _channel(channel)[0]
+        settle: dict[str, object]
+        if channel == Channel.WHATSAPP:
+            settle, counter = {"status": MsgStatus.UNKNOWN}, "unknown"
+        else:
+            settle, counter = {"status": MsgStatus.FAILED, "failed_at": timezone.now()}, "failed"
         stuck = model.objects.filter(status=MsgStatus.SENDING, sending_at__lt=cutoff)
         campaign_ids = [c for c, _ in stuck.values_list("campaign_id").annotate(n=Count("id")).order_by()]
         for campaign_id in campaign_ids:
             with transaction.atomic():
                 n = model.objects.filter(
                     campaign_id=campaign_id, status=MsgStatus.SENDING, sending_at__lt=cutoff
-                ).update(status=MsgStatus.FAILED, failed_at=timezone.now(), error_reason=OUTCOME_UNKNOWN)
-                CampaignMetric.objects.filter(campaign_id=campaign_id).update(failed=F("failed") + n)
+                ).update(**settle, error_reason=OUTCOME_UNKNOWN)
+                CampaignMetric.objects.filter(campaign_id=campaign_id).update(**{counter: F(counter) + n})
             settled += n
             campaign_complete_if_done(campaign_id=campaign_id, channel=channel)
     return settled

@@ -1,4 +1,11 @@
-"""Meta status and marketing-preference webhooks applied to messages, metrics and customers."""
+"""Meta status and marketing-preference webhooks applied to messages, metrics and customers.
+
+A message not known to be at Meta (still SENDING, or settled UNKNOWN because its worker died
+mid-send) is adopted by the first status that names it (its wamid, or our callback data
+`m:<id>`): the counters move from where it was counted (nowhere, or `unknown`) to the state the
+status says, once, and its cost is taken from the status's `pricing` block when the send did not
+record one.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,7 @@ import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
+from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import F, Q
@@ -15,9 +23,11 @@ from django.utils import timezone
 
 from campaigns import services
 from campaigns.models import OUTCOME_UNKNOWN, CampaignMetric, WhatsappMessage
+from campaigns.sending import phone_region
 from crm import bulk
 from crm.models import Customer, OptOutSource
-from integrations.models import WhatsappNumber
+from integrations.models import WhatsappNumber, WhatsappPrice
+from integrations.whatsapp.pricing import rate_category
 from integrations.whatsapp.webhooks import PreferenceEvent, StatusEvent
 
 logger = logging.getLogger(__name__)
@@ -26,11 +36,19 @@ Status = WhatsappMessage.Status
 CALLBACK_RE = re.compile(r"m:([1-9][0-9]{0,17})")
 # 55 + area code + an old 8-digit mobile (Meta's wa_id may lack the ninth digit we store).
 BR_MOBILE_WITHOUT_NINTH_RE = re.compile(r"(55[1-9][0-9])([6-9][0-9]{7})")
-RANK = {Status.QUEUED: 0, Status.SENDING: 0, Status.SENT: 1, Status.DELIVERED: 2, Status.READ: 3}
+RANK = {
+    Status.QUEUED: 0,
+    Status.SENDING: 0,
+    Status.UNKNOWN: 0,
+    Status.SENT: 1,
+    Status.DELIVERED: 2,
+    Status.READ: 3,
+}
 STATUS_BY_RANK = {1: Status.SENT, 2: Status.DELIVERED, 3: Status.READ}
 EVENT_RANK = {"sent": 1, "delivered": 2, "read": 3}
-COUNTERS = ("sent", "delivered", "read", "failed")
+COUNTERS = ("sent", "delivered", "read", "failed", "unknown")
 FIELDS = [
+    "cost",
     "status",
     "wamid",
     "wa_id",
@@ -49,6 +67,8 @@ RESUMABLE_SOURCES = (OptOutSource.REPLY, OptOutSource.PROVIDER)
 def _rank(message: WhatsappMessage) -> int | None:
     """How far the message got (0 = not known to be at Meta); None when no status may move it."""
     if message.status == Status.FAILED:
+        # Settled before the UNKNOWN status existed (migration 0011 moves them; kept for a row
+        # settled by an old worker during the deploy).
         unknown = message.wamid is None and message.error_reason == OUTCOME_UNKNOWN
         return 0 if unknown else None
     return RANK.get(Status(message.status))
@@ -63,6 +83,7 @@ def _counted(message: WhatsappMessage) -> tuple[bool, ...]:
         status in (Status.DELIVERED, Status.READ),
         status == Status.READ,
         status == Status.FAILED,
+        status == Status.UNKNOWN,
     )
 
 
@@ -114,6 +135,27 @@ class _Tracked:
     before: tuple[bool, ...]
     settled: bool  # it was not known to be at Meta
     changed: bool = False
+    cost: Decimal = Decimal("0")  # taken from a status's pricing block in this call
+
+
+def _prices(events: list[StatusEvent]) -> dict[tuple[str, str], Decimal]:
+    """The rate card for the categories the events' pricing blocks name: one query."""
+    categories = {rate_category(e.pricing_category) for e in events if e.billable}
+    categories.discard(None)
+    if not categories:
+        return {}
+    rows = WhatsappPrice.objects.filter(category__in=categories).values_list("category", "country", "price")
+    return {(category, country): price for category, country, price in rows}
+
+
+def _priced(message: WhatsappMessage, event: StatusEvent, prices: dict[tuple[str, str], Decimal]) -> Decimal:
+    """What Meta says this message costs (its pricing block, billable, on our rate card); 0 if unsaid."""
+    category = rate_category(event.pricing_category) if event.billable else None
+    if category is None:
+        return Decimal("0")
+    phone = message.phone or (f"+{event.recipient_id}" if event.recipient_id.isdigit() else "")
+    region = phone_region(phone) if phone else "*"
+    return prices.get((category, region), prices.get((category, "*"), Decimal("0")))
 
 
 def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
@@ -129,6 +171,7 @@ def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
     ordered = sorted(events, key=lambda e: e.timestamp)
     wamids = {e.wamid for e in ordered}
     ids = {i for i in map(_callback_id, ordered) if i is not None}
+    prices = _prices(ordered)
     tracked: dict[int, _Tracked] = {}
     with transaction.atomic():
         rows = list(
@@ -156,9 +199,15 @@ def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
                 counts["ignored"] += 1
                 continue
             counts["applied"] += 1
-            tracked[message.pk].changed = True
+            t = tracked[message.pk]
+            t.changed = True
+            if t.settled and not message.cost:
+                # The send never recorded what Meta charged (its worker died, or it is still
+                # recording: it then keeps this cost, sending._record).
+                t.cost = message.cost = _priced(message, event, prices)
             by_wamid[event.wamid] = message
         deltas: dict[int, Counter[str]] = defaultdict(Counter)
+        costs: dict[int, Decimal] = defaultdict(Decimal)
         dirty: list[WhatsappMessage] = []
         for t in tracked.values():
             if not t.changed:
@@ -167,12 +216,13 @@ def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
             after = _counted(t.message)
             for name, was, now in zip(COUNTERS, t.before, after, strict=True):
                 deltas[t.message.campaign_id][name] += int(now) - int(was)
+            costs[t.message.campaign_id] += t.cost
             if t.settled and _rank(t.message) != 0:
                 counts["settled"] += 1
         if dirty:
             bulk.update_rows(WhatsappMessage, dirty, FIELDS)
         for campaign_id, delta in deltas.items():
-            _metric_add(campaign_id, delta)
+            _metric_add(campaign_id, delta, costs[campaign_id])
     for campaign_id in sorted(deltas):
         services.campaign_complete_if_done(campaign_id=campaign_id)
     if counts["settled"]:
@@ -180,11 +230,13 @@ def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
     return counts
 
 
-def _metric_add(campaign_id: int, delta: Counter[str]) -> None:
-    """One UPDATE of the campaign's counters; a decrement never takes one below zero."""
+def _metric_add(campaign_id: int, delta: Counter[str], cost: Decimal) -> None:
+    """One UPDATE of the campaign's counters and cost; a decrement never takes one below zero."""
     changes = {
         name: F(name) + n if n > 0 else Greatest(F(name) + n, 0) for name, n in delta.items() if n != 0
     }
+    if cost:
+        changes["cost"] = F("cost") + cost
     if changes:
         CampaignMetric.objects.filter(campaign_id=campaign_id).update(**changes)
 

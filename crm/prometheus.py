@@ -71,6 +71,7 @@ MESSAGE_STATUSES = (
     "clicked",
     "bounced",
     "blocked",
+    "unknown",
 )
 CIRCUIT_STATES = {"closed": 0, "half": 1, "open": 2}
 

@@ -1,9 +1,10 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
-from campaigns import link_views, webhook_views
+from campaigns import esp_views, link_views, webhook_views
 from crm import prometheus, views
+from integrations.email import tracking
 from runner import views as runner_views
 from surveys import views as survey_views
 
@@ -23,6 +24,21 @@ urlpatterns = [
     path("admin/rq/", include("django_rq.urls")),
     path("admin/", admin.site.urls),
     path("webhooks/whatsapp/", webhook_views.whatsapp_webhook, name="whatsapp-webhook"),
-    path("anymail/", include("anymail.urls")),  # ESP tracking webhooks: campaigns.esp_tracking
+    # ESP tracking webhooks (campaigns.esp_views): only the providers an organization can send
+    # through, each authenticated; the organization's URL carries its account's signing key.
+    re_path(
+        rf"^anymail/(?P<provider>{'|'.join(tracking.PROVIDERS)})/tracking/(?P<organization_id>[0-9]{{1,18}})/$",
+        esp_views.esp_tracking_webhook,
+        name="esp-tracking-organization",
+    ),
+    *(
+        path(
+            f"anymail/{p}/tracking/",
+            esp_views.esp_tracking_webhook,
+            {"provider": p},
+            name=f"esp-tracking-{p}",
+        )
+        for p in ("postmark", "sendgrid", "brevo")  # they sign nothing: basic auth alone, as before
+    ),
     path("hooks/<slug:integration_key>/<slug:handler_key>", runner_views.hook, name="runner-hook"),
 ]

@@ -6,12 +6,15 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.db import models
+from django.urls import reverse
+from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
 if TYPE_CHECKING:
     from django.utils.functional import _StrPromise  # a stub-only name: lazy translated strings
 
 from crm.checks import public_url_warnings
+from integrations.email import tracking
 from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, WhatsappPrice
 
 
@@ -107,6 +110,16 @@ class EmailSettingsForm(WriteOnlySecretForm):
     write_only_required = False  # a relay that needs no login
     password = write_only_input(_("password"))
     esp_api_key = write_only_input(_("provider API key"))
+    esp_webhook_key = forms.CharField(
+        label=_("provider webhook signing key"),
+        required=False,
+        widget=forms.PasswordInput(render_value=False),
+        help_text=_(
+            "Mailgun: the HTTP webhook signing key (required for its tracking webhooks). SendGrid: the "
+            "Signed Event Webhook verification key (optional; when set, unsigned events are refused). "
+            "Stored encrypted. Leave empty to keep the current one."
+        ),
+    )
     esp_api_url = forms.URLField(
         label=_("provider API URL"),
         required=False,
@@ -138,15 +151,43 @@ class EmailSettingsForm(WriteOnlySecretForm):
                 self.add_error("host", _("An SMTP server needs a host."))
         elif provider and not self.instance.esp_api_key_encrypted and not cleaned.get("esp_api_key"):
             self.add_error("esp_api_key", _("An email service provider needs an API key."))
+        key = cleaned.get("esp_webhook_key", "").strip()
+        if key and provider == EmailSettings.Provider.SENDGRID and not tracking.sendgrid_key_valid(key):
+            self.add_error("esp_webhook_key", _("This is not the verification key SendGrid shows."))
         return cleaned
 
     def save(self, commit: bool = True):
         obj = super().save(commit=False)
         if self.cleaned_data.get("esp_api_key"):
             obj.set_esp_api_key(self.cleaned_data["esp_api_key"])
+        if self.cleaned_data.get("esp_webhook_key", "").strip():
+            obj.set_esp_webhook_key(self.cleaned_data["esp_webhook_key"].strip())
         if commit:
             obj.save()
         return obj
+
+
+# Where each provider takes the tracking webhook URL, and which events to send to it.
+WEBHOOK_STEPS: dict[str, _StrPromise] = {
+    EmailSettings.Provider.POSTMARK: _(
+        "Postmark: Servers → the server → Webhooks → Add webhook: Delivery, Bounce, Spam complaint, "
+        "Open, Link click, Subscription change."
+    ),
+    EmailSettings.Provider.SENDGRID: _(
+        "SendGrid: Settings → Mail Settings → Event Webhook: bounce, dropped, deferred, spam report, "
+        "unsubscribe, open, click. Turn on “Signed Event Webhook” and paste its verification key above "
+        "to have every event's signature checked."
+    ),
+    EmailSettings.Provider.MAILGUN: _(
+        "Mailgun: Sending → Webhooks: this URL for permanent failure, temporary failure, spam "
+        "complaints, unsubscribes, opens and clicks; paste the “HTTP webhook signing key” shown there "
+        "above, or every Mailgun event is refused."
+    ),
+    EmailSettings.Provider.BREVO: _(
+        "Brevo: Transactional → Settings → Webhook: this URL for hard bounce, soft bounce, blocked, "
+        "spam, unsubscribed, opened, clicked."
+    ),
+}
 
 
 @admin.register(EmailSettings)
@@ -158,8 +199,12 @@ class EmailSettingsAdmin(admin.ModelAdmin):
             {"fields": ("organization", "sender_name", "sender_email", "messages_per_minute", "provider")},
         ),
         (_("SMTP server"), {"fields": ("host", "port", "security", "username", "password")}),
-        (_("Email service provider (django-anymail)"), {"fields": ("esp_api_key", "esp_api_url")}),
+        (
+            _("Email service provider (django-anymail)"),
+            {"fields": ("esp_api_key", "esp_api_url", "esp_webhook_key", "tracking_webhook")},
+        ),
     )
+    readonly_fields = ("tracking_webhook",)
     list_display = (
         "organization",
         "sender_email",
@@ -180,6 +225,37 @@ class EmailSettingsAdmin(admin.ModelAdmin):
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         self._warn_about_public_url(request)
         return super().changeform_view(request, object_id, form_url, extra_context)
+
+    @admin.display(description=_("tracking webhook URL"))
+    def tracking_webhook(self, obj: EmailSettings) -> str | _StrPromise:
+        """The URL to paste into the provider's webhook settings (with this organization's basic auth)."""
+        if obj.pk is None or obj.provider not in tracking.VIEWS:
+            return _("Save the settings with an email service provider to see its webhook URL.")
+        credentials = tracking.organization_credentials(settings.ANYMAIL_WEBHOOK_SECRET, obj.organization_id)
+        if not credentials:
+            return _(
+                "Set ANYMAIL_WEBHOOK_SECRET (user:password) in the deployment: without it every ESP "
+                "webhook is refused."
+            )
+        path = reverse(
+            "esp-tracking-organization",
+            kwargs={"provider": obj.provider, "organization_id": obj.organization_id},
+        )
+        scheme, _sep, host = settings.PUBLIC_URL.rstrip("/").partition("://")
+        key: str | _StrPromise = ""
+        if obj.provider in tracking.SIGNED:
+            key = (
+                _("a signing key is stored") if obj.esp_webhook_key_encrypted else _("no signing key stored")
+            )
+        return format_html(
+            "<code>{}://{}@{}{}</code><br>{} {}",
+            scheme,
+            credentials,
+            host,
+            path,
+            WEBHOOK_STEPS[obj.provider],
+            key,
+        )
 
     @staticmethod
     def _warn_about_public_url(request) -> None:

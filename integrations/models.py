@@ -180,6 +180,11 @@ class EmailSettings(models.Model):
     esp_api_url = models.URLField(
         _("provider API URL"), blank=True, default="", help_text=_("Empty: the provider's default.")
     )
+    # The provider account's key for its tracking webhooks' signatures (Mailgun's HTTP webhook
+    # signing key, SendGrid's Signed Event Webhook verification key): per account, so kept here.
+    esp_webhook_key_encrypted = models.TextField(
+        _("provider webhook signing key (encrypted)"), editable=False, default=""
+    )
 
     class Meta:
         verbose_name = _("email settings")
@@ -197,6 +202,17 @@ class EmailSettings(models.Model):
             crypto.decrypt(self.password_encrypted, context=_SMTP_CONTEXT) if self.password_encrypted else ""
         )
 
+    def set_esp_webhook_key(self, key: str) -> None:
+        self.esp_webhook_key_encrypted = crypto.encrypt(key, context=_ESP_WEBHOOK_CONTEXT) if key else ""
+
+    def get_esp_webhook_key(self) -> str:
+        """Decrypted in memory only; "" when none is set."""
+        return (
+            crypto.decrypt(self.esp_webhook_key_encrypted, context=_ESP_WEBHOOK_CONTEXT)
+            if self.esp_webhook_key_encrypted
+            else ""
+        )
+
     def set_esp_api_key(self, key: str) -> None:
         self.esp_api_key_encrypted = crypto.encrypt(key, context=_ESP_CONTEXT) if key else ""
 
@@ -210,5 +226,9 @@ class EmailSettings(models.Model):
 
 
 _ESP_CONTEXT = "integrations.EmailSettings.esp_api_key"
+_ESP_WEBHOOK_CONTEXT = "integrations.EmailSettings.esp_webhook_key"
 crypto.register_encrypted_field("integrations.EmailSettings", "password_encrypted", _SMTP_CONTEXT)
 crypto.register_encrypted_field("integrations.EmailSettings", "esp_api_key_encrypted", _ESP_CONTEXT)
+crypto.register_encrypted_field(
+    "integrations.EmailSettings", "esp_webhook_key_encrypted", _ESP_WEBHOOK_CONTEXT
+)

@@ -38,6 +38,9 @@ class SendResult:
     wa_id: str = ""
     error: IntegrationError | None = None
     action: Action | None = None
+    # The request may have reached Meta (it timed out or the connection broke after it was sent):
+    # Meta may have accepted it and may still report it.
+    maybe_accepted: bool = False
 
     @property
     def ok(self) -> bool:
@@ -95,6 +98,10 @@ def _error_from(status: int, data: object) -> IntegrationError:
     )
 
 
+# Failures that happen before the request is written: Meta cannot have seen it.
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.InvalidURL)
+
+
 class GraphClient:
     def __init__(self, *, session: aiohttp.ClientSession, base_url: str, version: str) -> None:
         self.session = session
@@ -118,11 +125,15 @@ class GraphClient:
                     data = None
         except TimeoutError as exc:
             return SendResult(
-                error=IntegrationError(f"timeout: {type(exc).__name__}", retryable=True), action=Action.RETRY
+                error=IntegrationError(f"timeout: {type(exc).__name__}", retryable=True),
+                action=Action.RETRY,
+                maybe_accepted=not isinstance(exc, _NOT_SENT),
             )
         except aiohttp.ClientError as exc:
             return SendResult(
-                error=IntegrationError(f"connection error: {exc}", retryable=True), action=Action.RETRY
+                error=IntegrationError(f"connection error: {exc}", retryable=True),
+                action=Action.RETRY,
+                maybe_accepted=not isinstance(exc, _NOT_SENT),
             )
         if status == 200:
             try:

@@ -51,3 +51,16 @@ def parse_rate_card(text: str) -> tuple[list[Rate], list[str]]:
             continue
         rates.append(Rate(country, category, price, currency))
     return rates, problems
+
+
+def rate_category(meta_category: str) -> str | None:
+    """The rate card's category for the `pricing.category` of a Meta status webhook, or None.
+
+    Meta names variants of a category with a suffix ("marketing_lite",
+    "authentication_international"); they are charged from the category's row here. Anything else
+    ("referral_conversion", free entry points, an unknown name) has no price on the card."""
+    category = meta_category.strip().lower()
+    if category in CATEGORIES:
+        return category
+    base = category.split("_", 1)[0]
+    return base if base in CATEGORIES else None

@@ -735,6 +735,9 @@ class SandboxServer(ThreadedAppServer):
     # -- Graph API ------------------------------------------------------------------------------
 
     async def _handle_send(self, request: web.Request) -> web.Response:
+        # The whole request is received before Meta takes its time, so a client that stops waiting
+        # (a read timeout) leaves a send that is still accepted, as it can be at Meta.
+        raw = await request.read()
         latency = self.config.latency_ms
         if latency > 0:
             # Sleeping (not blocking) so concurrent requests overlap, as they do against Meta.
@@ -746,7 +749,7 @@ class SandboxServer(ThreadedAppServer):
                 raise GraphError(2500, message=f"Unknown path components: {request.path}")
             self._check_token(phone_number_id, _bearer_token(request))
             try:
-                payload = json.loads(await request.read())
+                payload = json.loads(raw)
             except ValueError:
                 raise GraphError(100, "The request body is not valid JSON") from None
             to, template = validate_message(payload)

@@ -7,20 +7,28 @@ import hmac
 import json
 import logging
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from io import StringIO
 from typing import Any
 
 import pytest
+from django.core.management import call_command
 from django.db import connection
+from django.db.models import F
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from campaigns import services, statuses
-from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
+from campaigns.models import OUTCOME_UNKNOWN, Campaign, CampaignMetric, WhatsappMessage
 from crm.models import Customer, OptOutSource, Organization
-from integrations.models import WhatsappNumber
-from integrations.whatsapp import webhooks
+from integrations.models import WhatsappNumber, WhatsappPrice
+from integrations.whatsapp import pricing, webhooks
 from integrations.whatsapp.webhooks import PreferenceEvent, StatusEvent
 from tests.conftest import wait_for
+from tests.crm.test_prometheus import scrape, value
 
 S = WhatsappMessage.Status
 SECRET = "meta-app-secret-for-tests"
@@ -453,17 +461,66 @@ def test_a_message_stuck_in_sending_is_settled_by_a_webhook_carrying_its_callbac
     assert _metric(campaign) == (1, 1, 0, 0)
 
 
-def test_an_outcome_unknown_failure_becomes_read_and_leaves_the_failed_count(outbox):
-    campaign = outbox["campaign"]
-    message = outbox["make"](1, status=S.QUEUED)[0]
-    WhatsappMessage.objects.filter(pk=message.pk).update(
+PRICING = {"billable": True, "pricing_model": "PMP", "category": "marketing", "type": "regular"}
+
+
+def _unknown(outbox, n: int) -> list[WhatsappMessage]:
+    """n messages whose worker died mid-send, settled by the reconciliation as outcome unknown."""
+    messages = outbox["make"](n, status=S.QUEUED)
+    WhatsappMessage.objects.filter(pk__in=[m.pk for m in messages]).update(
         status=S.SENDING, attempts=1, sending_at=timezone.now() - timedelta(hours=1)
     )
-    assert services.reconcile_in_flight(older_than_seconds=60) == 1
-    assert _metric(campaign) == (0, 0, 0, 1)
-    event = _status("wamid.LATE", "read", T0, biz_opaque_callback_data=f"m:{message.pk}")
-    result = statuses.statuses_apply(events=webhooks.parse(_payload(statuses_=[event])).statuses)
-    assert result["settled"] == 1
+    CampaignMetric.objects.filter(campaign=outbox["campaign"]).update(queued=F("queued") + n)
+    assert services.reconcile_in_flight(older_than_seconds=60) == n
+    return messages
+
+
+def _unknown_count(campaign: Campaign) -> int:
+    return CampaignMetric.objects.get(campaign=campaign).unknown
+
+
+def test_reconciliation_settles_in_flight_messages_as_unknown_and_the_campaign_completes(client, outbox):
+    campaign = outbox["campaign"]
+    message = _unknown(outbox, 1)[0]
+    message.refresh_from_db()
+    assert (message.status, message.failed_at, message.wamid) == (S.UNKNOWN, None, None)
+    assert message.error_reason == OUTCOME_UNKNOWN  # says why, for the admin
+    assert _metric(campaign) == (0, 0, 0, 0) and _unknown_count(campaign) == 1
+    assert _counts(campaign) == {"unknown": 1}
+    assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT
+    # the operator sees it: campaign_status (--json key "unknown", and the human line) and /metrics
+    out = StringIO()
+    call_command("campaign_status", str(campaign.pk), "--json", stdout=out)
+    assert json.loads(out.getvalue())["counts"]["unknown"] == 1
+    out = StringIO()
+    call_command("campaign_status", str(campaign.pk), stdout=out)
+    assert "unknown 1" in out.getvalue() or "desconhecido 1" in out.getvalue()
+    samples = scrape(client)
+    assert value(samples, "crm_messages", channel="whatsapp", status="unknown") == 1
+    assert value(samples, "crm_messages", channel="whatsapp", status="failed") == 0
+    # "retry failed" never sends it again: Meta may have it
+    assert services.campaign_retry_failed(campaign=Campaign.objects.get(pk=campaign.pk)) == 0
+    assert WhatsappMessage.objects.get(pk=message.pk).status == S.UNKNOWN
+
+
+def test_an_unknown_message_becomes_read_leaves_the_unknown_count_and_costs_what_meta_says(
+    client, settings, outbox
+):
+    settings.WHATSAPP_APP_SECRET = SECRET
+    WhatsappPrice.objects.create(category="marketing", country="BR", price="0.0625")
+    WhatsappPrice.objects.create(category="marketing", country="*", price="0.07")
+    campaign = outbox["campaign"]
+    message = _unknown(outbox, 1)[0]
+    callback = {"biz_opaque_callback_data": f"m:{message.pk}"}
+    # Meta's order: sent (by our callback data: we never learnt the wamid), delivered, read (by wamid)
+    sent = _status("wamid.LATE", "sent", T0, pricing=PRICING, **callback)
+    delivered = _status("wamid.LATE", "delivered", T0 + 2, pricing=PRICING)
+    read = _status("wamid.LATE", "read", T0 + 9)
+    response = _post(client, json.dumps(_payload(statuses_=[sent])).encode())
+    assert response.status_code == 200 and response.json()["settled"] == 1
+    assert _metric(campaign) == (1, 0, 0, 0) and _unknown_count(campaign) == 0
+    for payload in ([delivered], [read], [sent, delivered, read]):  # the last: Meta retrying them all
+        assert _post(client, json.dumps(_payload(statuses_=payload)).encode()).status_code == 200
     message.refresh_from_db()
     assert (message.status, message.wamid, message.error_reason, message.failed_at) == (
         S.READ,
@@ -471,8 +528,121 @@ def test_an_outcome_unknown_failure_becomes_read_and_leaves_the_failed_count(out
         "",
         None,
     )
-    assert message.sent_at == message.delivered_at == message.read_at
-    assert _metric(campaign) == (1, 1, 1, 0)
+    assert message.sent_at == datetime.fromtimestamp(T0, tz=UTC)
+    assert message.read_at == datetime.fromtimestamp(T0 + 9, tz=UTC)
+    assert _metric(campaign) == (1, 1, 1, 0) and _unknown_count(campaign) == 0
+    assert message.cost == Decimal("0.0625")  # a Brazilian number, marketing: once
+    assert CampaignMetric.objects.get(campaign=campaign).cost == Decimal("0.0625")
+
+
+def test_a_late_failed_status_moves_an_unknown_message_to_failed_once_and_costs_nothing(outbox):
+    WhatsappPrice.objects.create(category="marketing", country="*", price="0.07")
+    campaign = outbox["campaign"]
+    message = _unknown(outbox, 1)[0]
+    failed = _status(
+        "wamid.F",
+        "failed",
+        T0,
+        biz_opaque_callback_data=f"m:{message.pk}",
+        errors=[{"code": 131049, "title": "healthy ecosystem"}],
+        pricing={**PRICING, "billable": False},
+    )
+    for _ in range(2):
+        statuses.statuses_apply(events=webhooks.parse(_payload(statuses_=[failed])).statuses)
+    message.refresh_from_db()
+    assert (message.status, message.error_code, message.cost) == (S.FAILED, 131049, Decimal("0"))
+    assert _metric(campaign) == (0, 0, 0, 1) and _unknown_count(campaign) == 0
+    assert CampaignMetric.objects.get(campaign=campaign).cost == 0
+
+
+def test_meta_pricing_categories_map_to_the_rate_card():
+    assert [pricing.rate_category(c) for c in ("marketing", "MARKETING", "marketing_lite", "utility")] == [
+        "marketing",
+        "marketing",
+        "marketing",
+        "utility",
+    ]
+    assert pricing.rate_category("authentication_international") == "authentication"
+    assert [pricing.rate_category(c) for c in ("referral_conversion", "", "_", "free_entry_point")] == [
+        None,
+        None,
+        None,
+        None,
+    ]
+
+
+_late = st.tuples(
+    st.integers(min_value=0, max_value=3),  # which message
+    st.sampled_from(["sent", "delivered", "read", "failed"]),
+    st.integers(min_value=0, max_value=5),  # seconds after T0
+    st.booleans(),  # by callback data (else by the wamid Meta gave it)
+    st.sampled_from([None, "marketing", "utility", "marketing_lite", "referral_conversion"]),
+)
+
+
+@hsettings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches=st.lists(st.lists(_late, max_size=6), min_size=1, max_size=4))
+def test_late_statuses_in_any_order_and_repetition_keep_the_counters_equal_to_the_messages(outbox, batches):
+    WhatsappPrice.objects.get_or_create(category="marketing", country="*", defaults={"price": "0.07"})
+    WhatsappPrice.objects.get_or_create(category="utility", country="BR", defaults={"price": "0.008"})
+    campaign = Campaign.objects.create(
+        organization=outbox["campaign"].organization, name="x", status=Campaign.Status.SENDING
+    )
+    CampaignMetric.objects.create(campaign=campaign)
+    messages = _unknown({"campaign": campaign, "make": _maker(campaign)}, 4)
+    for batch in batches:
+        events = []
+        for which, status, after, by_callback, category in batch:
+            m = messages[which]
+            extra: dict[str, Any] = {}
+            if by_callback:
+                extra["biz_opaque_callback_data"] = f"m:{m.pk}"
+            if category:
+                extra["pricing"] = {
+                    **PRICING,
+                    "category": category,
+                    "billable": category != "referral_conversion",
+                }
+            events.append(_status(f"wamid.H{m.pk}", status, T0 + after, **extra))
+        statuses.statuses_apply(events=webhooks.parse(_payload(statuses_=events)).statuses)
+    rows = list(WhatsappMessage.objects.filter(campaign=campaign))
+    metric = CampaignMetric.objects.get(campaign=campaign)
+    accepted = (S.SENT, S.DELIVERED, S.READ)
+    assert metric.unknown == sum(r.status == S.UNKNOWN for r in rows)
+    # a message sent and then reported failed stays counted as sent (as for any message)
+    assert metric.sent == sum(
+        r.status in accepted or (r.status == S.FAILED and bool(r.sent_at)) for r in rows
+    )
+    assert metric.delivered == sum(r.status in (S.DELIVERED, S.READ) for r in rows)
+    assert metric.read == sum(r.status == S.READ for r in rows)
+    assert metric.failed == sum(r.status == S.FAILED for r in rows)
+    assert metric.cost == sum(r.cost for r in rows)
+    assert all(r.cost in (Decimal("0"), Decimal("0.07"), Decimal("0.008")) for r in rows)
+    assert all(r.cost == 0 for r in rows if r.status == S.UNKNOWN)
+    # A message nothing named by its callback data was never adopted: its wamid is unknown to us.
+    named = {messages[w].pk for b in batches for w, _, _, by_callback, _ in b if by_callback}
+    assert all(r.status == S.UNKNOWN for r in rows if r.pk not in named)
+
+
+def _maker(campaign: Campaign):
+    org = campaign.organization
+
+    def make(n: int, status: str = S.QUEUED) -> list[WhatsappMessage]:
+        start = Customer.objects.count()
+        people = Customer.objects.bulk_create(
+            [
+                Customer(organization=org, erp_id=f"H{i}", name=f"Cliente {i}", phone=f"+55119{60000000 + i}")
+                for i in range(start, start + n)
+            ]
+        )
+        return WhatsappMessage.objects.bulk_create(
+            [
+                WhatsappMessage(campaign=campaign, organization=org, customer=c, status=status, phone=c.phone)
+                for c in people
+            ]
+        )
+
+    return make
 
 
 def test_callback_data_never_adopts_a_message_that_has_its_own_wamid_or_a_final_status(outbox):

@@ -18,7 +18,7 @@ from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from crm import jobs, recovery
 from crm.models import Organization
 from tests.campaigns.conftest import TOKEN
-from tests.conftest import redis_keys_holding
+from tests.conftest import redis_keys_holding, wait_for
 
 S = WhatsappMessage.Status
 
@@ -159,6 +159,70 @@ def test_a_retryable_error_gets_a_second_attempt_and_then_fails_with_its_code(wa
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.SENT
     assert CampaignMetric.objects.get(campaign=campaign).failed == 1
+
+
+def test_a_send_that_times_out_on_its_last_attempt_is_unknown_not_failed_until_meta_reports_it(
+    wa, sandbox, run_jobs, monkeypatch
+):
+    import aiohttp
+
+    from campaigns import statuses
+    from integrations import http
+    from integrations.whatsapp import webhooks
+
+    # Meta answers after the worker stopped waiting: the request may well have been accepted.
+    monkeypatch.setattr(
+        http, "ASYNC_TIMEOUT", aiohttp.ClientTimeout(total=2.0, sock_connect=2.0, sock_read=0.3)
+    )
+    sandbox.configure(latency_ms=1000)
+    person = wa["customers"](1)[0]
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs()
+    msg = WhatsappMessage.objects.get(customer=person)
+    assert (msg.status, msg.attempts, msg.wamid, msg.failed_at) == (S.UNKNOWN, 2, None, None)
+    assert msg.error_reason.startswith("outcome unknown: timeout")
+    metric = CampaignMetric.objects.get(campaign=campaign)
+    assert (metric.unknown, metric.failed, metric.sent) == (1, 0, 0)
+    assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT
+
+    # Meta did accept it (the sandbox recorded the send): its status webhook settles it, once.
+    wait_for(lambda: sandbox.messages(), timeout=10, what="the sandbox to record the send")
+    accepted = sandbox.messages()[-1]
+    assert accepted["biz_opaque_callback_data"] == f"m:{msg.pk}"
+    event = {
+        "id": accepted["wamid"],
+        "status": "delivered",
+        "timestamp": str(int(timezone.now().timestamp())),
+        "recipient_id": accepted["wa_id"],
+        "biz_opaque_callback_data": accepted["biz_opaque_callback_data"],
+        "pricing": {"billable": True, "pricing_model": "PMP", "category": "marketing"},
+    }
+    payload = {
+        "object": "whatsapp_business_account",
+        "entry": [{"changes": [{"value": {"statuses": [event]}}]}],
+    }
+    for _ in range(2):
+        statuses.statuses_apply(events=webhooks.parse(payload).statuses)
+    msg.refresh_from_db()
+    assert (msg.status, msg.wamid, msg.cost) == (S.DELIVERED, accepted["wamid"], Decimal("0.0625"))
+    metric.refresh_from_db()
+    assert (metric.unknown, metric.failed, metric.sent, metric.delivered) == (0, 0, 1, 1)
+    assert metric.cost == Decimal("0.0625")
+
+
+def test_a_send_that_cannot_connect_fails_it_never_reached_meta(wa, sandbox, run_jobs):
+    from tests.conftest import free_port
+
+    person = wa["customers"](1)[0]
+    number = wa["number"]
+    number.graph_url = f"http://127.0.0.1:{free_port()}"  # nothing listens
+    number.save(update_fields=["graph_url"])
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs()
+    msg = WhatsappMessage.objects.get(customer=person)
+    assert (msg.status, msg.attempts) == (S.FAILED, 2) and msg.error_reason.startswith("connection error")
+    metric = CampaignMetric.objects.get(campaign=campaign)
+    assert (metric.unknown, metric.failed) == (0, 1)
 
 
 def test_throughput_errors_delay_without_spending_an_attempt(wa, sandbox, run_jobs):
@@ -311,7 +375,9 @@ def test_in_flight_messages_of_a_dead_worker_are_settled_not_resent(wa, sandbox,
     assert services.reconcile_in_flight() == 3
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.SENT
-    assert _statuses(campaign) == {"failed": 3}
+    assert _statuses(campaign) == {"unknown": 3}  # Meta may still report them: not failed
+    assert CampaignMetric.objects.get(campaign=campaign).unknown == 3
+    assert CampaignMetric.objects.get(campaign=campaign).failed == 0
     assert "outcome unknown" in WhatsappMessage.objects.first().error_reason
     run_jobs()
     assert sandbox.messages() == []

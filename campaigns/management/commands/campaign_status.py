@@ -24,6 +24,7 @@ COUNT_LABELS = {
     "read": pgettext_lazy("message count", "read"),
     "bounced": pgettext_lazy("message count", "bounced"),
     "failed": pgettext_lazy("message count", "failed"),
+    "unknown": pgettext_lazy("message count", "outcome unknown"),
     "skipped": pgettext_lazy("message count", "skipped"),
     "cancelled": pgettext_lazy("message count", "cancelled"),
     "opened": pgettext_lazy("message count", "opened"),
