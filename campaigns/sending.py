@@ -363,17 +363,20 @@ def _record(
             continue
         assert r.error is not None
         action = r.action
-        if action == Action.THROTTLED:
+        if r.maybe_accepted and action == Action.RETRY:
+            # The request went out and no answer came back (a timeout, a connection broken after
+            # the write): Meta may have accepted it, and its API takes no idempotency key, so a
+            # resend could reach the customer twice. Never resent, never "failed": a late status
+            # webhook settles it (campaigns.statuses).
+            m.status, m.error_reason = Status.UNKNOWN, f"outcome unknown: {r.error.message}; not resent"
+            unknown.append(m)
+        elif action == Action.THROTTLED:
             requeue_free.append(m.pk)
         elif action == Action.RETRY and m.attempts < ATTEMPTS:
             requeue_spent.append(m.pk)
         elif action == Action.STOP_ORGANIZATION:
             requeue_free.append(m.pk)
             stop_org = str(r.error)
-        elif r.maybe_accepted and action == Action.RETRY:
-            # Never "failed": a late status webhook still settles it (campaigns.statuses).
-            m.status, m.error_reason = Status.UNKNOWN, f"outcome unknown: {r.error.message}; not resent"
-            unknown.append(m)
         else:
             if action == Action.OPT_OUT:
                 opt_outs.append(m.customer_id)
