@@ -201,6 +201,12 @@ def manage_gunicorn() -> list[str]:
         "2",
         "--threads",
         "4",
+        # Idle keep-alive connections wait 75 s (nginx's upstream default; gunicorn's own is 2 s):
+        # a sender that reuses a connection the server has just closed sees "server disconnected",
+        # and a request whose body arrives late on a busy machine is cut off. Idle connections
+        # cost no thread (gthread keeps them on its poller).
+        "--keep-alive",
+        "75",
         "--access-logfile",
         "-",
         "--chdir",
