@@ -126,3 +126,49 @@ def customer_signup(
             setattr(customer, field, value)
         customer.save(update_fields=[*changes, "updated_at"])
         return customer.pk, "updated"
+
+
+# --- memberships ------------------------------------------------------------------------------------
+
+
+def membership_set(*, user: Any, organization: Organization, role: str) -> tuple[Any, bool]:
+    """Add the user to the organization with `role`, or change their role there: (membership, created).
+    The user becomes staff (the admin is the product's UI) through `membership_saved`."""
+    from crm.models import Membership
+
+    membership, created = Membership.objects.update_or_create(
+        user=user, organization=organization, defaults={"role": role}
+    )
+    return membership, created
+
+
+def membership_remove(*, user: Any, organization: Organization) -> bool:
+    """Take the user out of the organization (True if they were in it); `membership_deleted` then
+    drops their staff flag when it was their last membership and they are not an operator."""
+    from crm.models import Membership
+
+    deleted, _rows = Membership.objects.filter(user=user, organization=organization).delete()
+    return bool(deleted)
+
+
+def membership_saved(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """post_save of Membership (the command, the admin, the ORM): a member is staff."""
+    user = instance.user
+    if not user.is_staff:
+        user.is_staff = True
+        user.save(update_fields=["is_staff"])
+
+
+def membership_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """post_delete of Membership: a user left without any organization is no longer staff, unless
+    a platform operator (superuser or crm.operate_platform), whose staff flag is theirs to keep."""
+    from crm import tenancy
+    from crm.models import Membership
+
+    user_model = type(instance).user.field.related_model
+    user = user_model.objects.filter(pk=instance.user_id).first()
+    if user is None or not user.is_staff or tenancy.is_operator(user):
+        return
+    if not Membership.objects.filter(user_id=user.pk).exists():
+        user.is_staff = False
+        user.save(update_fields=["is_staff"])
