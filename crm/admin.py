@@ -6,6 +6,8 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
+from django_rq.admin import QueueAdmin
+from django_rq.models import Dashboard
 
 from crm import tenancy
 from crm.models import Customer, JobRun, Membership, Organization, Sale, Store
@@ -261,3 +263,26 @@ class MembershipAdmin(TenantAdmin):
     list_filter = ("role", "organization")
     search_fields = ("user__username", "user__email", "organization__name", "=organization__slug")
     raw_id_fields = ("user",)
+
+
+@admin.register(Dashboard)
+class RqDashboardAdmin(QueueAdmin):
+    """django-rq's dashboard in the admin index (its own admin, RQ_SHOW_ADMIN_LINK, is off): every
+    queue of every organization, so for platform operators only, like /admin/rq/."""
+
+    platform_admin = True
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return tenancy.is_operator(request.user)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return tenancy.is_operator(request.user)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return tenancy.is_operator(request.user)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        return tenancy.operator_required(super().changelist_view)(request, extra_context)
+
+    def get_urls(self) -> list:
+        return tenancy.operator_urls(super().get_urls())

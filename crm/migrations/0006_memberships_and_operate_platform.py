@@ -20,7 +20,7 @@ class Migration(migrations.Migration):
                 "permissions": [
                     (
                         "operate_platform",
-                        "Can operate the platform: every organization, queues, schedules, metrics, runner circuits",
+                        "Can operate the platform: every organization, the queues, schedules, metrics, circuits",
                     )
                 ],
                 "verbose_name": "organization",

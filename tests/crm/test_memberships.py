@@ -82,3 +82,23 @@ def test_errors_are_one_line_naming_what_was_not_found(orgs, english):
     with pytest.raises(CommandError):
         run("add", "marta", "loja-a", "--role", "owner")
     assert "no memberships" in run("list")
+
+
+def test_the_demo_creates_a_manager_login_of_the_demo_organization(settings, tmp_path, english, monkeypatch):
+    settings.VAR_DIR = tmp_path
+    monkeypatch.delenv("DEMO_MANAGER_PASSWORD", raising=False)
+    out = StringIO()
+    call_command("demo", customers=2, stdout=out)
+    line = next(line for line in out.getvalue().splitlines() if line.startswith("manager login of 'demo'"))
+    password = line.rsplit(" / ", 1)[1]
+    assert (tmp_path / "demo-manager-password").read_text().strip() == password
+    assert oct((tmp_path / "demo-manager-password").stat().st_mode & 0o777) == "0o600"
+    manager = User.objects.get(username="demo-manager")
+    assert manager.check_password(password) and manager.is_staff and not manager.is_superuser
+    assert list(Membership.objects.filter(user=manager).values_list("organization__slug", "role")) == [
+        ("demo", "manager")
+    ]
+    again = StringIO()
+    call_command("demo", customers=2, stdout=again)  # idempotent: the same login, the same password
+    assert f"demo-manager / {password}" in again.getvalue()
+    assert Membership.objects.filter(user=manager).count() == 1

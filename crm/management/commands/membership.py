@@ -30,7 +30,12 @@ class Command(cli.CrmCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True, metavar="{add,remove,list}")
+        sub = parser.add_subparsers(
+            dest="action",
+            required=True,
+            metavar="{add,remove,list}",
+            help="what to do (see each one's --help)",
+        )
         add = sub.add_parser("add", help="add a user to an organization, or change their role there")
         add.add_argument(
             "username", help="the user's login name (create it first: createsuperuser or the admin)"
