@@ -371,6 +371,27 @@ def test_the_admin_index_and_related_choices_show_only_the_members_organizations
     assert SECRET not in filters
 
 
+def test_a_viewer_changes_nothing_through_forms_and_a_manager_nothing_of_b(world: World) -> None:
+    viewer, manager = world.clients["viewer"], world.clients["manager"]
+    campaign_a, campaign_b = world.a[Campaign], world.b[Campaign]
+    change = "/admin/campaigns/campaign/{}/change/"
+    posted = {"organization": campaign_a.organization_id, "name": "renamed", "channel": "whatsapp"}
+    assert viewer.post(change.format(campaign_a.pk), posted).status_code == 403
+    assert viewer.post("/admin/campaigns/campaign/add/", posted).status_code == 403
+    assert (
+        viewer.post(f"/admin/campaigns/campaign/{campaign_a.pk}/delete/", {"post": "yes"}).status_code == 403
+    )
+    assert manager.post(change.format(campaign_b.pk), posted).status_code == 404
+    assert (
+        manager.post(f"/admin/campaigns/campaign/{campaign_b.pk}/delete/", {"post": "yes"}).status_code == 404
+    )
+    names = set(Campaign.objects.values_list("name", flat=True))
+    assert names == {"alfa campaign", "bravo campaign"}
+    # The manager's own organization: the form is theirs to save (a viewer's has no save button).
+    assert 'name="_save"' in manager.get(change.format(campaign_a.pk)).content.decode()
+    assert 'name="_save"' not in viewer.get(change.format(campaign_a.pk)).content.decode()
+
+
 # --- the actions ----------------------------------------------------------------------------------
 
 
