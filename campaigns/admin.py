@@ -33,7 +33,9 @@ from campaigns.models import (
     WhatsappMessage,
 )
 from campaigns.sending import _variable
+from crm import tenancy
 from crm.models import Organization
+from crm.tenancy import TenantAdmin
 from integrations.whatsapp import errors as whatsapp_errors
 
 # Labels of every key in campaign_status()["counts"], both channels.
@@ -56,7 +58,7 @@ def _act(request: HttpRequest, queryset: QuerySet[Campaign], fn, done: str) -> N
 
 
 @admin.register(Campaign)
-class CampaignAdmin(admin.ModelAdmin):
+class CampaignAdmin(TenantAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     list_display = ("name", "organization", "channel", "status", "progress", "started_at", "finished_at")
     list_select_related = ("organization", "metric")
@@ -157,7 +159,7 @@ class CampaignAdmin(admin.ModelAdmin):
 
     def status_view(self, request: HttpRequest, pk: int) -> JsonResponse:
         """The live progress as JSON (polled by the change page)."""
-        campaign = Campaign.objects.filter(pk=pk).first()
+        campaign = self.scoped(request, Campaign.objects.all()).filter(pk=pk).first()
         if campaign is None or not self.has_view_permission(request, campaign):
             return JsonResponse({"error": "not found"}, status=404)
         return JsonResponse(selectors.campaign_status(campaign=campaign))
@@ -166,7 +168,7 @@ class CampaignAdmin(admin.ModelAdmin):
         """Messages per time bucket and status and the cumulative cost as JSON (the change page's charts)."""
         from campaigns import dashboards
 
-        campaign = Campaign.objects.select_related("organization").filter(pk=pk).first()
+        campaign = self.scoped(request, Campaign.objects.select_related("organization")).filter(pk=pk).first()
         if campaign is None or not self.has_view_permission(request, campaign):
             return JsonResponse({"error": "not found"}, status=404)
         return JsonResponse(dashboards.campaign_series_cached(campaign=campaign))
@@ -308,31 +310,31 @@ class CampaignAdmin(admin.ModelAdmin):
             rendered.html,
         )
 
-    @admin.action(description=_("Start (send now)"))
+    @admin.action(description=_("Start (send now)"), permissions=["change"])
     def start(self, request, queryset):
         _act(request, queryset, services.campaign_start, _("started"))
 
-    @admin.action(description=_("Cancel"))
+    @admin.action(description=_("Cancel"), permissions=["change"])
     def cancel(self, request, queryset):
         _act(request, queryset, services.campaign_cancel, _("cancelled"))
 
-    @admin.action(description=_("Pause"))
+    @admin.action(description=_("Pause"), permissions=["change"])
     def pause(self, request, queryset):
         _act(request, queryset, services.campaign_pause, _("paused"))
 
-    @admin.action(description=_("Resume"))
+    @admin.action(description=_("Resume"), permissions=["change"])
     def resume(self, request, queryset):
         _act(request, queryset, services.campaign_resume, _("resumed"))
 
-    @admin.action(description=_("Retry failed messages"))
+    @admin.action(description=_("Retry failed messages"), permissions=["change"])
     def retry_failed(self, request, queryset):
         _act(request, queryset, services.campaign_retry_failed, _("failed messages queued again"))
 
-    @admin.action(description=_("Activate recurrence"))
+    @admin.action(description=_("Activate recurrence"), permissions=["change"])
     def recurrence_activate(self, request, queryset):
         _act(request, queryset, services.campaign_recurrence_activate, _("recurring"))
 
-    @admin.action(description=_("Stop recurrence"))
+    @admin.action(description=_("Stop recurrence"), permissions=["change"])
     def recurrence_stop(self, request, queryset):
         _act(request, queryset, services.campaign_recurrence_stop, _("recurrence stopped"))
 
@@ -413,7 +415,7 @@ class BigTableChangeList(ChangeList):
             self.full_result_count = self.result_count  # search_form shows a count only when they differ
 
 
-class BigTableAdmin(admin.ModelAdmin):
+class BigTableAdmin(TenantAdmin):
     """A list over a table of millions of rows: no full COUNT, no sort but the primary key's index, no
     facet counts, no bulk actions (a "select all" would load every row), and foreign keys as raw ids."""
 
@@ -438,12 +440,13 @@ class CampaignFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         channel = Channel.EMAIL if model_admin.model is EmailMessage else Channel.WHATSAPP
+        visible = tenancy.scoped_related(model_admin.admin_site, Campaign, request)
         campaigns = list(
-            Campaign.objects.filter(channel=channel).order_by("-pk").values_list("pk", "name")[: self.newest]
+            visible.filter(channel=channel).order_by("-pk").values_list("pk", "name")[: self.newest]
         )
         chosen = self.value()
         if chosen and chosen.isdigit() and int(chosen) not in {pk for pk, _name in campaigns}:
-            campaigns += Campaign.objects.filter(pk=int(chosen)).values_list("pk", "name")
+            campaigns += visible.filter(pk=int(chosen)).values_list("pk", "name")
         return [(str(pk), f"{name} (#{pk})") for pk, name in campaigns]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
@@ -551,7 +554,7 @@ class EmailMessageAdmin(BigTableAdmin):
 
 
 @admin.register(EmailSuppression)
-class EmailSuppressionAdmin(admin.ModelAdmin):
+class EmailSuppressionAdmin(TenantAdmin):
     list_display = ("email", "organization", "reason", "detail", "created_at")
     list_select_related = ("organization",)
     list_filter = ("reason", "organization")
@@ -582,6 +585,7 @@ class CampaignMetricAdmin(BigTableAdmin):
     )
     list_select_related = ("campaign",)
     raw_id_fields = ("campaign",)
+    tenant_path = "campaign__organization"
     readonly_fields = (
         "campaign",
         "queued",
@@ -628,7 +632,7 @@ class SegmentDayFilter(admin.SimpleListFilter):
 
 
 @admin.register(CustomerSegment)
-class CustomerSegmentAdmin(admin.ModelAdmin):
+class CustomerSegmentAdmin(TenantAdmin):
     """Read-only: customers per organization, day and segment; the overview has the counts and movement."""
 
     list_display = (
@@ -683,7 +687,8 @@ class CustomerSegmentAdmin(admin.ModelAdmin):
         if not self.has_view_permission(request):
             raise PermissionDenied
         organizations = list(
-            Organization.objects.filter(pk__in=SegmentMovement.objects.values("organization_id"))
+            tenancy.scope(Organization.objects.all(), request.user, "pk")
+            .filter(pk__in=SegmentMovement.objects.values("organization_id"))
             .order_by("name")
             .values_list("pk", "name")
         )

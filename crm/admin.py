@@ -1,24 +1,47 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
+from django_rq.admin import QueueAdmin
+from django_rq.models import Dashboard
 
-from crm.models import Customer, JobRun, Organization, Sale, Store
+from crm import tenancy
+from crm.models import Customer, JobRun, Membership, Organization, Sale, Store
+from crm.tenancy import TenantAdmin, TenantInline
 
 admin.site.site_header = _("CRM — operations")
 admin.site.site_title = _("CRM")
 
 
-class StoreInline(admin.TabularInline):
+class StoreInline(TenantInline):
     model = Store
     extra = 0
     fields = ("erp_code", "name")
 
 
+class OperatorOnlyInline(admin.TabularInline):
+    """An inline only platform operators see and edit."""
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return tenancy.is_operator(request.user)
+
+    has_add_permission = has_change_permission = has_delete_permission = has_view_permission
+
+
+class MembershipInline(OperatorOnlyInline):
+    model = Membership
+    extra = 0
+    fields = ("user", "role", "created_at")
+    readonly_fields = ("created_at",)
+    raw_id_fields = ("user",)
+
+
 @admin.register(Organization)
-class OrganizationAdmin(admin.ModelAdmin):
+class OrganizationAdmin(TenantAdmin):
     list_display = (
         "name",
         "slug",
@@ -34,7 +57,8 @@ class OrganizationAdmin(admin.ModelAdmin):
     search_fields = ("name", "slug")
     list_filter = ("timezone", "block_multiple_campaigns")
     prepopulated_fields = {"slug": ("name",)}
-    inlines = [StoreInline]
+    inlines = [StoreInline, MembershipInline]
+    tenant_path = "pk"
     fieldsets = (
         (None, {"fields": ("name", "slug", "timezone")}),
         (
@@ -76,6 +100,12 @@ class OrganizationAdmin(admin.ModelAdmin):
         ),
     )
 
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return tenancy.is_operator(request.user)  # organizations are the platform's to create
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return tenancy.is_operator(request.user)
+
     def get_urls(self) -> list:
         from django.urls import path
 
@@ -96,7 +126,7 @@ class OrganizationAdmin(admin.ModelAdmin):
 
         from campaigns import dashboards
 
-        organization = Organization.objects.filter(pk=pk).first()
+        organization = self.get_queryset(request).filter(pk=pk).first()
         if organization is None:
             raise Http404
         if not self.has_view_permission(request, organization):
@@ -126,7 +156,7 @@ class OrganizationAdmin(admin.ModelAdmin):
 
 
 @admin.register(Store)
-class StoreAdmin(admin.ModelAdmin):
+class StoreAdmin(TenantAdmin):
     list_display = ("erp_code", "name", "organization", "created_at")
     list_select_related = ("organization",)
     search_fields = ("erp_code", "name")
@@ -155,7 +185,7 @@ class OptOutFilter(admin.SimpleListFilter):
 
 
 @admin.register(Customer)
-class CustomerAdmin(admin.ModelAdmin):
+class CustomerAdmin(TenantAdmin):
     list_display = (
         "name",
         "email",
@@ -189,7 +219,7 @@ class CustomerAdmin(admin.ModelAdmin):
 
 
 @admin.register(Sale)
-class SaleAdmin(admin.ModelAdmin):
+class SaleAdmin(TenantAdmin):
     list_display = ("erp_id", "sold_at", "total", "store", "customer", "organization")
     list_select_related = ("store", "customer", "organization")
     search_fields = ("=erp_id", "customer__name", "=customer__email")
@@ -201,7 +231,7 @@ class SaleAdmin(admin.ModelAdmin):
 
 
 @admin.register(JobRun)
-class JobRunAdmin(admin.ModelAdmin):
+class JobRunAdmin(TenantAdmin):
     list_display = (
         "kind",
         "key",
@@ -220,3 +250,39 @@ class JobRunAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+
+@admin.register(Membership)
+class MembershipAdmin(TenantAdmin):
+    """Who belongs to which organization with which role (platform operators only; also inline on
+    the organization). Adding one makes the user staff; removing their last one undoes it."""
+
+    tenant_path = None
+    list_display = ("user", "organization", "role", "created_at")
+    list_select_related = ("user", "organization")
+    list_filter = ("role", "organization")
+    search_fields = ("user__username", "user__email", "organization__name", "=organization__slug")
+    raw_id_fields = ("user",)
+
+
+@admin.register(Dashboard)
+class RqDashboardAdmin(QueueAdmin):
+    """django-rq's dashboard in the admin index (its own admin, RQ_SHOW_ADMIN_LINK, is off): every
+    queue of every organization, so for platform operators only, like /admin/rq/."""
+
+    platform_admin = True
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return tenancy.is_operator(request.user)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return tenancy.is_operator(request.user)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return tenancy.is_operator(request.user)
+
+    def changelist_view(self, request: HttpRequest, extra_context: Any = None) -> Any:
+        return tenancy.operator_required(super().changelist_view)(request, extra_context)
+
+    def get_urls(self) -> list:
+        return tenancy.operator_urls(super().get_urls())

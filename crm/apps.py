@@ -7,4 +7,12 @@ class CrmConfig(AppConfig):
     verbose_name = _("CRM core")
 
     def ready(self) -> None:
+        from django.db.models.signals import post_delete, post_save
+
         from crm import checks  # noqa: F401 - registers the system checks
+        from crm import services as crm_services
+        from crm.models import Membership
+
+        saved, deleted = crm_services.membership_saved, crm_services.membership_deleted
+        post_save.connect(saved, sender=Membership, dispatch_uid="crm.membership_saved")
+        post_delete.connect(deleted, sender=Membership, dispatch_uid="crm.membership_deleted")

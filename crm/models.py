@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
 from django.utils import timezone as dj_timezone
@@ -88,9 +89,45 @@ class Organization(models.Model):
         verbose_name = _("organization")
         verbose_name_plural = _("organizations")
         ordering = ["name"]
+        permissions = [
+            (
+                "operate_platform",
+                _("Can operate the platform: every organization, the queues, schedules, metrics, circuits"),
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name
+
+
+class Membership(models.Model):
+    """A user's role in one organization: what the admin shows and lets them do (crm.tenancy).
+    A user may belong to several organizations; a member is staff (set when a membership is added)."""
+
+    class Role(models.TextChoices):
+        MANAGER = (
+            "manager",
+            _("manager"),
+        )  # works the organization's campaigns, customers, surveys, integrations
+        VIEWER = "viewer", _("viewer")  # sees, changes nothing
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships", verbose_name=_("user")
+    )
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="memberships", verbose_name=_("organization")
+    )
+    role = models.CharField(_("role"), max_length=10, choices=Role.choices, default=Role.VIEWER)
+    created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+
+    class Meta:
+        verbose_name = _("membership")
+        verbose_name_plural = _("memberships")
+        ordering = ["organization_id", "user_id"]
+        constraints = [models.UniqueConstraint(fields=["user", "organization"], name="membership_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} · {self.organization} ({self.get_role_display()})"
 
 
 class Store(models.Model):

@@ -1,6 +1,7 @@
 """The queue pages (BullBoard's replacement) in the admin: thin views over crm.queue_ops.
 
-Every view is mounted through `admin.site.admin_view` (staff only, CSRF protected, never cached);
+Every view is mounted through `crm.tenancy.operator_view` (platform operators only, CSRF protected,
+never cached);
 actions are POST only and redirect back with a message.
 """
 

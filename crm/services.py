@@ -126,3 +126,93 @@ def customer_signup(
             setattr(customer, field, value)
         customer.save(update_fields=[*changes, "updated_at"])
         return customer.pk, "updated"
+
+
+# --- memberships ------------------------------------------------------------------------------------
+
+
+def membership_set(*, user: Any, organization: Organization, role: str) -> tuple[Any, bool]:
+    """Add the user to the organization with `role`, or change their role there: (membership, created).
+    The user becomes staff (the admin is the product's UI) through `membership_saved`."""
+    from crm.models import Membership
+
+    membership, created = Membership.objects.update_or_create(
+        user=user, organization=organization, defaults={"role": role}
+    )
+    return membership, created
+
+
+def membership_remove(*, user: Any, organization: Organization) -> bool:
+    """Take the user out of the organization (True if they were in it); `membership_deleted` then
+    drops their staff flag when it was their last membership and they are not an operator."""
+    from crm.models import Membership
+
+    deleted, _rows = Membership.objects.filter(user=user, organization=organization).delete()
+    return bool(deleted)
+
+
+def membership_saved(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """post_save of Membership (the command, the admin, the ORM): a member is staff."""
+    user = instance.user
+    if not user.is_staff:
+        user.is_staff = True
+        user.save(update_fields=["is_staff"])
+
+
+def membership_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
+    """post_delete of Membership: a user left without any organization is no longer staff, unless
+    a platform operator (superuser or crm.operate_platform), whose staff flag is theirs to keep."""
+    from crm import tenancy
+    from crm.models import Membership
+
+    user_model = type(instance).user.field.related_model
+    user = user_model.objects.filter(pk=instance.user_id).first()
+    if user is None or not user.is_staff or tenancy.is_operator(user):
+        return
+    if not Membership.objects.filter(user_id=user.pk).exists():
+        user.is_staff = False
+        user.save(update_fields=["is_staff"])
+
+
+def login_ensure(*, username: str, password: str | None, saved: Any, superuser: bool) -> str | None:
+    """A login for the embedded mode and the demo: `password` when given (set again), else a generated
+    one kept in the file `saved` (0600) for the next start. Returns the password when it was (re)set
+    or is kept in `saved`; None when the user exists with a password this function never knew."""
+    import secrets
+
+    from django.contrib.auth import get_user_model
+
+    user_model = get_user_model()
+    user = user_model.objects.filter(username=username).first()
+    if user is not None and not password:
+        return saved.read_text().strip() if saved.exists() else None
+    if not password:
+        password = secrets.token_urlsafe(12)
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        saved.write_text(password + "\n")
+        saved.chmod(0o600)
+    if user is None:
+        user = user_model(username=username)
+    user.set_password(password)
+    user.is_staff = True
+    user.is_superuser = superuser
+    user.save()
+    return password
+
+
+def login_from_environment(*, prefix: str, default_username: str, superuser: bool) -> tuple[str, str | None]:
+    """`login_ensure` for <prefix>_USERNAME / <prefix>_PASSWORD, else `default_username` with a
+    generated password kept in var/<default_username>-password: (username, password when known)."""
+    import os
+    from pathlib import Path
+
+    from django.conf import settings
+
+    username = os.environ.get(f"{prefix}_USERNAME", default_username)
+    password = login_ensure(
+        username=username,
+        password=os.environ.get(f"{prefix}_PASSWORD"),
+        saved=Path(settings.VAR_DIR) / f"{default_username}-password",
+        superuser=superuser,
+    )
+    return username, password

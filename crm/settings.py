@@ -198,7 +198,7 @@ RQ_QUEUES = {
 # Enqueue only after the surrounding transaction commits, so a job never sees a row that is
 # not there yet (and a rolled-back request enqueues nothing).
 RQ = {"COMMIT_MODE": "on_db_commit", "WORKER_CLASS": "crm.worker.Worker"}
-RQ_SHOW_ADMIN_LINK = True
+RQ_SHOW_ADMIN_LINK = False  # crm/admin.py registers django-rq's admin for platform operators only
 
 # How fast a killed worker's job is noticed: the worker refreshes its job's heartbeat every
 # CRM_HEARTBEAT_INTERVAL seconds; an entry not refreshed for CRM_HEARTBEAT_TTL seconds is
@@ -213,6 +213,13 @@ CRM_STALE_RUN_AFTER = env.int("CRM_STALE_RUN_AFTER", default=600)
 CRM_COUNT_QUERIES = config.parse_bool("CRM_COUNT_QUERIES", env.str("CRM_COUNT_QUERIES", default="false"))
 # GET /metrics (Prometheus) asks for "Authorization: Bearer <METRICS_TOKEN>"; empty = loopback only.
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+# Outbound URLs organizations and operators configure (runner HTTP handlers, Chatwoot, ERP, Graph
+# URL overrides, ESP API, pricing) may point at loopback/private/link-local addresses: on in the
+# embedded mode (its sandboxes), off otherwise (integrations/outbound.py).
+ALLOW_PRIVATE_OUTBOUND_URLS = config.parse_bool(
+    "ALLOW_PRIVATE_OUTBOUND_URLS",
+    env.str("ALLOW_PRIVATE_OUTBOUND_URLS", default="true" if EMBEDDED_DATABASE else "false"),
+)
 
 # --- WhatsApp (Meta Graph API) --------------------------------------------------------------
 WHATSAPP_GRAPH_URL = env.str("WHATSAPP_GRAPH_URL", default="https://graph.facebook.com")

@@ -1,9 +1,10 @@
+import django_rq.urls
 from django.contrib import admin
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
 from campaigns import esp_views, link_views, webhook_views
-from crm import prometheus, views
+from crm import prometheus, tenancy, views
 from integrations.email import tracking
 from runner import views as runner_views
 from surveys import views as survey_views
@@ -16,12 +17,13 @@ urlpatterns = [
     path("o/<str:signed>", link_views.open_pixel, name="campaign-open"),
     path("u/<str:signed>", link_views.unsubscribe, name="campaign-unsubscribe"),
     path("s/<str:signed>", survey_views.survey, name="survey"),
-    # Staff only: admin_view sends anyone else to the admin login.
-    path("admin/metrics", admin.site.admin_view(views.metrics), name="admin-metrics"),
-    path("admin/schedules/", admin.site.admin_view(views.schedules), name="admin-schedules"),
+    # Platform operators only (crm.tenancy): the admin login for the anonymous and non-staff, 403 for
+    # an organization's members.
+    path("admin/metrics", tenancy.operator_view(views.metrics), name="admin-metrics"),
+    path("admin/schedules/", tenancy.operator_view(views.schedules), name="admin-schedules"),
     path("admin/queues/", include("crm.queue_urls")),
     path("admin/runner/dashboard/", RedirectView.as_view(pattern_name="admin:runner_dashboard")),
-    path("admin/rq/", include("django_rq.urls")),
+    path("admin/rq/", include((tenancy.operator_urls(django_rq.urls.urlpatterns), "django_rq"))),
     path("admin/", admin.site.urls),
     path("webhooks/whatsapp/", webhook_views.whatsapp_webhook, name="whatsapp-webhook"),
     # ESP tracking webhooks (campaigns.esp_views): only the providers an organization can send

@@ -12,7 +12,7 @@ from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from redis.exceptions import RedisError
 
-from crm import cron, jobs, stats
+from crm import cron, jobs, stats, tenancy
 
 
 def _check(fn) -> dict:
@@ -60,7 +60,8 @@ def healthz(request: HttpRequest) -> JsonResponse:
     Also reports the workers and schedulers alive and the oldest waiting job's age. Those decide
     the status only with `?full=1` (a web node must not leave the load balancer because the
     workers are down; a monitor asking for the whole platform wants to know). The errors' text
-    (which names hosts and ports) is shown to staff only; anyone else learns which check failed."""
+    (which names hosts and ports) is shown to platform operators only; anyone else learns which
+    check failed."""
     checks = {"database": _check(_db), "redis": _check(_redis)}
     if checks["redis"]["ok"]:
         try:
@@ -69,7 +70,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
             checks["redis"] = {"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}
     deciding = checks if request.GET.get("full") == "1" else {k: checks[k] for k in ("database", "redis")}
     healthy = all(c["ok"] for c in deciding.values())
-    if not (request.user.is_authenticated and request.user.is_staff):
+    if not tenancy.is_operator(request.user):
         for check in checks.values():
             check.pop("error", None)
     return JsonResponse(
@@ -79,7 +80,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 @never_cache
 def metrics(request: HttpRequest) -> JsonResponse:
-    """{queue: {waiting, active, failed, completed, delayed}} — staff only (mounted in the admin)."""
+    """{queue: {waiting, active, failed, completed, delayed}} — platform operators only (crm.urls)."""
     try:
         return JsonResponse(stats.queue_stats())
     except RedisError as exc:
@@ -88,7 +89,7 @@ def metrics(request: HttpRequest) -> JsonResponse:
 
 @never_cache
 def schedules(request: HttpRequest) -> HttpResponse:
-    """The cron table with each entry's next run; POST name=… runs one now (staff only, in the admin)."""
+    """The cron table with each entry's next run; POST name=… runs one now (operators only: crm.urls)."""
     if request.method == "POST":
         name = request.POST.get("name", "")
         if name not in cron.cron_table():

@@ -5,6 +5,7 @@ from django.contrib import admin, messages
 from django.db import models
 from django.utils.translation import gettext_lazy as _
 
+from crm.tenancy import TenantAdmin
 from erp import services
 from erp.models import ErpConnection, ErpSyncIssue
 from integrations.admin import WriteOnlySecretForm, https_urls, write_only_input
@@ -23,7 +24,7 @@ class ErpConnectionForm(WriteOnlySecretForm):
 
 
 @admin.register(ErpConnection)
-class ErpConnectionAdmin(admin.ModelAdmin):
+class ErpConnectionAdmin(TenantAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     form = ErpConnectionForm
     list_display = (
@@ -64,7 +65,9 @@ class ErpConnectionAdmin(admin.ModelAdmin):
     )
     actions = ["check_connection", "sync_customers_now"]
 
-    @admin.action(description=_("Check the connection (ask the ERP for one customer)"))
+    @admin.action(
+        description=_("Check the connection (ask the ERP for one customer)"), permissions=["change"]
+    )
     def check_connection(self, request, queryset):
         for connection in queryset.select_related("organization"):
             try:
@@ -76,7 +79,7 @@ class ErpConnectionAdmin(admin.ModelAdmin):
             else:
                 messages.success(request, _("%(org)s: the ERP answered.") % {"org": connection.organization})
 
-    @admin.action(description=_("Enqueue today's full customer sync"))
+    @admin.action(description=_("Enqueue today's full customer sync"), permissions=["change"])
     def sync_customers_now(self, request, queryset):
         for connection in queryset.select_related("organization"):
             job_id = services.customers_sync_enqueue(connection=connection)
@@ -88,7 +91,7 @@ class ErpConnectionAdmin(admin.ModelAdmin):
 
 
 @admin.register(ErpSyncIssue)
-class ErpSyncIssueAdmin(admin.ModelAdmin):
+class ErpSyncIssueAdmin(TenantAdmin):
     list_display = (
         "seen_at",
         "organization",

@@ -9,6 +9,7 @@ from django.utils.translation import gettext_lazy as _
 
 from crm import crypto
 from crm.models import Organization, Store
+from integrations.outbound import validate_outbound_url
 
 _PASSWORD_CONTEXT = "erp.ErpConnection.password"  # noqa: S105 - a label, not a secret
 
@@ -20,7 +21,11 @@ class ErpConnection(models.Model):
     organization = models.OneToOneField(
         Organization, on_delete=models.CASCADE, related_name="erp_connection", verbose_name=_("organization")
     )
-    base_url = models.URLField(_("Millennium URL"), help_text=_("e.g. https://erp.example.com.br"))
+    base_url = models.URLField(
+        _("Millennium URL"),
+        help_text=_("e.g. https://erp.example.com.br"),
+        validators=[validate_outbound_url],
+    )
     username = models.CharField(_("username"), max_length=150)
     password_encrypted = models.TextField(_("password (encrypted)"), editable=False, default="")
     page_size = models.PositiveIntegerField(

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from django.utils.functional import _StrPromise  # a stub-only name: lazy translated strings
 
 from crm.checks import public_url_warnings
+from crm.tenancy import TenantAdmin
 from integrations.email import tracking
 from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, WhatsappPrice
 
@@ -86,7 +87,7 @@ class WhatsappNumberForm(WriteOnlySecretForm):
 
 
 @admin.register(WhatsappNumber)
-class WhatsappNumberAdmin(admin.ModelAdmin):
+class WhatsappNumberAdmin(TenantAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     form = WhatsappNumberForm
     list_display = ("display_phone_number", "phone_number_id", "organization", "store", "messages_per_second")
@@ -96,7 +97,8 @@ class WhatsappNumberAdmin(admin.ModelAdmin):
 
 
 @admin.register(WhatsappPrice)
-class WhatsappPriceAdmin(admin.ModelAdmin):
+class WhatsappPriceAdmin(TenantAdmin):
+    tenant_path = None  # the platform's price table
     list_display = ("category", "country", "price", "currency", "updated_at")
     list_filter = ("category",)
     search_fields = ("country",)
@@ -191,7 +193,7 @@ WEBHOOK_STEPS: dict[str, _StrPromise] = {
 
 
 @admin.register(EmailSettings)
-class EmailSettingsAdmin(admin.ModelAdmin):
+class EmailSettingsAdmin(TenantAdmin):
     form = EmailSettingsForm
     fieldsets = (
         (
@@ -266,7 +268,7 @@ class EmailSettingsAdmin(admin.ModelAdmin):
         for warning in public_url_warnings(public_url=settings.PUBLIC_URL, debug=settings.DEBUG):
             messages.warning(request, f"{warning.msg} {warning.hint}")
 
-    @admin.action(description=_("Send a test email to the sender address"))
+    @admin.action(description=_("Send a test email to the sender address"), permissions=["change"])
     def send_test_email(self, request, queryset):
         import smtplib
 
@@ -321,7 +323,7 @@ class ChatwootAccountForm(WriteOnlySecretForm):
 
 
 @admin.register(ChatwootAccount)
-class ChatwootAccountAdmin(admin.ModelAdmin):
+class ChatwootAccountAdmin(TenantAdmin):
     form = ChatwootAccountForm
     list_display = ("organization", "base_url", "account_id", "inbox_id", "mode", "enabled")
     list_select_related = ("organization",)

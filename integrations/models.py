@@ -11,6 +11,7 @@ from django.utils.translation import gettext_lazy as _
 
 from crm import crypto
 from crm.models import E164, Organization, Store
+from integrations.outbound import validate_outbound_url
 
 _TOKEN_CONTEXT = "integrations.WhatsappNumber.access_token"  # noqa: S105 - a label, not a secret
 
@@ -43,6 +44,7 @@ class WhatsappNumber(models.Model):
         blank=True,
         default="",
         help_text=_("Empty: the deployment's WHATSAPP_GRAPH_URL."),
+        validators=[validate_outbound_url],
     )
     messages_per_second = models.PositiveIntegerField(
         _("messages per second"),
@@ -98,7 +100,7 @@ class ChatwootAccount(models.Model):
     organization = models.OneToOneField(
         Organization, on_delete=models.CASCADE, related_name="chatwoot", verbose_name=_("organization")
     )
-    base_url = models.URLField(_("Chatwoot URL"))
+    base_url = models.URLField(_("Chatwoot URL"), validators=[validate_outbound_url])
     account_id = models.PositiveIntegerField(_("account id"))
     inbox_id = models.PositiveIntegerField(
         _("inbox id"),
@@ -178,7 +180,11 @@ class EmailSettings(models.Model):
     )
     esp_api_key_encrypted = models.TextField(_("provider API key (encrypted)"), editable=False, default="")
     esp_api_url = models.URLField(
-        _("provider API URL"), blank=True, default="", help_text=_("Empty: the provider's default.")
+        _("provider API URL"),
+        blank=True,
+        default="",
+        help_text=_("Empty: the provider's default."),
+        validators=[validate_outbound_url],
     )
     # The provider account's key for its tracking webhooks' signatures (Mailgun's HTTP webhook
     # signing key, SendGrid's Signed Event Webhook verification key): per account, so kept here.
@@ -232,3 +238,19 @@ crypto.register_encrypted_field("integrations.EmailSettings", "esp_api_key_encry
 crypto.register_encrypted_field(
     "integrations.EmailSettings", "esp_webhook_key_encrypted", _ESP_WEBHOOK_CONTEXT
 )
+
+
+class TrustedOrigin(models.Model):
+    """An origin (scheme://host:port) an operator named on the command line (`demo --graph-url`,
+    `--erp-url`, the sandboxes of `up`): called even when it is loopback or private
+    (integrations/outbound.py)."""
+
+    origin = models.CharField(_("origin"), max_length=300, unique=True)
+    created_at = models.DateTimeField(_("created at"), auto_now_add=True)
+
+    class Meta:
+        verbose_name = _("trusted outbound origin")
+        verbose_name_plural = _("trusted outbound origins")
+
+    def __str__(self) -> str:
+        return self.origin

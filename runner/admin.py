@@ -19,7 +19,8 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
-from crm import jobs
+from crm import jobs, tenancy
+from crm.tenancy import TenantAdmin
 from integrations.admin import https_urls, write_only_input
 from integrations.runner import resilience
 from runner import dashboard, services
@@ -39,7 +40,8 @@ def _snapshot(
 
 
 @admin.register(IntegrationType)
-class IntegrationTypeAdmin(admin.ModelAdmin):
+class IntegrationTypeAdmin(TenantAdmin):
+    tenant_path = None  # integration types and their circuits serve every organization
     list_display = ("integration_key", "name", "enabled", "circuit")
     actions = ["reset_circuit"]
 
@@ -64,7 +66,7 @@ class IntegrationTypeAdmin(admin.ModelAdmin):
             return f"{label} ({state.failures} ✗)"
         return str(label)
 
-    @admin.action(description=_("Close the circuit breaker now"))
+    @admin.action(description=_("Close the circuit breaker now"), permissions=["operate"])
     def reset_circuit(self, request: HttpRequest, queryset: QuerySet[IntegrationType]) -> None:
         for it in queryset:
             services.integration_reset_circuit(integration=it)
@@ -116,9 +118,10 @@ class IntegrationTypeAdmin(admin.ModelAdmin):
 
     def handler_pause_view(self, request: HttpRequest, pk: int, paused: bool) -> HttpResponseRedirect:
         """Pause or resume one handler through the service (so the config cache is invalidated)."""
-        if not self._handler_admin().has_change_permission(request):
+        handlers = self._handler_admin()
+        handler = get_object_or_404(handlers.get_queryset(request).select_related("integration"), pk=pk)
+        if not handlers.has_change_permission(request, handler):
             raise PermissionDenied
-        handler = get_object_or_404(Handler.objects.select_related("integration"), pk=pk)
         services.handler_set_paused(handler=handler, paused=paused)
         text = _("Handler %(handler)s paused.") if paused else _("Handler %(handler)s resumed.")
         self.message_user(request, text % {"handler": handler}, messages.SUCCESS)
@@ -173,7 +176,7 @@ class HandlerForm(forms.ModelForm):
 
 
 @admin.register(Handler)
-class HandlerAdmin(admin.ModelAdmin):
+class HandlerAdmin(TenantAdmin):
     form = HandlerForm
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     list_display = (
@@ -192,6 +195,15 @@ class HandlerAdmin(admin.ModelAdmin):
     list_filter = ("paused", "direction", "kind", "integration")
     list_select_related = ("integration", "organization")
     actions = ["pause", "resume", "run_now", "replay_dlq"]
+    # What runs and for whom is the platform's: an organization's manager tunes the rest.
+    operator_fields = ("integration", "handler_key", "direction", "kind", "callable_path", "organization")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return tenancy.is_operator(request.user)  # a handler is deployed code or an endpoint for a tenant
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = tuple(super().get_readonly_fields(request, obj))
+        return fields if tenancy.is_operator(request.user) else fields + self.operator_fields
 
     def get_changelist_instance(self, request: HttpRequest) -> Any:
         """The page's leases read in one round trip (not one per row) for `in_flight`."""
@@ -215,19 +227,19 @@ class HandlerAdmin(admin.ModelAdmin):
         )
         return format_html('<a href="{}">{}</a>', url, _("DLQ items"))
 
-    @admin.action(description=_("Pause the selected handlers"))
+    @admin.action(description=_("Pause the selected handlers"), permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Handler]) -> None:
         for h in queryset:
             services.handler_set_paused(handler=h, paused=True)
         self.message_user(request, _("Paused: their items wait and resume in order."), messages.SUCCESS)
 
-    @admin.action(description=_("Resume the selected handlers"))
+    @admin.action(description=_("Resume the selected handlers"), permissions=["change"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Handler]) -> None:
         for h in queryset:
             services.handler_set_paused(handler=h, paused=False)
         self.message_user(request, _("Resumed."), messages.SUCCESS)
 
-    @admin.action(description=_("Run now (manual trigger)"))
+    @admin.action(description=_("Run now (manual trigger)"), permissions=["change"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Handler]) -> None:
         started = 0
         for h in queryset.select_related("integration"):
@@ -244,14 +256,14 @@ class HandlerAdmin(admin.ModelAdmin):
         if started:
             self.message_user(request, _("Runs started: %(n)d.") % {"n": started}, messages.SUCCESS)
 
-    @admin.action(description=_("Replay the DLQ items of the selected handlers"))
+    @admin.action(description=_("Replay the DLQ items of the selected handlers"), permissions=["change"])
     def replay_dlq(self, request: HttpRequest, queryset: QuerySet[Handler]) -> None:
         n = sum(services.items_replay(item_ids=services.dlq_items(handler=h)) for h in queryset)
         self.message_user(request, _("Items replayed: %(n)d.") % {"n": n}, messages.SUCCESS)
 
 
 @admin.register(Execution)
-class ExecutionAdmin(admin.ModelAdmin):
+class ExecutionAdmin(TenantAdmin):
     list_display = (
         "id",
         "handler",
@@ -275,12 +287,12 @@ class ExecutionAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    @admin.action(description=_("Cancel (pending items are never processed)"))
+    @admin.action(description=_("Cancel (pending items are never processed)"), permissions=["change"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
         n = sum(services.execution_cancel(execution=e) for e in queryset)
         self.message_user(request, _("Items cancelled: %(n)d.") % {"n": n}, messages.SUCCESS)
 
-    @admin.action(description=_("Replay the DLQ items of the selected executions"))
+    @admin.action(description=_("Replay the DLQ items of the selected executions"), permissions=["change"])
     def replay_dlq(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
         n = sum(services.items_replay(item_ids=services.dlq_items(execution=e)) for e in queryset)
         self.message_user(request, _("Items replayed: %(n)d.") % {"n": n}, messages.SUCCESS)
@@ -300,7 +312,7 @@ class DlqFilter(admin.SimpleListFilter):
 
 
 @admin.register(ExecutionItem)
-class ExecutionItemAdmin(admin.ModelAdmin):
+class ExecutionItemAdmin(TenantAdmin):
     list_display = (
         "id",
         "execution",
@@ -318,11 +330,12 @@ class ExecutionItemAdmin(admin.ModelAdmin):
     raw_id_fields = ("execution",)
     readonly_fields = [f.name for f in ExecutionItem._meta.fields]
     actions = ["replay"]
+    tenant_path = "execution__organization"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    @admin.action(description=_("Replay the selected DLQ items"))
+    @admin.action(description=_("Replay the selected DLQ items"), permissions=["change"])
     def replay(self, request: HttpRequest, queryset: QuerySet[ExecutionItem]) -> None:
         n = services.items_replay(item_ids=queryset.values_list("id", flat=True))
         self.message_user(
@@ -331,6 +344,7 @@ class ExecutionItemAdmin(admin.ModelAdmin):
 
 
 @admin.register(RunnerSettings)
-class RunnerSettingsAdmin(admin.ModelAdmin):
+class RunnerSettingsAdmin(TenantAdmin):
+    tenant_path = None  # the per-organization limits are the platform's capacity, set by operators
     list_display = ("organization", "rate_limit_per_minute")
     list_select_related = ("organization",)

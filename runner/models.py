@@ -9,6 +9,7 @@ from django.utils.translation import gettext_lazy as _
 
 from crm import crypto
 from crm.models import Organization
+from integrations.outbound import validate_outbound_url
 
 MAX_ATTEMPTS = 3  # every attempt counted, the first included (seed 000)
 # A longer event id is recorded as its SHA-256 (services.event_key), never cut.
@@ -63,7 +64,9 @@ class Handler(models.Model):
         default="",
         help_text=_("Dotted path to a module or object with process(item) and optionally produce(run)."),
     )
-    endpoint_url = models.URLField(_("endpoint URL"), blank=True, default="")
+    endpoint_url = models.URLField(
+        _("endpoint URL"), blank=True, default="", validators=[validate_outbound_url]
+    )
     auth_header = models.CharField(_("auth header name"), max_length=64, blank=True, default="Authorization")
     auth_value_encrypted = models.TextField(_("auth header value (encrypted)"), blank=True, default="")
     organization = models.ForeignKey(

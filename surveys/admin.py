@@ -14,7 +14,9 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
+from crm import tenancy
 from crm.models import Organization
+from crm.tenancy import TenantAdmin
 from surveys import selectors, services
 from surveys.models import Survey
 
@@ -32,7 +34,7 @@ def _months_back(organization: Organization, months: int) -> datetime:
 
 
 @admin.register(Survey)
-class SurveyAdmin(admin.ModelAdmin):
+class SurveyAdmin(TenantAdmin):
     list_display = (
         "id",
         "sale_erp_id",
@@ -108,13 +110,14 @@ class SurveyAdmin(admin.ModelAdmin):
         """NPS per store and per month for one organization (staff with view permission only)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        organizations = list(Organization.objects.order_by("name").values_list("pk", "name"))
+        visible = tenancy.scope(Organization.objects.all(), request.user, "pk")
+        organizations = list(visible.order_by("name").values_list("pk", "name"))
         chosen = request.GET.get("organization", "")
         organization = None
         if chosen.isdigit():
-            organization = Organization.objects.filter(pk=int(chosen)).first()
+            organization = visible.filter(pk=int(chosen)).first()
         elif len(organizations) == 1:
-            organization = Organization.objects.filter(pk=organizations[0][0]).first()
+            organization = visible.filter(pk=organizations[0][0]).first()
         period = request.GET.get("months", "")
         months = int(period) if period.isdigit() and int(period) in NPS_PERIODS else NPS_DEFAULT_PERIOD
         report = []

@@ -23,6 +23,11 @@ from crm.models import Customer, Organization, Store
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# The tests' servers and sandboxes listen on loopback: outbound URLs may point there (this process,
+# and the workers and web servers it starts). tests/integrations/test_outbound.py turns it off.
+os.environ["ALLOW_PRIVATE_OUTBOUND_URLS"] = "true"
+settings.ALLOW_PRIVATE_OUTBOUND_URLS = True
+
 
 @pytest.fixture(autouse=True, scope="session")
 def _static_root() -> None:

@@ -46,6 +46,7 @@ CHROMIUM_ARGS = [
 SCREENSHOTS = ROOT / "var" / "screenshots"
 STAFF_USERNAME, STAFF_PASSWORD = "admin", "Browser-test-Pw-2024"
 CLERK_USERNAME, CLERK_PASSWORD = "vendedora", "Vendedora-Pw-2024"
+MANAGER_USERNAME, MANAGER_PASSWORD = "demo-manager", "Gerente-Pw-2024"  # the demo's manager login
 DEMO_CUSTOMERS = 30
 
 T = TypeVar("T")
@@ -170,7 +171,11 @@ def stack(chromium: Path, transactional_db: None, tmp_path: Path) -> Iterator[St
     number on the Meta sandbox), a superuser made by `createsuperuser --noinput`, a non-staff
     user and a runner handler. Everything it writes is committed; the usual fixtures empty the
     test database and flush Redis afterwards."""
-    env = child_env(CRM_VAR_DIR=str(tmp_path / "var"), DJANGO_SUPERUSER_PASSWORD=STAFF_PASSWORD)
+    env = child_env(
+        CRM_VAR_DIR=str(tmp_path / "var"),
+        DJANGO_SUPERUSER_PASSWORD=STAFF_PASSWORD,
+        DEMO_MANAGER_PASSWORD=MANAGER_PASSWORD,
+    )
     created = subprocess.run(
         [
             *(sys.executable, "manage.py", "createsuperuser", "--noinput"),

@@ -1,7 +1,8 @@
 """The operator's day in a real browser, against the stack `manage.py up` runs: log in, create a
 WhatsApp campaign against the Meta sandbox, start it and watch the progress reach 100%; open the
 queue pages and retry a failed job; pause and resume a runner handler; read the metrics JSON. A
-non-staff user is refused every queue page and action. Screenshots go to var/screenshots/."""
+non-staff user is refused every queue page and action. The demo organization's manager sees its
+campaigns only and is refused the platform's pages. Screenshots go to var/screenshots/."""
 
 from __future__ import annotations
 
@@ -19,6 +20,8 @@ from tests.browser.conftest import (
     CLERK_PASSWORD,
     CLERK_USERNAME,
     DEMO_CUSTOMERS,
+    MANAGER_PASSWORD,
+    MANAGER_USERNAME,
     STAFF_PASSWORD,
     STAFF_USERNAME,
     Stack,
@@ -320,6 +323,38 @@ def _non_staff_user_is_refused_every_queue_page_and_action(page: Page, stack: St
     assert _status(ids["failed"]) == "failed" and recorded("delayed") == []
 
 
+def _other_organization_campaign() -> int:
+    from campaigns.models import Campaign
+    from crm.models import Organization
+
+    other = Organization.objects.create(name="Outra Loja", slug="outra-loja")
+    return Campaign.objects.create(organization=other, name="Campanha secreta da outra loja").pk
+
+
+def _manager_sees_only_the_demo_organization(page: Page, stack: Stack) -> None:
+    """The login `up`'s demo printed: the demo's campaigns, not another organization's; no queue
+    pages, schedules or metrics (403), and no links to them."""
+    secret = stack.orm.run(_other_organization_campaign)
+    log_in(page, MANAGER_USERNAME, MANAGER_PASSWORD)
+    assert _path(page.url) == "/admin/", page.url
+    expect(page.locator("#operations")).to_have_count(0)
+    expect(page.locator("#content-main")).to_contain_text("Campa")  # campaigns, in either language
+    screenshot(page, "manager-index")
+    page.goto("/admin/campaigns/campaign/")
+    expect(page.locator("#content-main")).not_to_contain_text("secreta")
+    screenshot(page, "manager-campaigns")
+    for url, status in (
+        (f"/admin/campaigns/campaign/{secret}/change/", 404),
+        (f"/admin/campaigns/campaign/{secret}/status/", 404),
+        ("/admin/queues/", 403),
+        ("/admin/schedules/", 403),
+        ("/admin/metrics", 403),
+        ("/admin/rq/", 403),
+    ):
+        response = page.goto(url)
+        assert response is not None and response.status == status, (url, response and response.status)
+
+
 STEPS = [
     ("log in, create a WhatsApp campaign, start it, watch it reach 100%", _campaign_reaches_100_percent),
     ("open the queue pages, retry a failed job", _failed_job_is_retried_from_the_queue_pages),
@@ -329,6 +364,7 @@ STEPS = [
         "a non-staff user is refused every queue page and action",
         _non_staff_user_is_refused_every_queue_page_and_action,
     ),
+    ("the demo's manager sees only the demo organization", _manager_sees_only_the_demo_organization),
 ]
 
 

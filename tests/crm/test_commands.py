@@ -42,6 +42,7 @@ ARGS = {
     "runner_run": ["crm-x", "leads"],
     "runner_consume": ["crm-x", "leads"],
     "dlq_replay": ["--execution", "1"],
+    "membership": ["list"],
 }
 CLOSED = "127.0.0.1:1"  # nothing listens on port 1
 

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from crm.models import Customer, Store
+from crm.models import Customer, Membership, Organization, Store
 from surveys import selectors
 from surveys.models import Survey
 from tests.surveys.conftest import Shop
@@ -105,7 +105,11 @@ def test_the_nps_report_is_refused_to_non_staff_and_to_staff_without_permission(
     client.force_login(User.objects.get(username="operador"))
     assert client.get(url).status_code == 403
     staff.user_permissions.add(Permission.objects.get(codename="view_survey"))
+    assert client.get(url).status_code == 403  # Django's model permissions give a non-member nothing
+    Membership.objects.create(user=staff, organization=shop.org, role=Membership.Role.VIEWER)
     assert client.get(url).status_code == 200
+    Organization.objects.create(name="Outra", slug="outra")
+    assert b"Outra" not in client.get("/admin/surveys/survey/nps/").content
 
 
 def test_the_survey_changelist_links_the_report_filters_and_searches(shop: Shop, admin_client):

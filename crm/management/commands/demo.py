@@ -5,12 +5,14 @@ import shlex
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 from tqdm import tqdm
 
 from crm import cli, services
-from crm.models import Organization
+from crm.models import Membership, Organization
+from integrations import outbound
 
 
 def host_port(value: str) -> tuple[str, int]:
@@ -60,6 +62,7 @@ class Command(cli.CrmCommand):
         if options["graph_url"]:
             from integrations.services import whatsapp_number_demo
 
+            outbound.trust_origin(options["graph_url"])  # the operator's choice: loopback in every mode
             number = whatsapp_number_demo(organization=org, graph_url=options["graph_url"])
             self.stdout.write(
                 _("demo WhatsApp number %(number)s -> %(url)s")
@@ -76,6 +79,7 @@ class Command(cli.CrmCommand):
         if options["erp_url"]:
             from erp.services import erp_connection_demo
 
+            outbound.trust_origin(options["erp_url"])
             erp_connection_demo(organization=org, base_url=options["erp_url"])
             self.stdout.write(
                 _("demo ERP -> %(url)s (pull its customers: manage.py erp_sync customers --full)")
@@ -90,7 +94,22 @@ class Command(cli.CrmCommand):
                 "customers": cli.number(org.customers.count()),
             }
         )
+        self._manager_login(org)
         self._integration(org, options["public_url"] or settings.PUBLIC_URL)
+
+    def _manager_login(self, org: Organization) -> None:
+        """A manager of the demo organization (sees and works only its data, unlike the operator):
+        DEMO_MANAGER_USERNAME/DEMO_MANAGER_PASSWORD, else demo-manager with a generated password kept
+        in var/demo-manager-password (0600)."""
+        username, password = services.login_from_environment(
+            prefix="DEMO_MANAGER", default_username="demo-manager", superuser=False
+        )
+        user = get_user_model().objects.get(username=username)
+        services.membership_set(user=user, organization=org, role=Membership.Role.MANAGER)
+        self.stdout.write(
+            _("manager login of '%(slug)s': %(username)s / %(password)s")
+            % {"slug": org.slug, "username": username, "password": password or _("(unchanged)")}
+        )
 
     def _integration(self, org: Organization, public_url: str) -> None:
         """The demo integration of the runner, and how to start it: a run, and a webhook (its token

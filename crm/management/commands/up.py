@@ -1,19 +1,17 @@
 from __future__ import annotations
 
 import os
-import secrets
 import signal
 import socket
 import sys
 from pathlib import Path
 
 from django.conf import settings
-from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
 
-from crm import embedded
+from crm import embedded, services
 from crm.supervisor import Supervisor
 
 
@@ -229,23 +227,6 @@ class _Say:
 
 
 def _ensure_admin() -> tuple[str, str | None]:
-    """The admin login: ADMIN_USERNAME/ADMIN_PASSWORD from the environment, else admin + a generated
-    password kept in var/admin-password (0600). Returns the password when it was (re)set."""
-    user_model = get_user_model()
-    username = os.environ.get("ADMIN_USERNAME", "admin")
-    password = os.environ.get("ADMIN_PASSWORD")
-    saved = Path(settings.VAR_DIR) / "admin-password"
-    user = user_model.objects.filter(username=username).first()
-    if user is not None and not password:
-        return username, saved.read_text().strip() if saved.exists() else None
-    if not password:
-        password = secrets.token_urlsafe(12)
-        saved.write_text(password + "\n")
-        saved.chmod(0o600)
-    if user is None:
-        user_model.objects.create_superuser(username=username, email="", password=password)
-    else:
-        user.set_password(password)
-        user.is_staff = user.is_superuser = True
-        user.save(update_fields=["password", "is_staff", "is_superuser"])
-    return username, password
+    """The admin login (a superuser): ADMIN_USERNAME/ADMIN_PASSWORD from the environment, else admin +
+    a generated password kept in var/admin-password (0600). Returns the password when it is known."""
+    return services.login_from_environment(prefix="ADMIN", default_username="admin", superuser=True)

@@ -1,0 +1,294 @@
+"""Who sees and does what in the admin: the one place organizations' boundaries are drawn.
+
+- A **platform operator** is a superuser or an active user with the permission
+  `crm.operate_platform`. Operators see every organization and may do everything (the queue
+  pages, the RQ dashboard, the cron table, /admin/metrics, the runner's circuits and limits).
+- A **member** has a `Membership` in one or more organizations: `manager` (view, add, change,
+  delete the organization's objects and run their actions) or `viewer` (view only). A member
+  sees only their organizations' rows; another organization's object answers 404. Django's
+  per-user model permissions are not consulted for members: the role decides.
+- Anyone else who is staff sees an empty admin.
+
+Every ModelAdmin of the apps derives from `TenantAdmin` (below) and declares once how its model
+reaches the organization (`tenant_path`): "organization" (the
+default), "campaign__organization", "pk" for Organization itself, or None for a platform model
+(operators only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import wraps
+from typing import Any
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.db.models import Model, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+from django.urls import URLPattern, URLResolver
+
+OPERATE_PLATFORM = "crm.operate_platform"
+MANAGER = "manager"
+VIEWER = "viewer"
+
+
+def is_operator(user: Any) -> bool:
+    """A superuser or a user granted `crm.operate_platform` (superusers have every permission)."""
+    return bool(user and user.is_active and user.has_perm(OPERATE_PLATFORM))
+
+
+def roles(user: Any) -> dict[int, str]:
+    """{organization id: role} of the user's memberships; read once per request (kept on the user)."""
+    if not user or not user.is_authenticated or not user.is_active:
+        return {}
+    cached = getattr(user, "_crm_roles", None)
+    if cached is None:
+        from crm.models import Membership
+
+        cached = dict(Membership.objects.filter(user_id=user.pk).values_list("organization_id", "role"))
+        user._crm_roles = cached
+    return cached
+
+
+def organization_ids(user: Any) -> set[int] | None:
+    """The organizations the user may see: None means every one (an operator)."""
+    if is_operator(user):
+        return None
+    return set(roles(user))
+
+
+def managed_ids(user: Any) -> set[int] | None:
+    """The organizations the user may change: None means every one (an operator)."""
+    if is_operator(user):
+        return None
+    return {org for org, role in roles(user).items() if role == MANAGER}
+
+
+def may_view(user: Any, organization_id: int | None = None) -> bool:
+    """May view `organization_id`'s objects (any organization's, when None)."""
+    ids = organization_ids(user)
+    if ids is None:
+        return True
+    return bool(ids) if organization_id is None else organization_id in ids
+
+
+def may_manage(user: Any, organization_id: int | None = None) -> bool:
+    """May change `organization_id`'s objects (any organization's, when None)."""
+    ids = managed_ids(user)
+    if ids is None:
+        return True
+    return bool(ids) if organization_id is None else organization_id in ids
+
+
+def scope(queryset: QuerySet, user: Any, path: str | None) -> QuerySet:
+    """`queryset` limited to the user's organizations through `path` (None: operators only)."""
+    ids = organization_ids(user)
+    if ids is None:
+        return queryset
+    if path is None or not ids:
+        return queryset.none()
+    return queryset.filter(**{f"{path}__in": ids})
+
+
+def organization_of(obj: Model, path: str | None) -> int | None:
+    """The organization id of `obj` through `path` ("organization", "campaign__organization", "pk")."""
+    if path is None:
+        return None
+    if path == "pk":
+        return obj.pk
+    *hops, last = path.split("__")
+    target: Any = obj
+    for hop in hops:
+        target = getattr(target, hop, None)
+        if target is None:
+            return None
+    return getattr(target, f"{last}_id", None)
+
+
+def operator_required(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A platform page: 403 for anyone logged in who is not an operator (mount it through
+    `admin.site.admin_view`, which sends the anonymous and non-staff to the login first)."""
+
+    @wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not is_operator(request.user):
+            raise PermissionDenied
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+def operator_view(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """`view` as a platform page in the admin: login, staff, operator, CSRF, never cached."""
+    return admin.site.admin_view(operator_required(view))
+
+
+def operator_urls(patterns: Sequence[URLPattern | URLResolver]) -> list[URLPattern | URLResolver]:
+    """Another app's URL patterns (django-rq's dashboard) with every view for operators only."""
+    guarded: list[URLPattern | URLResolver] = []
+    for pattern in patterns:
+        if isinstance(pattern, URLResolver):
+            guarded.append(
+                URLResolver(
+                    pattern.pattern,
+                    operator_urls(list(pattern.url_patterns)),
+                    pattern.default_kwargs,
+                    pattern.app_name,
+                    pattern.namespace,
+                )
+            )
+        else:
+            guarded.append(
+                URLPattern(
+                    pattern.pattern, operator_view(pattern.callback), pattern.default_args, pattern.name
+                )
+            )
+    return guarded
+
+
+class TenantRelatedFilter(admin.RelatedFieldListFilter):
+    """A list filter on a relation whose choices are only the user's organizations' rows."""
+
+    def field_choices(self, field: Any, request: HttpRequest, model_admin: admin.ModelAdmin) -> list:
+        related = field.remote_field.model
+        queryset = scoped_related(model_admin.admin_site, related, request)
+        ordering = self.field_admin_ordering(field, request, model_admin)
+        if ordering:
+            queryset = queryset.order_by(*ordering)
+        return [(obj.pk, str(obj)) for obj in queryset[:500]]
+
+
+def tenant_path_of(site: admin.AdminSite, model: type[Model]) -> str | bool | None:
+    """How `model` reaches the organization, as its registered admin declares it; False when the
+    model is not organization-bound (no TenantAdmin registered for it)."""
+    model_admin = site._registry.get(model)
+    if isinstance(model_admin, TenantAdmin):
+        return model_admin.tenant_path
+    return False
+
+
+def scoped_related(site: admin.AdminSite, model: type[Model], request: HttpRequest) -> QuerySet:
+    """`model`'s rows the user may pick (a related field's choices, a filter's)."""
+    queryset = model._default_manager.all()
+    path = tenant_path_of(site, model)
+    if path is False or path is None:
+        return queryset  # not organization-bound, or the platform's reference data (integration types)
+    return scope(queryset, request.user, path)  # type: ignore[arg-type]
+
+
+class TenantAdmin(admin.ModelAdmin):
+    """The base of every ModelAdmin: rows, objects, choices, filters, autocomplete, search and
+    actions limited to the user's organizations; permissions from the membership role."""
+
+    # How the model reaches its organization (a lookup path), "pk" for Organization, None for a
+    # platform model that only operators see.
+    tenant_path: str | None = "organization"
+
+    # --- rows -------------------------------------------------------------------------------------
+    def get_queryset(self, request: HttpRequest) -> QuerySet:
+        return scope(super().get_queryset(request), request.user, self.tenant_path)
+
+    def scoped(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        """Any queryset of this admin's model limited to the user's organizations (custom views)."""
+        return scope(queryset, request.user, self.tenant_path)
+
+    def _get_obj_does_not_exist_redirect(self, request: HttpRequest, opts: Any, object_id: str) -> Any:
+        """Another organization's object (or none) answers 404, not a redirect that says it exists."""
+        raise Http404
+
+    # --- choices ----------------------------------------------------------------------------------
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if "queryset" not in kwargs:
+            kwargs["queryset"] = scoped_related(self.admin_site, db_field.remote_field.model, request)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)
+
+    def formfield_for_manytomany(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        if "queryset" not in kwargs:
+            kwargs["queryset"] = scoped_related(self.admin_site, db_field.remote_field.model, request)
+        return super().formfield_for_manytomany(db_field, request, **kwargs)
+
+    def get_list_filter(self, request: HttpRequest) -> Any:
+        """Relation filters list only the user's organizations' rows."""
+        filters = []
+        for entry in super().get_list_filter(request):
+            if isinstance(entry, str) and self._relation_to_tenant(entry):
+                entry = (entry, TenantRelatedFilter)
+            filters.append(entry)
+        return filters
+
+    def _relation_to_tenant(self, name: str) -> bool:
+        model: Any = self.model
+        field = None
+        for part in name.split("__"):
+            field = model._meta.get_field(part)
+            if not field.is_relation:
+                return False
+            model = field.related_model
+        return field is not None and tenant_path_of(self.admin_site, model) is not False
+
+    # --- permissions --------------------------------------------------------------------------------
+    def _organization(self, obj: Any) -> int | None:
+        return organization_of(obj, self.tenant_path)
+
+    def has_module_permission(self, request: HttpRequest) -> bool:
+        return self.has_view_permission(request)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        if is_operator(request.user):
+            return True
+        if self.tenant_path is None:
+            return False
+        if obj is None:
+            return may_view(request.user)
+        org = self._organization(obj)
+        return org is not None and may_view(request.user, org)
+
+    def _may_manage(self, request: HttpRequest, obj: Any = None) -> bool:
+        if is_operator(request.user):
+            return True
+        if self.tenant_path is None:
+            return False
+        if obj is None:
+            return may_manage(request.user)
+        org = self._organization(obj)
+        return org is not None and may_manage(request.user, org)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return self._may_manage(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._may_manage(request, obj)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._may_manage(request, obj)
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """For actions a platform operator alone may run: `@admin.action(permissions=["operate"])`."""
+        return is_operator(request.user)
+
+
+class TenantInline(admin.TabularInline):
+    """An inline of an organization-bound parent: the parent's organization decides."""
+
+    def _allowed(self, request: HttpRequest, obj: Any, manage: bool) -> bool:
+        if is_operator(request.user):
+            return True
+        parent = self.parent_model
+        path = tenant_path_of(self.admin_site, parent)
+        if path is False or path is None:
+            return False
+        org = organization_of(obj, path) if obj is not None else None  # type: ignore[arg-type]
+        check = may_manage if manage else may_view
+        return check(request.user, org)
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request, obj, manage=False)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request, obj, manage=True)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request, obj, manage=True)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return self._allowed(request, obj, manage=True)

@@ -1,0 +1,175 @@
+"""Where the platform may send requests: never to its own network (SSRF guard).
+
+Organizations and operators configure outbound URLs (runner HTTP handlers, Chatwoot, the ERP, a
+Graph API override, the ESP's API, the pricing URL). Unless the deployment allows it
+(`ALLOW_PRIVATE_OUTBOUND_URLS`, on in the embedded `make run` mode so its sandboxes work), a URL
+whose host resolves to a loopback, private, link-local, multicast, unspecified or otherwise
+reserved address is refused; every address the host resolves to is checked, and IPv4-mapped IPv6
+addresses are judged by their IPv4 address. Numeric hosts in any form the resolver accepts
+(decimal `2130706433`, octal `0177.0.0.1`, hex `0x7f.1`) are resolved like names, so they are judged
+by the address they mean.
+
+The check runs when a URL is saved (`validate_outbound_url`, a model field validator) and again
+when a request leaves (`integrations.http`), since a name may resolve elsewhere later. An origin an
+operator named on the command line (`demo --graph-url/--erp-url`, the sandboxes of `up`) is
+trusted in every mode (`trust_origin`).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from urllib.parse import urlsplit
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.utils.translation import gettext as _
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Resolver = Callable[[str], Iterable[str]]
+CACHE_SECONDS = 60.0
+
+
+class OutboundURLError(ValueError):
+    """A URL the platform must not call."""
+
+
+def forbidden_address(address: Address) -> bool:
+    """True for an address inside the platform's own networks or no one's."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    if isinstance(address, ipaddress.IPv6Address) and address.sixtofour is not None:
+        address = address.sixtofour
+    return (
+        address.is_loopback
+        or address.is_private
+        or address.is_link_local
+        or address.is_multicast
+        or address.is_unspecified
+        or address.is_reserved
+        or not address.is_global
+    )
+
+
+def system_resolver(host: str) -> list[str]:
+    """Every address `host` resolves to (names, and numeric forms as the C library reads them)."""
+    infos = socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    return [str(info[4][0]).split("%", 1)[0] for info in infos]
+
+
+_trusted: tuple[float, frozenset[str]] = (0.0, frozenset())
+_trusted_lock = threading.Lock()
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url.strip())
+    host = (parts.hostname or "").lower()
+    try:
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+    except ValueError:
+        port = 0
+    return f"{parts.scheme.lower()}://{host}:{port}"
+
+
+def trust_origin(url: str) -> None:
+    """Allow `url`'s origin (scheme, host, port) whatever it resolves to: an operator's explicit
+    choice on the command line. Kept in the database (integrations.TrustedOrigin)."""
+    from integrations.models import TrustedOrigin
+
+    TrustedOrigin.objects.get_or_create(origin=_origin(url))
+    global _trusted
+    with _trusted_lock:
+        _trusted = (0.0, frozenset())
+
+
+def trusted_origins() -> frozenset[str]:
+    global _trusted
+    with _trusted_lock:
+        loaded_at, origins = _trusted
+        if time.monotonic() - loaded_at < CACHE_SECONDS and loaded_at:
+            return origins
+    from integrations.models import TrustedOrigin
+
+    origins = frozenset(TrustedOrigin.objects.values_list("origin", flat=True))
+    with _trusted_lock:
+        _trusted = (time.monotonic(), origins)
+    return origins
+
+
+def check_url(url: str, *, resolver: Resolver = system_resolver, allow_private: bool | None = None) -> None:
+    """Raise OutboundURLError unless `url` is http(s) to a host whose every address is public."""
+    parts = urlsplit(url.strip())
+    if parts.scheme.lower() not in ("http", "https"):
+        raise OutboundURLError(_("Only http and https URLs can be called."))
+    host = parts.hostname
+    if not host:
+        raise OutboundURLError(_("The URL names no host."))
+    if allow_private is None:
+        allow_private = settings.ALLOW_PRIVATE_OUTBOUND_URLS
+    if allow_private:
+        return
+    check_host(host, resolver=resolver)
+
+
+def check_host(host: str, *, resolver: Resolver = system_resolver) -> None:
+    """Raise OutboundURLError unless every address of `host` is public."""
+    try:
+        literal: Address | None = ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        literal = None
+    if literal is not None:
+        addresses = [literal]
+    else:
+        try:
+            addresses = [ipaddress.ip_address(a) for a in resolver(host)]
+        except (OSError, UnicodeError, ValueError) as exc:
+            raise OutboundURLError(
+                _("%(host)s does not resolve: %(error)s") % {"host": host, "error": exc}
+            ) from None
+        if not addresses:
+            raise OutboundURLError(_("%(host)s does not resolve.") % {"host": host})
+    for address in addresses:
+        if forbidden_address(address):
+            raise OutboundURLError(
+                _("%(host)s is a private, loopback or reserved address (%(address)s): not allowed here.")
+                % {"host": host, "address": address}
+            )
+
+
+_checked: dict[str, float] = {}
+
+
+def needs_check(url: str) -> bool:
+    """False when `check_request_url` would pass without a lookup (allowed, or checked lately)."""
+    return not settings.ALLOW_PRIVATE_OUTBOUND_URLS and _checked.get(_origin(url), 0.0) <= time.monotonic()
+
+
+def check_request_url(url: str, *, resolver: Resolver = system_resolver) -> None:
+    """The request-time guard of integrations.http: trusted origins pass; a host found public is
+    not resolved again for CACHE_SECONDS (a WhatsApp batch sends hundreds of requests a second)."""
+    if not needs_check(url):
+        return
+    origin = _origin(url)
+    now = time.monotonic()
+    if origin in trusted_origins():
+        _checked[origin] = now + CACHE_SECONDS
+        return
+    check_url(url, resolver=resolver, allow_private=False)
+    if len(_checked) > 10_000:
+        _checked.clear()
+    _checked[origin] = now + CACHE_SECONDS
+
+
+def validate_outbound_url(value: str) -> None:
+    """Model field validator: the URL an organization or operator types must be callable."""
+    if not value:
+        return
+    if _origin(value) in trusted_origins():
+        return
+    try:
+        check_url(value)
+    except OutboundURLError as exc:
+        raise ValidationError(str(exc), code="outbound_url") from None
