@@ -9,6 +9,6 @@ class CampaignsConfig(AppConfig):
     def ready(self) -> None:
         from anymail.signals import tracking
 
-        from campaigns import esp_tracking, services  # noqa: F401 - services registers the recoverer
+        from campaigns import esp_tracking, inbox, services  # noqa: F401 - the recoverer, the inbox handler
 
         tracking.connect(esp_tracking.on_tracking, dispatch_uid="campaigns.esp_tracking")

@@ -14,12 +14,12 @@ from datetime import datetime, timedelta
 from importlib import import_module
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from crm import bulk, jobs, queues, recovery
+from crm import bulk, inbox, jobs, queues, recovery
 from integrations.errors import IntegrationError
 from integrations.runner import client
 from integrations.runner.contract import ItemIn, ItemOutcome, RunIn
@@ -32,6 +32,7 @@ from runner.models import (
     ExecutionItem,
     Handler,
     IntegrationType,
+    Trigger,
     WebhookEvent,
 )
 
@@ -49,6 +50,7 @@ ITEM_GROUP = 10
 PACE_SLICES = 10
 RUN_FUNC = "runner.tasks.execution_run"
 FEED_FUNC = "runner.tasks.execution_feed"
+ITEMS_KIND = "runner.items"  # the inbox kind of webhook items waiting for their jobs
 
 _gate_lock = threading.Lock()
 _gate: Gate | None = None
@@ -74,6 +76,11 @@ def gate() -> Gate:
         if _gate is None or _gate_for != address:
             _gate, _gate_for = Gate(conn), address
         return _gate
+
+
+_TABLE = Execution._meta.db_table
+_ITEMS = ExecutionItem._meta.db_table
+_EVENTS = WebhookEvent._meta.db_table
 
 
 # --- starting executions -----------------------------------------------------------------------
@@ -240,28 +247,113 @@ def webhook_receive(
 ) -> tuple[int | None, bool]:
     """Store one webhook event as an item, once per event id; returns (execution id, duplicate).
 
-    A provider that retries an event (it timed out waiting for our answer, or never saw it) sends
-    the same id again: `events_store` records the id (handler, organization, id — unique, kept
-    WEBHOOK_EVENT_KEEP) in the transaction that stores the item, so a retry, even one racing the
-    first delivery, stores nothing and learns the first execution. Events without an id are stored
-    every time."""
-    seen = WebhookEvent.objects.filter(
-        handler=handler, organization_id=organization_id, event_id=event_key(event_id)
+    One SQL statement, committed on its own (the request's only write): it records the event id
+    (handler, organization, id — unique, kept WEBHOOK_EVENT_KEEP; `ON CONFLICT DO NOTHING`), and
+    only if that id was new, the execution, its item and an inbox row (crm/inbox.py) from which a
+    worker enqueues the item jobs in batches — so the request makes no Redis round trip. A retry of
+    an event, even one racing the first delivery, stores nothing and learns the first execution.
+    Events without an id are stored every time. If the wake-up is lost, the inbox's sweep (and the
+    runner's recoverer, for pending items) enqueue the item later: nothing accepted is lost."""
+    key = event_key(event_id)
+    now = timezone.now()
+    execution = Execution(
+        organization_id=organization_id,
+        integration_id=handler.integration_id,
+        handler_id=handler.pk,
+        direction=handler.direction,
+        trigger=Trigger.WEBHOOK,
+        status=Execution.Status.RUNNING,
+        started_at=now,
+        fanned_out_at=now,
+        items_total=1,
+        items_remaining=1,
     )
-    try:
-        execution = events_store(
-            handler=handler,
-            organization_id=organization_id,
-            trigger="webhook",
-            events=[{"external_id": external_id or event_id, "payload": payload, "event_id": event_id}],
+    item = ExecutionItem(external_id=str(external_id or event_id)[:200], payload=payload)
+    ex_cols, ex_params = _insert_parts(execution, skip={"id"})
+    it_cols, it_params = _insert_parts(item, skip={"id", "execution"})
+    first: list[Any] = [handler.pk, organization_id, key]
+    if key:
+        source, source_params = _EVENT_NEW, [*first, now]
+        earlier_sql, earlier_params = _EVENT_FIRST, first
+    else:
+        source, source_params = _NO_EVENT, []
+        earlier_sql, earlier_params = "NULL", []
+    sql = (
+        f"WITH ev AS ({source}), "  # noqa: S608 - table and column names only
+        f"ex AS (INSERT INTO {_TABLE} (id, {ex_cols}) SELECT execution_id, {_marks(ex_params)} FROM ev "
+        "RETURNING id), "
+        f"it AS (INSERT INTO {_ITEMS} (execution_id, {it_cols}) SELECT id, {_marks(it_params)} FROM ex "
+        "RETURNING id), "
+        f"ib AS ({inbox.insert_select(source='it', payload='it.id::text')}) "
+        f"SELECT (SELECT id FROM ex), {earlier_sql}"
+    )
+    params: list[Any] = [*source_params, *ex_params, *it_params, ITEMS_KIND, organization_id, *earlier_params]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        created, earlier = cursor.fetchone()
+        if created is not None:
+            inbox.notify(ITEMS_KIND)
+            return created, False
+        if earlier is None:  # a concurrent delivery committed after this statement's snapshot
+            cursor.execute(earlier_sql.strip("()"), earlier_params)
+            row = cursor.fetchone()
+            earlier = row[0] if row else None
+    return earlier, True
+
+
+_EVENT_NEW = (
+    f"INSERT INTO {_EVENTS} (handler_id, organization_id, event_id, received_at, execution_id) "  # noqa: S608
+    f"VALUES (%s, %s, %s, %s, nextval(pg_get_serial_sequence('{_TABLE}', 'id'))) "
+    "ON CONFLICT (handler_id, organization_id, event_id) DO NOTHING RETURNING execution_id"
+)
+_EVENT_FIRST = (
+    f"(SELECT execution_id FROM {_EVENTS} "  # noqa: S608
+    "WHERE handler_id = %s AND organization_id = %s AND event_id = %s)"
+)
+_NO_EVENT = f"SELECT nextval(pg_get_serial_sequence('{_TABLE}', 'id')) AS execution_id"
+
+
+def _insert_parts(obj: Any, *, skip: set[str]) -> tuple[str, list[Any]]:
+    """The column list and the values an INSERT of `obj` writes (defaults and auto_now_add applied)."""
+    columns, values = [], []
+    for f in obj._meta.concrete_fields:
+        if f.name in skip:
+            continue
+        columns.append(connection.ops.quote_name(f.column))
+        values.append(f.get_db_prep_save(f.pre_save(obj, add=True), connection))
+    return ", ".join(columns), values
+
+
+def _marks(values: list[Any]) -> str:
+    return ", ".join(["%s"] * len(values))
+
+
+@inbox.register(ITEMS_KIND)
+def _webhook_items_enqueue(events: list[inbox.Event]) -> None:
+    """The inbox handler of webhook items: their item jobs, enqueued in pipelines after commit.
+    An item no longer pending (cancelled, or already run by a recovered job) gets none."""
+    items = (
+        ExecutionItem.objects.filter(
+            pk__in=[int(e.payload) for e in events], status=ExecutionItem.Status.PENDING
         )
-    except IntegrityError:
-        if not event_id:
-            raise
-        execution = None  # a concurrent delivery won
-    if execution is None:
-        return seen.values_list("execution_id", flat=True).first(), True
-    return execution.pk, False
+        .select_related("execution__handler__integration")
+        .only(
+            "id",
+            "execution__id",
+            "execution__organization_id",
+            "execution__direction",
+            "execution__trigger",
+            "execution__handler__handler_key",
+            "execution__handler__batch_size",
+            "execution__handler__kind",
+            "execution__handler__integration__integration_key",
+        )
+        .order_by("id")
+    )
+    jobs.enqueue_specs(
+        spec for item in items for spec in _item_specs(item.execution, item.execution.handler, [item.pk])
+    )
+    bulk.analyze_if_grown(ExecutionItem, len(events))
 
 
 def webhook_events_prune(*, now: datetime | None = None, limit: int = 10_000) -> int:
@@ -498,7 +590,6 @@ def _store_chunk(execution: Execution, handler: Handler, produced: list[dict[str
 
 
 # --- the fan-in ------------------------------------------------------------------------------
-_TABLE = Execution._meta.db_table
 
 
 def _counters(
@@ -547,7 +638,6 @@ def _settle(
 
 
 # --- the ItemJob -----------------------------------------------------------------------------
-_ITEMS = ExecutionItem._meta.db_table
 
 
 _CLAIMABLE = "(status = 'pending' OR (status = 'running' AND started_at < %s))"

@@ -33,6 +33,7 @@ def _authenticated(request: HttpRequest, handler: Handler, secret: str) -> bool:
 
 @csrf_exempt
 @require_POST
+@intake.durable
 def hook(request: HttpRequest, integration_key: str, handler_key: str) -> JsonResponse:
     handler = (
         Handler.objects.select_related("integration")
