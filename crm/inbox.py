@@ -26,9 +26,10 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
@@ -39,7 +40,11 @@ from crm.models import InboxEvent
 logger = logging.getLogger(__name__)
 
 BATCH = 500  # events per drain transaction
-WAKE_INTERVAL = 0.02  # seconds: a web process sends at most 50 wake-ups a second per kind
+GROUP_MAX = 200  # request writes per group commit
+GROUP_IDLE_CLOSE = 2.0  # seconds without writes after which the group commit closes its connection
+WAKE_INTERVAL = 0.05  # seconds: a web process sends at most 20 wake-ups a second per kind
+PAUSE = 0.05  # seconds a drain waits after a batch that was not full, gathering the next one
+LINGER = 0.5  # seconds a drain job waits for more events before it ends
 DRAIN_BUDGET = 50.0  # seconds a drain job keeps draining before handing over to a new job
 QUEUED_TTL = 60  # seconds: a queued marker whose job died frees itself
 SWEEP_AFTER = timedelta(seconds=20)  # events older than this are the safety sweep's
@@ -82,9 +87,98 @@ def accept(*, kind: str, payload: str, organization_id: int | None = None) -> No
     and have it drained soon. Raises the database's error when it cannot be stored."""
     if kind not in _HANDLERS:
         raise ValueError(f"no inbox handler for {kind!r}")
-    with connection.cursor() as cursor:
-        cursor.execute(_INSERT, [kind, organization_id, payload])
+    write(_INSERT, [kind, organization_id, payload])
     notify(kind)
+
+
+def write(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    """Run one statement and return its first row, committed when this returns: a request's
+    durable write. Outside a transaction it goes through the process's group commit (the writes
+    of concurrent requests share one transaction and one commit: one WAL flush instead of one per
+    request); inside one (a caller's atomic block, a test) it runs in the caller's transaction.
+    Raises the database's error when the statement or its commit fails."""
+    if connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone() if cursor.description else None
+    return _group().write(sql, params)
+
+
+@dataclass
+class _Write:
+    sql: str
+    params: Sequence[Any]
+    row: tuple[Any, ...] | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _GroupCommit:
+    """One thread per process committing the writes of every request thread waiting for it:
+    whatever arrived while the previous commit was being flushed goes into the next transaction.
+    A transaction that fails on one statement's data is replayed one statement per transaction,
+    so only that statement's caller gets the error."""
+
+    def __init__(self) -> None:
+        self.pending: list[_Write] = []
+        self.ready = threading.Condition()
+        threading.Thread(target=self._run, name="inbox-group-commit", daemon=True).start()
+
+    def write(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+        item = _Write(sql, params)
+        with self.ready:
+            self.pending.append(item)
+            self.ready.notify()
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        return item.row
+
+    def _run(self) -> None:
+        while True:
+            with self.ready:
+                while not self.pending:
+                    if not self.ready.wait(timeout=GROUP_IDLE_CLOSE):
+                        connection.close()  # idle: give the connection back until writes resume
+                batch, self.pending = self.pending[:GROUP_MAX], self.pending[GROUP_MAX:]
+            try:
+                self._commit(batch)
+            finally:
+                for item in batch:
+                    item.done.set()
+
+    def _commit(self, batch: list[_Write]) -> None:
+        connection.close_if_unusable_or_obsolete()
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                for item in batch:
+                    cursor.execute(item.sql, item.params)
+                    item.row = cursor.fetchone() if cursor.description else None
+        except DatabaseError as exc:
+            if _transient(exc) or len(batch) == 1:
+                if _transient(exc):
+                    connection.close()  # reconnect on the next batch
+                for item in batch:
+                    item.row, item.error = None, exc
+                return
+            for item in batch:
+                item.row = None
+                self._commit([item])
+        except BaseException as exc:  # never leave a request thread waiting
+            for item in batch:
+                item.row, item.error = None, exc
+
+
+_group_for: tuple[int, _GroupCommit] | None = None
+_group_lock = threading.Lock()
+
+
+def _group() -> _GroupCommit:
+    global _group_for
+    with _group_lock:
+        if _group_for is None or _group_for[0] != os.getpid():  # first use, or a forked child
+            _group_for = (os.getpid(), _GroupCommit())
+        return _group_for[1]
 
 
 def insert_select(*, source: str, payload: str) -> str:
@@ -100,7 +194,10 @@ def insert_select(*, source: str, payload: str) -> str:
 
 def notify(kind: str) -> None:
     """Have `kind` drained soon: after the current transaction commits, by this process's waker."""
-    transaction.on_commit(lambda: _waker().owe(kind))
+    if connection.in_atomic_block:
+        transaction.on_commit(lambda: _waker().owe(kind))
+    else:  # on_commit would open a connection just to learn there is no transaction
+        _waker().owe(kind)
 
 
 class _Waker:
@@ -228,21 +325,29 @@ def _one_by_one(handler: Handler, events: list[Event]) -> None:
 
 
 def drain(*, kind: str, budget: float = DRAIN_BUDGET) -> int:
-    """The drain job: apply `kind`'s pending events batch after batch until none is left (or the
-    time budget is spent: a new job takes over); returns how many were taken. Safe to run twice,
-    concurrently too."""
+    """The drain job: apply `kind`'s pending events batch after batch until none has come for
+    LINGER (or the time budget is spent: a new job takes over); returns how many were taken. Safe
+    to run twice, concurrently too.
+
+    Under a burst a batch that was not full is followed by a pause of PAUSE, so the next one
+    gathers what arrived meanwhile: fewer, larger transactions, and no job per handful of events."""
     conn = jobs.get_connection()
     deadline = time.monotonic() + budget
     total = 0
     while True:
         conn.delete(_dirty_key(kind))
-        while True:
+        idle_since = time.monotonic()
+        while time.monotonic() < deadline:
             taken = drain_batch(kind)
             total += taken
-            if taken < BATCH or time.monotonic() > deadline:
+            if taken:
+                idle_since = time.monotonic()
+                conn.expire(_queued_key(kind), QUEUED_TTL)
+            elif time.monotonic() - idle_since >= LINGER:
                 break
-            conn.expire(_queued_key(kind), QUEUED_TTL)
-        if time.monotonic() > deadline:
+            if taken < BATCH:
+                time.sleep(PAUSE)
+        if time.monotonic() >= deadline:
             conn.delete(_queued_key(kind))
             wake(kind)
             return total

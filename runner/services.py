@@ -50,7 +50,7 @@ ITEM_GROUP = 10
 PACE_SLICES = 10
 RUN_FUNC = "runner.tasks.execution_run"
 FEED_FUNC = "runner.tasks.execution_feed"
-ITEMS_KIND = "runner.items"  # the inbox kind of webhook items waiting for their jobs
+WEBHOOK_KIND = "runner.webhook"  # the inbox kind of accepted webhooks
 
 _gate_lock = threading.Lock()
 _gate: Gate | None = None
@@ -245,59 +245,41 @@ def events_store(
 def webhook_receive(
     *, handler: Handler, organization_id: int, event_id: str, payload: Any, external_id: str = ""
 ) -> tuple[int | None, bool]:
-    """Store one webhook event as an item, once per event id; returns (execution id, duplicate).
+    """Accept one webhook event, once per event id; returns (execution id, duplicate).
 
-    One SQL statement, committed on its own (the request's only write): it records the event id
-    (handler, organization, id — unique, kept WEBHOOK_EVENT_KEEP; `ON CONFLICT DO NOTHING`), and
-    only if that id was new, the execution, its item and an inbox row (crm/inbox.py) from which a
-    worker enqueues the item jobs in batches — so the request makes no Redis round trip. A retry of
-    an event, even one racing the first delivery, stores nothing and learns the first execution.
-    Events without an id are stored every time. If the wake-up is lost, the inbox's sweep (and the
-    runner's recoverer, for pending items) enqueue the item later: nothing accepted is lost."""
+    One SQL statement, committed on its own (through the inbox's group commit): it records the
+    event id (handler, organization, id — unique, kept WEBHOOK_EVENT_KEEP; `ON CONFLICT DO
+    NOTHING`) with the execution id the event will have (drawn from the executions' sequence),
+    and only if that id was new, the event in the inbox (crm/inbox.py). A worker drains the inbox
+    in batches: the executions and items in bulk, their item jobs in pipelines (`webhooks_store`),
+    so the request makes no Redis round trip and touches none of the execution tables' indexes and
+    foreign keys. A retry of an event, even one racing the first delivery, stores nothing and
+    learns the first execution. Events without an id are accepted every time."""
     key = event_key(event_id)
-    now = timezone.now()
-    execution = Execution(
-        organization_id=organization_id,
-        integration_id=handler.integration_id,
-        handler_id=handler.pk,
-        direction=handler.direction,
-        trigger=Trigger.WEBHOOK,
-        status=Execution.Status.RUNNING,
-        started_at=now,
-        fanned_out_at=now,
-        items_total=1,
-        items_remaining=1,
-    )
-    item = ExecutionItem(external_id=str(external_id or event_id)[:200], payload=payload)
-    ex_cols, ex_params = _insert_parts(execution, skip={"id"})
-    it_cols, it_params = _insert_parts(item, skip={"id", "execution"})
     first: list[Any] = [handler.pk, organization_id, key]
+    envelope = [handler.pk, organization_id, str(external_id or event_id)[:200], json.dumps(payload)]
     if key:
-        source, source_params = _EVENT_NEW, [*first, now]
+        source, source_params = _EVENT_NEW, [*first, timezone.now()]
         earlier_sql, earlier_params = _EVENT_FIRST, first
     else:
         source, source_params = _NO_EVENT, []
         earlier_sql, earlier_params = "NULL", []
     sql = (
-        f"WITH ev AS ({source}), "  # noqa: S608 - table and column names only
-        f"ex AS (INSERT INTO {_TABLE} (id, {ex_cols}) SELECT execution_id, {_marks(ex_params)} FROM ev "
-        "RETURNING id), "
-        f"it AS (INSERT INTO {_ITEMS} (execution_id, {it_cols}) SELECT id, {_marks(it_params)} FROM ex "
-        "RETURNING id), "
-        f"ib AS ({inbox.insert_select(source='it', payload='it.id::text')}) "
-        f"SELECT (SELECT id FROM ex), {earlier_sql}"
+        f"WITH ev AS ({source}), "  # noqa: S608 - table names only
+        f"ib AS ({inbox.insert_select(source='ev', payload=_ENVELOPE)} RETURNING 1) "
+        f"SELECT (SELECT execution_id FROM ev), {earlier_sql}"
     )
-    params: list[Any] = [*source_params, *ex_params, *it_params, ITEMS_KIND, organization_id, *earlier_params]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        created, earlier = cursor.fetchone()
-        if created is not None:
-            inbox.notify(ITEMS_KIND)
-            return created, False
-        if earlier is None:  # a concurrent delivery committed after this statement's snapshot
+    params: list[Any] = [*source_params, WEBHOOK_KIND, organization_id, *envelope, *earlier_params]
+    row = inbox.write(sql, params)
+    created, earlier = row if row is not None else (None, None)
+    if created is not None:
+        inbox.notify(WEBHOOK_KIND)
+        return created, False
+    if earlier is None:  # a concurrent delivery committed after this statement's snapshot
+        with connection.cursor() as cursor:
             cursor.execute(earlier_sql.strip("()"), earlier_params)
-            row = cursor.fetchone()
-            earlier = row[0] if row else None
+            found = cursor.fetchone()
+        earlier = found[0] if found else None
     return earlier, True
 
 
@@ -311,49 +293,51 @@ _EVENT_FIRST = (
     "WHERE handler_id = %s AND organization_id = %s AND event_id = %s)"
 )
 _NO_EVENT = f"SELECT nextval(pg_get_serial_sequence('{_TABLE}', 'id')) AS execution_id"
+# The inbox payload: what the drain needs to create the execution and its item.
+_ENVELOPE = (
+    "json_build_object('execution_id', ev.execution_id, 'handler_id', %s::bigint, "
+    "'organization_id', %s::bigint, 'external_id', %s::text, 'payload', %s::json)::text"
+)
 
 
-def _insert_parts(obj: Any, *, skip: set[str]) -> tuple[str, list[Any]]:
-    """The column list and the values an INSERT of `obj` writes (defaults and auto_now_add applied)."""
-    columns, values = [], []
-    for f in obj._meta.concrete_fields:
-        if f.name in skip:
-            continue
-        columns.append(connection.ops.quote_name(f.column))
-        values.append(f.get_db_prep_save(f.pre_save(obj, add=True), connection))
-    return ", ".join(columns), values
-
-
-def _marks(values: list[Any]) -> str:
-    return ", ".join(["%s"] * len(values))
-
-
-@inbox.register(ITEMS_KIND)
-def _webhook_items_enqueue(events: list[inbox.Event]) -> None:
-    """The inbox handler of webhook items: their item jobs, enqueued in pipelines after commit.
-    An item no longer pending (cancelled, or already run by a recovered job) gets none."""
-    items = (
-        ExecutionItem.objects.filter(
-            pk__in=[int(e.payload) for e in events], status=ExecutionItem.Status.PENDING
-        )
-        .select_related("execution__handler__integration")
-        .only(
-            "id",
-            "execution__id",
-            "execution__organization_id",
-            "execution__direction",
-            "execution__trigger",
-            "execution__handler__handler_key",
-            "execution__handler__batch_size",
-            "execution__handler__kind",
-            "execution__handler__integration__integration_key",
-        )
-        .order_by("id")
+@inbox.register(WEBHOOK_KIND)
+def webhooks_store(events: list[inbox.Event]) -> None:
+    """The inbox handler of accepted webhooks: their executions (with the ids the requests
+    answered) and items in bulk, and the item jobs enqueued in pipelines after commit."""
+    accepted = [json.loads(e.payload) for e in events]
+    handlers = Handler.objects.select_related("integration").in_bulk({a["handler_id"] for a in accepted})
+    now = timezone.now()
+    accepted = [a for a in accepted if a["handler_id"] in handlers]  # a handler deleted meanwhile
+    executions = Execution.objects.bulk_create(
+        [
+            Execution(
+                pk=a["execution_id"],
+                organization_id=a["organization_id"],
+                integration_id=handlers[a["handler_id"]].integration_id,
+                handler_id=a["handler_id"],
+                direction=handlers[a["handler_id"]].direction,
+                trigger=Trigger.WEBHOOK,
+                status=Execution.Status.RUNNING,
+                started_at=now,
+                fanned_out_at=now,
+                items_total=1,
+                items_remaining=1,
+            )
+            for a in accepted
+        ]
+    )
+    items = ExecutionItem.objects.bulk_create(
+        [
+            ExecutionItem(execution_id=a["execution_id"], external_id=a["external_id"], payload=a["payload"])
+            for a in accepted
+        ]
     )
     jobs.enqueue_specs(
-        spec for item in items for spec in _item_specs(item.execution, item.execution.handler, [item.pk])
+        spec
+        for execution, item in zip(executions, items, strict=True)
+        for spec in _item_specs(execution, handlers[execution.handler_id], [item.pk])
     )
-    bulk.analyze_if_grown(ExecutionItem, len(events))
+    bulk.analyze_if_grown(ExecutionItem, len(items))
 
 
 def webhook_events_prune(*, now: datetime | None = None, limit: int = 10_000) -> int:

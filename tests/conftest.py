@@ -30,6 +30,14 @@ def _static_root() -> None:
     Path(settings.STATIC_ROOT).mkdir(parents=True, exist_ok=True)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _inbox_writer_idle(django_db_setup) -> Iterator[None]:
+    """The inbox's group-commit thread closes its connection when idle: let it, before the test
+    database is dropped."""
+    yield
+    time.sleep(inbox.GROUP_IDLE_CLOSE + 0.5)
+
+
 @pytest.fixture(autouse=True)
 def redis_db() -> Iterator:
     """Every test starts and ends with an empty Redis database of its own."""
