@@ -3,9 +3,10 @@
     DATABASE_URL=postgres://…/crm_webhook_bench REDIS_URL=redis://…/11 SECRET_KEY=… ENCRYPTION_KEY=… \\
         .venv/bin/python benchmarks/webhook_intake.py [--statuses 10000] [--hooks 10000]
 
-Starts the README's production web command (gunicorn crm.wsgi:application --workers 4 --threads 4)
-with one extra view, `/bench/trivial` (benchmarks/bench_urls.py), and `manage.py workers
---processes 2`, then measures, each after the trivial view at the same concurrency:
+Starts the README's production webhook intake command (gunicorn crm.wsgi:application --workers 4
+--threads 32) with one extra view, `/bench/trivial` (benchmarks/bench_urls.py), and `manage.py
+workers --processes 2` (niced: in production they run on machines of their own), then measures,
+each after the trivial view at the same concurrency on the same server:
 - Meta status webhooks, one status per signed POST, `--in-flight` (500) at a time: statuses
   accepted per second, the ratio to the trivial view, and acceptance → applied to its message
   (p50/p99, polled every 50 ms);
@@ -34,6 +35,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -196,8 +198,8 @@ async def burst(
             try:
                 async with session.post(base + path, data=body, headers=headers) as response:
                     status, text = response.status, await response.read()
-            except aiohttp.ClientError:  # no answer: counted as status 0, never as accepted
-                status, text = 0, b""
+            except aiohttp.ClientError as exc:  # no answer: counted as status 0, never as accepted
+                status, text = 0, json.dumps({"error": type(exc).__name__}).encode()
             latencies[i] = time.monotonic() - start
             try:
                 payload = json.loads(text)
@@ -223,6 +225,13 @@ def trivial(base: str, n: int, in_flight: int) -> float:
     if bad:
         raise SystemExit(f"trivial view: {bad} answers were not 200")
     return n / elapsed
+
+
+def _answers(base: str) -> bool:
+    try:
+        return trivial(base, 1, 1) > 0
+    except (OSError, SystemExit, aiohttp.ClientError):
+        return False
 
 
 class AppliedPoller(threading.Thread):
@@ -327,23 +336,112 @@ def runner_hooks(base: str, handler: Handler, n: int, in_flight: int) -> dict:
         sorted((str(a[1].get("status")), str(b[1].get("status")))) == ["accepted", "duplicate"]
         and a[1].get("execution_id") == b[1].get("execution_id")
         for a, b in ((first[i], results[n + k]) for k, i in enumerate(resent))
+        if a[0] and b[0]  # both answered
     )
     items = ExecutionItem.objects.filter(execution__handler=handler)
+    answered_ids = {
+        requests[i][2]["X-Event-Id"] for i, (status, _, _) in enumerate(results) if status in (200, 202)
+    }
     wait_for(
-        lambda: items.filter(status="succeeded").count() >= len(accepted), timeout=600, what="every item run"
+        lambda: items.filter(status="succeeded").count() >= len(answered_ids), timeout=600, what="items run"
     )
+    time.sleep(2)  # an unanswered event may still be stored: let the drain finish
+    per_event = Counter(items.values_list("external_id", flat=True))
     processed = items.filter(status="succeeded").count()
+    unanswered = Counter(p.get("error", "?") for s, p, _ in results if s == 0)
     return {
         "posts": len(requests),
         "accepted": len(accepted),
+        "unanswered": dict(unanswered),
         "answers": sorted({s for s, _, _ in results}),
         "per_second": len(requests) / elapsed,
         "latency_p50": percentile(latencies, 50),
         "latency_p99": percentile(latencies, 99),
         "items": items.count(),
-        "exactly_once": items.count() == processed == len(accepted) == n and duplicates_ok,
+        # every event answered 2xx has one item, none has two, every item ran once
+        "exactly_once": all(per_event[e] == 1 for e in answered_ids)
+        and max(per_event.values(), default=1) == 1
+        and processed == items.count()
+        and duplicates_ok,
         "duplicates_ok": duplicates_ok,
     }
+
+
+def admin_cookie() -> dict[str, str]:
+    """A logged-in staff session, as a browser holding it would send it."""
+    from django.conf import settings
+    from django.contrib.auth import BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model
+    from django.contrib.sessions.backends.db import SessionStore
+
+    user_model = get_user_model()
+    user_model.objects.filter(username="bench-admin").delete()
+    user = user_model.objects.create_superuser("bench-admin", "bench@example.com.br", "x" * 20)
+    session = SessionStore()
+    session[SESSION_KEY] = str(user.pk)
+    session[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    session[HASH_SESSION_KEY] = user.get_session_auth_hash()
+    session.save()
+    return {settings.SESSION_COOKIE_NAME: session.session_key or ""}
+
+
+async def _with_admin_load(
+    admin_base: str,
+    cookie: dict[str, str],
+    requests: list[tuple[str, bytes, dict[str, str]]],
+    base: str,
+    n: int,
+) -> tuple[float, list[float], int]:
+    """The webhook burst while `n` clients keep loading the admin's message list; returns the
+    burst's (seconds, latencies) and how many admin pages were served meanwhile."""
+    stop = asyncio.Event()
+    pages = 0
+
+    async def browse(session: aiohttp.ClientSession) -> None:
+        nonlocal pages
+        while not stop.is_set():
+            try:
+                async with session.get(f"{admin_base}/admin/campaigns/whatsappmessage/") as response:
+                    await response.read()
+                    pages += response.status == 200
+            except aiohttp.ClientError:
+                pass
+
+    async with aiohttp.ClientSession(cookies=cookie, timeout=aiohttp.ClientTimeout(total=120)) as session:
+        browsers = [asyncio.create_task(browse(session)) for _ in range(n)]
+        await asyncio.sleep(2)  # the admin is busy before the burst starts
+        elapsed, latencies, _ = await burst(base, requests, 100)
+        stop.set()
+        await asyncio.gather(*browsers)
+    return elapsed, latencies, pages
+
+
+def isolation(main_base: str, intake_base: str, wamids: list[str], admin_clients: int) -> list[str]:
+    """Meta webhook latency with the admin busy: sent to the admin's own server, and to the intake
+    server (README: a separate gunicorn for /webhooks/ and /hooks/)."""
+    cookie = admin_cookie()
+    ts = int(time.time())
+    requests = []
+    for wamid in wamids:
+        body = meta_body(wamid, ts)
+        signature = "sha256=" + hmac.new(APP_SECRET.encode(), body, hashlib.sha256).hexdigest()
+        requests.append(
+            (
+                "/webhooks/whatsapp/",
+                body,
+                {"Content-Type": "application/json", "X-Hub-Signature-256": signature},
+            )
+        )
+    lines = []
+    for label, base in (("the admin's server", main_base), ("the intake server", intake_base)):
+        elapsed, latencies, pages = asyncio.run(
+            _with_admin_load(main_base, cookie, requests, base, admin_clients)
+        )
+        lines.append(
+            f"  webhooks to {label} while {admin_clients} clients load admin pages: "
+            f"{len(requests) / elapsed:,.0f}/s, p50 {percentile(latencies, 50) * 1000:.0f} ms "
+            f"p99 {percentile(latencies, 99) * 1000:.0f} ms ({pages:,} admin pages served meanwhile)"
+        )
+    return lines
 
 
 def main() -> None:
@@ -355,10 +453,18 @@ def main() -> None:
     parser.add_argument("--hooks", type=int, default=10_000)
     parser.add_argument("--hook-in-flight", type=int, default=1000)
     parser.add_argument("--web-workers", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=4)
+    parser.add_argument("--threads", type=int, default=32)
     parser.add_argument("--worker-processes", type=int, default=2)
     parser.add_argument("--port", type=int, default=PORT)
     parser.add_argument("--workers-nice", type=int, default=10)
+    parser.add_argument(
+        "--isolation",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also start the admin's web server (--workers 4 --threads 4) and compare webhook latency "
+        "with N clients loading admin pages, sent to it and to the intake server",
+    )
     args = parser.parse_args()
 
     ensure_database()
@@ -387,13 +493,7 @@ def main() -> None:
         ]
         children.start(["nice", "-n", str(args.workers_nice), *workers], env, "workers")
 
-        def answers() -> bool:
-            try:
-                return trivial(base, 1, 1) > 0
-            except (OSError, SystemExit, aiohttp.ClientError):
-                return False
-
-        wait_for(answers, timeout=60, what="gunicorn", every=0.5)
+        wait_for(lambda: _answers(base), timeout=60, what="gunicorn", every=0.5)
         connection.close()
         trivial(base, 2000, 100)  # warm every process and thread
         n = max(args.statuses, 2000)
@@ -403,6 +503,11 @@ def main() -> None:
         if args.hooks:
             base_hooks = trivial(base, args.hooks, args.hook_in_flight)
             hooks = runner_hooks(base, handler, args.hooks, args.hook_in_flight)
+        if args.isolation:
+            children.start(web_command(4, 4, args.port + 1), env, "admin-web")
+            main_base = f"http://127.0.0.1:{args.port + 1}"
+            wait_for(lambda: _answers(main_base), timeout=60, what="the admin's gunicorn", every=0.5)
+            isolated = isolation(main_base, base, wamids[:2000], args.isolation)
     finally:
         children.stop()
 
@@ -424,12 +529,15 @@ def main() -> None:
         print(
             f"Runner webhooks, {args.hook_in_flight} in flight: {hooks['per_second']:,.0f} req/s "
             f"({hooks['accepted']:,} accepted of {hooks['posts']:,} POSTs with 5% resends, "
-            f"answers {hooks['answers']}), trivial view {base_hooks:,.0f} req/s "
+            f"answers {hooks['answers']}, no answer {hooks['unanswered'] or 0}), "
+            f"trivial view {base_hooks:,.0f} req/s "
             f"-> {hooks['per_second'] / base_hooks:.2f}x; "
             f"p50 {hooks['latency_p50'] * 1000:.0f} ms p99 {hooks['latency_p99'] * 1000:.0f} ms; "
             f"items {hooks['items']:,}, exactly once: {hooks['exactly_once']} "
             f"(resends answered duplicate: {hooks['duplicates_ok']})"
         )
+    if args.isolation:
+        print("\n".join(["Isolation (Meta webhooks, 100 in flight):", *isolated]))
 
 
 if __name__ == "__main__":
