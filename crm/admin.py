@@ -5,7 +5,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.translation import gettext_lazy as _
 
-from crm.models import Customer, JobRun, Organization, Sale, Store
+from crm.models import Customer, InboxEvent, JobRun, Organization, Sale, Store
 
 admin.site.site_header = _("CRM — operations")
 admin.site.site_title = _("CRM")
@@ -219,4 +219,21 @@ class JobRunAdmin(admin.ModelAdmin):
     show_full_result_count = False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+
+@admin.register(InboxEvent)
+class InboxEventAdmin(admin.ModelAdmin):
+    """Accepted webhook events not applied yet, and those set aside (their handler refused them
+    alone: `error` says why). Read-only; deleting a set-aside event forgets it."""
+
+    list_display = ("id", "kind", "organization_id", "received_at", "failed_at")
+    list_filter = ("kind",)
+    readonly_fields = [f.name for f in InboxEvent._meta.fields]
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: InboxEvent | None = None) -> bool:
         return False

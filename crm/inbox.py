@@ -1,7 +1,8 @@
 """The inbox: what an intake accepted, kept in PostgreSQL until a worker has applied it.
 
 A webhook request does only what must happen before its answer: authenticate, check the shape,
-`accept` (one INSERT, committed on its own), answer. The domain work happens on workers: `drain`
+`accept` (one INSERT, committed together with those of the process's other requests by its group
+commit, `write`), answer. The domain work happens on workers: `drain`
 takes the oldest pending events of a kind with `SELECT … FOR UPDATE SKIP LOCKED LIMIT n`, hands
 them to the kind's registered handler (apps register, as with crm.recovery; the platform imports
 no app) and deletes them in the same transaction as the handler's writes. So an event is applied

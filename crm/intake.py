@@ -170,3 +170,25 @@ def durable(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
             return database_unavailable()
 
     return wrapped
+
+
+INTAKE_PATHS = ("/webhooks/", "/hooks/", "/anymail/")
+
+
+class DatabaseUnavailableMiddleware:
+    """`durable` for every intake path, views the project does not write included (django-anymail's
+    tracking webhooks): a database that cannot be reached answers 503 with Retry-After, not 500."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if request.path.startswith(INTAKE_PATHS) and isinstance(
+            exception, OperationalError | InterfaceError | InternalError
+        ):
+            logger.warning("%s: database unavailable, answered 503: %s", request.path, exception)
+            return database_unavailable()
+        return None

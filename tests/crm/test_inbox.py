@@ -248,13 +248,21 @@ def test_every_accepted_event_is_applied_once_when_the_web_process_and_a_worker_
 def test_an_unreachable_database_answers_503_with_retry_after_on_every_intake(db, web):
     """PostgreSQL down: nothing can be stored, so nothing is acknowledged — a 503 the sender retries."""
     closed = free_port()  # nothing listens there
-    server = web(DATABASE_URL=f"postgres://postgres@127.0.0.1:{closed}/nothing")
+    server = web(
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:{closed}/nothing", ANYMAIL_WEBHOOK_SECRET="esp:pw"
+    )
     server.start(ready_status=503)
     body = _meta_body("wamid.DOWN", "delivered")
     hook = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}", "X-Event-Id": "e1"}
     for path, content, headers in [
         ("/webhooks/whatsapp/", body, _signed(body)),
         ("/hooks/inbox-x/events", b'{"n": 1}', hook),
+        # django-anymail's view, guarded by the middleware
+        (
+            "/anymail/postmark/tracking/",
+            json.dumps({"RecordType": "Open", "MessageID": "m-1", "Recipient": "a@example.com.br"}).encode(),
+            {"Content-Type": "application/json", "Authorization": "Basic ZXNwOnB3"},  # esp:pw
+        ),
     ]:
         response = httpx.post(server.url + path, content=content, headers=headers, timeout=30)
         assert response.status_code == 503, (path, response.text)
