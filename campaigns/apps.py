@@ -7,4 +7,4 @@ class CampaignsConfig(AppConfig):
     verbose_name = _("Campaigns")
 
     def ready(self) -> None:
-        from campaigns import services  # noqa: F401 - services registers the recoverer
+        from campaigns import inbox, services  # noqa: F401 - the recoverer, the inbox handler

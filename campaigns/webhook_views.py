@@ -11,8 +11,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
-from campaigns import statuses
-from crm import intake
+from campaigns import inbox as webhook_inbox
+from crm import inbox, intake
 from integrations.whatsapp import webhooks
 
 logger = logging.getLogger(__name__)
@@ -41,9 +41,11 @@ def _bad_request(reason: str) -> JsonResponse:
 @csrf_exempt
 @never_cache
 @require_http_methods(["GET", "POST"])
+@intake.durable
 def whatsapp_webhook(request: HttpRequest) -> HttpResponse:
     """GET: the verification handshake. POST: 403 unless signed with the app secret, 400 when
-    malformed, else 200 with what was applied (status changes, customers whose preference changed)."""
+    malformed, 503 when it cannot be stored, else 200 once stored in the inbox (applied by a worker
+    moments later): `accepted` statuses and preferences, `skipped` what a campaign does not track."""
     if request.method == "GET":
         return _handshake(request)
     try:
@@ -59,6 +61,8 @@ def whatsapp_webhook(request: HttpRequest) -> HttpResponse:
         batch = webhooks.parse(intake.json_object(raw))
     except ValueError as exc:
         return _bad_request(str(exc)[:300])
-    counts = statuses.statuses_apply(events=batch.statuses)
-    customers = statuses.preferences_apply(events=batch.preferences)
-    return JsonResponse({"ok": True, **counts, "preferences": customers, "skipped": batch.ignored})
+    accepted = len(batch.statuses) + len(batch.preferences)
+    if accepted:
+        # The body as received (checked strict UTF-8 JSON): the worker parses it again.
+        inbox.accept(kind=webhook_inbox.KIND, payload=raw.decode())
+    return JsonResponse({"ok": True, "accepted": accepted, "skipped": batch.ignored})

@@ -10,7 +10,7 @@ from django_rq.admin import QueueAdmin
 from django_rq.models import Dashboard
 
 from crm import tenancy
-from crm.models import Customer, JobRun, Membership, Organization, Sale, Store
+from crm.models import Customer, InboxEvent, JobRun, Membership, Organization, Sale, Store
 from crm.tenancy import TenantAdmin, TenantInline
 
 admin.site.site_header = _("CRM — operations")
@@ -286,3 +286,23 @@ class RqDashboardAdmin(QueueAdmin):
 
     def get_urls(self) -> list:
         return tenancy.operator_urls(super().get_urls())
+
+
+@admin.register(InboxEvent)
+class InboxEventAdmin(TenantAdmin):
+    """Accepted webhook events not applied yet, and those set aside (their handler refused them
+    alone: `error` says why). Read-only; deleting a set-aside event forgets it. Every organization's
+    events: platform operators only."""
+
+    tenant_path = None
+
+    list_display = ("id", "kind", "organization_id", "received_at", "failed_at")
+    list_filter = ("kind",)
+    readonly_fields = [f.name for f in InboxEvent._meta.fields]
+    show_full_result_count = False
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: InboxEvent | None = None) -> bool:
+        return False

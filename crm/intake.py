@@ -10,16 +10,23 @@ answers a 4xx with a JSON error, never a 5xx (a provider retries a 5xx for days)
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
+from collections.abc import Callable
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
-from django.http import HttpRequest, JsonResponse
+from django.db import InterfaceError, InternalError, OperationalError
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+logger = logging.getLogger(__name__)
 
 MAX_BYTES = 1024 * 1024  # a webhook body larger than this is refused with 413
 MAX_DEPTH = 32  # objects and arrays nested deeper than this are refused with 400
 MAX_INT_DIGITS = 30
+RETRY_AFTER = 5  # seconds a sender is asked to wait while the database is unreachable
 
 
 class BadBody(ValueError):
@@ -141,3 +148,47 @@ def json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadBody(f"the body must be a JSON object, not {type(value).__name__}")
     return value
+
+
+def database_unavailable() -> JsonResponse:
+    """503 with Retry-After: the event was not stored, the sender must send it again."""
+    response = JsonResponse({"ok": False, "error": "the database is unavailable; retry later"}, status=503)
+    response["Retry-After"] = str(RETRY_AFTER)
+    return response
+
+
+def durable(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """An intake view that answers 503 (Retry-After, JSON) when PostgreSQL cannot be reached or
+    refuses to write (a failover's read-only standby), so nothing is acknowledged that was not stored."""
+
+    @functools.wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except (OperationalError, InterfaceError, InternalError) as exc:
+            logger.warning("%s: database unavailable, answered 503: %s", request.path, exc)
+            return database_unavailable()
+
+    return wrapped
+
+
+INTAKE_PATHS = ("/webhooks/", "/hooks/", "/anymail/")
+
+
+class DatabaseUnavailableMiddleware:
+    """`durable` for every intake path, views the project does not write included (django-anymail's
+    tracking webhooks): a database that cannot be reached answers 503 with Retry-After, not 500."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        return self.get_response(request)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if request.path.startswith(INTAKE_PATHS) and isinstance(
+            exception, OperationalError | InterfaceError | InternalError
+        ):
+            logger.warning("%s: database unavailable, answered 503: %s", request.path, exception)
+            return database_unavailable()
+        return None

@@ -190,9 +190,12 @@ def enqueue(
     description: str | None = None,
     meta: dict[str, Any] | None = None,
     organization_id: int | None = None,
+    after_commit: bool = True,
 ) -> str:
     """Enqueue one job (after the current transaction commits) and return its id.
 
+    after_commit=False enqueues at once, for a caller with no transaction of its own that must not
+    open a database connection just to learn that (crm.inbox's waker thread).
     unique=True: if a job with `job_id` still exists (queued, running, delayed or kept after it
     finished), nothing is enqueued — BullMQ's fixed-jobId behaviour. replace=True: an existing job
     with that id is cancelled and deleted first (editing a schedule replaces it).
@@ -243,7 +246,10 @@ def enqueue(
         except DuplicateJobError:
             logger.info("job %s already exists on %s; not enqueued again", job_id, queue)
 
-    transaction.on_commit(_do)  # runs at once outside an atomic block
+    if after_commit:
+        transaction.on_commit(_do)  # runs at once outside an atomic block
+    else:
+        _do()
     return job_id
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.core.validators import MinValueValidator, RegexValidator
 from django.db import models
+from django.db.models.functions import Now
 from django.utils import timezone as dj_timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -296,3 +297,38 @@ class JobRun(models.Model):
     @property
     def duration(self):
         return (self.finished_at - self.started_at) if self.finished_at else None
+
+
+class InboxEvent(models.Model):
+    """An event an intake accepted and a worker has not applied yet (crm/inbox.py): written by the
+    request in one statement, deleted in the transaction that applies it."""
+
+    kind = models.CharField(_("kind"), max_length=40)
+    # Known for some kinds only (a Meta webhook names a phone number, not an organization).
+    organization = models.ForeignKey(
+        Organization,
+        on_delete=models.CASCADE,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("organization"),
+        db_index=False,
+        db_constraint=False,
+    )
+    received_at = models.DateTimeField(_("received at"), db_default=Now())
+    payload = models.TextField(_("payload"))
+    # Set when the kind's handler refused the event on its own (a bug or poison): never drained again.
+    failed_at = models.DateTimeField(_("failed at"), null=True, blank=True)
+    error = models.TextField(_("error"), blank=True, default="")
+
+    class Meta:
+        verbose_name = _("inbox event")
+        verbose_name_plural = _("inbox events")
+        indexes = [
+            models.Index(
+                fields=["kind", "id"], name="inbox_pending", condition=models.Q(failed_at__isnull=True)
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind} #{self.pk}"

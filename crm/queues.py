@@ -34,6 +34,7 @@ POST_SALE_SURVEY = "post-sale-survey"
 RUNS = "runs"
 CHATWOOT_MIRROR = "chatwoot-mirror"
 MAINTENANCE = "maintenance"
+INBOX = "inbox"
 
 
 def items_queue(priority: int) -> str:
@@ -54,6 +55,10 @@ _ITEMS = {
 # latency-sensitive work (webhook items, scheduled campaign starts, sends) comes first and
 # bulk syncs last. Run dedicated workers with `workers --queues` to isolate a queue.
 QUEUES: tuple[QueueSpec, ...] = (
+    # Draining the webhook inbox is short, batched work that every webhook's latency waits on.
+    QueueSpec(
+        INBOX, "Applies accepted webhook events in batches (crm/inbox.py)", attempts=3, backoff=1, timeout=120
+    ),
     _ITEMS[1],
     QueueSpec(CAMPAIGN_TRIGGER, "Starts a scheduled campaign (one delayed job per campaign)", timeout=1800),
     QueueSpec(WHATSAPP_SEND, "Sends WhatsApp template messages", attempts=2, backoff=1, timeout=120),

@@ -118,6 +118,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "crm.intake.DatabaseUnavailableMiddleware",  # webhooks: 503, never 500, when PostgreSQL is down
     "axes.middleware.AxesMiddleware",  # last: it answers a locked-out login
 ]
 

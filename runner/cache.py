@@ -1,20 +1,73 @@
 """Integration types, handler configs and tenant limits cached in Redis (get-or-fetch, 60 s TTL),
 read by every item job in one MGET and invalidated when edited (post_save / post_delete).
 
-Secrets are never cached: an HTTP handler's auth value is read from the database by the job.
+Secrets are never cached in Redis: an HTTP handler's auth value is read from the database by the
+job. The webhook intake keeps each handler with its webhook secret in its own process memory for
+WEBHOOK_HANDLER_TTL (`webhook_handler`), so a webhook costs no read of the handler.
 """
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import threading
+import time
+from typing import TYPE_CHECKING, Any
 
+from django.db import connection
 from django.db.models.signals import post_delete, post_save
 
 from crm import jobs
 from runner import conf
 
+if TYPE_CHECKING:
+    from runner.models import Handler
+
 PREFIX = "runner:cache:"
+# A disabled integration or a new webhook secret reaches every web process within this time (at
+# once in the process that saved it).
+WEBHOOK_HANDLER_TTL = 5.0
+_WEBHOOK_HANDLERS_MAX = 1000
+_webhook_handlers: dict[tuple[str, str], tuple[float, Handler, str]] = {}
+_webhook_handlers_lock = threading.Lock()
+
+
+def webhook_handler(integration_key: str, handler_key: str) -> tuple[Handler | None, str]:
+    """The handler (with its integration) and its webhook secret, from this process's cache."""
+    key = (integration_key, handler_key)
+    hit = _webhook_handlers.get(key)
+    if hit is not None and time.monotonic() - hit[0] < WEBHOOK_HANDLER_TTL:
+        return hit[1], hit[2]
+    # One thread reads while the others wait for it: a burst on a cold cache must not open a
+    # database connection per web thread.
+    with _webhook_handlers_lock:
+        hit = _webhook_handlers.get(key)
+        now = time.monotonic()
+        if hit is not None and now - hit[0] < WEBHOOK_HANDLER_TTL:
+            return hit[1], hit[2]
+        return _webhook_handler_read(key, now)
+
+
+def _webhook_handler_read(key: tuple[str, str], now: float) -> tuple[Handler | None, str]:
+    from runner.models import Handler
+
+    integration_key, handler_key = key
+    handler = (
+        Handler.objects.select_related("integration")
+        .filter(integration__integration_key=integration_key, handler_key=handler_key)
+        .first()
+    )
+    if not connection.in_atomic_block:
+        # Web threads write through the inbox's group commit: this thread's connection would
+        # otherwise stay open (CONN_MAX_AGE) for a read it makes once in a while.
+        connection.close()
+    if handler is None:
+        _webhook_handlers.pop(key, None)
+        return None, ""
+    secret = handler.webhook_secret()
+    if len(_webhook_handlers) >= _WEBHOOK_HANDLERS_MAX:
+        _webhook_handlers.clear()
+    _webhook_handlers[key] = (now, handler, secret)
+    return handler, secret
 
 
 def _type_key(integration_key: str) -> str:
@@ -115,10 +168,12 @@ def invalidate(
 
 
 def _type_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    _webhook_handlers.clear()
     invalidate(integration_key=instance.integration_key)
 
 
 def _handler_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
+    _webhook_handlers.clear()
     from runner.models import IntegrationType
 
     ik = (

@@ -255,8 +255,17 @@ class WebhookEvent(models.Model):
 
     # No index of their own (a row is written per event with an id): the unique constraint leads
     # with the handler, and an organization's events are looked up only when it is deleted.
+    # No database foreign keys: the webhook request writes this row alone, with the id its
+    # execution will have once a worker drains the inbox (services.webhook_receive), and the
+    # deferred checks would lock the same handler and organization rows for every concurrent
+    # request. Deleting through Django still cascades (and sets execution to NULL).
     handler = models.ForeignKey(
-        Handler, on_delete=models.CASCADE, related_name="+", verbose_name=_("handler"), db_index=False
+        Handler,
+        on_delete=models.CASCADE,
+        related_name="+",
+        verbose_name=_("handler"),
+        db_index=False,
+        db_constraint=False,
     )
     organization = models.ForeignKey(
         Organization,
@@ -264,10 +273,16 @@ class WebhookEvent(models.Model):
         related_name="+",
         verbose_name=_("organization"),
         db_index=False,
+        db_constraint=False,
     )
     event_id = models.CharField(_("event id"), max_length=EVENT_ID_MAX)
     execution = models.ForeignKey(
-        Execution, on_delete=models.SET_NULL, null=True, related_name="+", verbose_name=_("execution")
+        Execution,
+        on_delete=models.SET_NULL,
+        null=True,
+        related_name="+",
+        verbose_name=_("execution"),
+        db_constraint=False,
     )
     received_at = models.DateTimeField(_("received at"), auto_now_add=True, db_index=True)
 

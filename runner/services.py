@@ -14,12 +14,12 @@ from datetime import datetime, timedelta
 from importlib import import_module
 from typing import Any
 
-from django.db import IntegrityError, connection, transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
-from crm import bulk, jobs, queues, recovery
+from crm import bulk, inbox, jobs, queues, recovery
 from integrations.errors import IntegrationError
 from integrations.runner import client
 from integrations.runner.contract import ItemIn, ItemOutcome, RunIn
@@ -32,6 +32,7 @@ from runner.models import (
     ExecutionItem,
     Handler,
     IntegrationType,
+    Trigger,
     WebhookEvent,
 )
 
@@ -49,6 +50,7 @@ ITEM_GROUP = 10
 PACE_SLICES = 10
 RUN_FUNC = "runner.tasks.execution_run"
 FEED_FUNC = "runner.tasks.execution_feed"
+WEBHOOK_KIND = "runner.webhook"  # the inbox kind of accepted webhooks
 
 _gate_lock = threading.Lock()
 _gate: Gate | None = None
@@ -74,6 +76,11 @@ def gate() -> Gate:
         if _gate is None or _gate_for != address:
             _gate, _gate_for = Gate(conn), address
         return _gate
+
+
+_TABLE = Execution._meta.db_table
+_ITEMS = ExecutionItem._meta.db_table
+_EVENTS = WebhookEvent._meta.db_table
 
 
 # --- starting executions -----------------------------------------------------------------------
@@ -238,30 +245,99 @@ def events_store(
 def webhook_receive(
     *, handler: Handler, organization_id: int, event_id: str, payload: Any, external_id: str = ""
 ) -> tuple[int | None, bool]:
-    """Store one webhook event as an item, once per event id; returns (execution id, duplicate).
+    """Accept one webhook event, once per event id; returns (execution id, duplicate).
 
-    A provider that retries an event (it timed out waiting for our answer, or never saw it) sends
-    the same id again: `events_store` records the id (handler, organization, id — unique, kept
-    WEBHOOK_EVENT_KEEP) in the transaction that stores the item, so a retry, even one racing the
-    first delivery, stores nothing and learns the first execution. Events without an id are stored
-    every time."""
-    seen = WebhookEvent.objects.filter(
-        handler=handler, organization_id=organization_id, event_id=event_key(event_id)
+    One SQL statement, committed on its own (through the inbox's group commit): it records the
+    event id (handler, organization, id — unique, kept WEBHOOK_EVENT_KEEP; `ON CONFLICT DO
+    NOTHING`) with the execution id the event will have (drawn from the executions' sequence),
+    and only if that id was new, the event in the inbox (crm/inbox.py). A worker drains the inbox
+    in batches: the executions and items in bulk, their item jobs in pipelines (`webhooks_store`),
+    so the request makes no Redis round trip and touches none of the execution tables' indexes and
+    foreign keys. A retry of an event, even one racing the first delivery, stores nothing and
+    learns the first execution. Events without an id are accepted every time."""
+    key = event_key(event_id)
+    first: list[Any] = [handler.pk, organization_id, key]
+    envelope = [handler.pk, organization_id, str(external_id or event_id)[:200], json.dumps(payload)]
+    if key:
+        source, source_params = _EVENT_NEW, [*first, timezone.now()]
+        earlier_sql, earlier_params = _EVENT_FIRST, first
+    else:
+        source, source_params = _NO_EVENT, []
+        earlier_sql, earlier_params = "NULL", []
+    sql = (
+        f"WITH ev AS ({source}), "  # noqa: S608 - table names only
+        f"ib AS ({inbox.insert_select(source='ev', payload=_ENVELOPE)} RETURNING 1) "
+        f"SELECT (SELECT execution_id FROM ev), {earlier_sql}"
     )
-    try:
-        execution = events_store(
-            handler=handler,
-            organization_id=organization_id,
-            trigger="webhook",
-            events=[{"external_id": external_id or event_id, "payload": payload, "event_id": event_id}],
-        )
-    except IntegrityError:
-        if not event_id:
-            raise
-        execution = None  # a concurrent delivery won
-    if execution is None:
-        return seen.values_list("execution_id", flat=True).first(), True
-    return execution.pk, False
+    params: list[Any] = [*source_params, WEBHOOK_KIND, organization_id, *envelope, *earlier_params]
+    row = inbox.write(sql, params)
+    created, earlier = row if row is not None else (None, None)
+    if created is not None:
+        inbox.notify(WEBHOOK_KIND)
+        return created, False
+    if earlier is None:  # a concurrent delivery committed after this statement's snapshot
+        with connection.cursor() as cursor:
+            cursor.execute(earlier_sql.strip("()"), earlier_params)
+            found = cursor.fetchone()
+        earlier = found[0] if found else None
+    return earlier, True
+
+
+_EVENT_NEW = (
+    f"INSERT INTO {_EVENTS} (handler_id, organization_id, event_id, received_at, execution_id) "  # noqa: S608
+    f"VALUES (%s, %s, %s, %s, nextval(pg_get_serial_sequence('{_TABLE}', 'id'))) "
+    "ON CONFLICT (handler_id, organization_id, event_id) DO NOTHING RETURNING execution_id"
+)
+_EVENT_FIRST = (
+    f"(SELECT execution_id FROM {_EVENTS} "  # noqa: S608
+    "WHERE handler_id = %s AND organization_id = %s AND event_id = %s)"
+)
+_NO_EVENT = f"SELECT nextval(pg_get_serial_sequence('{_TABLE}', 'id')) AS execution_id"
+# The inbox payload: what the drain needs to create the execution and its item.
+_ENVELOPE = (
+    "json_build_object('execution_id', ev.execution_id, 'handler_id', %s::bigint, "
+    "'organization_id', %s::bigint, 'external_id', %s::text, 'payload', %s::json)::text"
+)
+
+
+@inbox.register(WEBHOOK_KIND)
+def webhooks_store(events: list[inbox.Event]) -> None:
+    """The inbox handler of accepted webhooks: their executions (with the ids the requests
+    answered) and items in bulk, and the item jobs enqueued in pipelines after commit."""
+    accepted = [json.loads(e.payload) for e in events]
+    handlers = Handler.objects.select_related("integration").in_bulk({a["handler_id"] for a in accepted})
+    now = timezone.now()
+    accepted = [a for a in accepted if a["handler_id"] in handlers]  # a handler deleted meanwhile
+    executions = Execution.objects.bulk_create(
+        [
+            Execution(
+                pk=a["execution_id"],
+                organization_id=a["organization_id"],
+                integration_id=handlers[a["handler_id"]].integration_id,
+                handler_id=a["handler_id"],
+                direction=handlers[a["handler_id"]].direction,
+                trigger=Trigger.WEBHOOK,
+                status=Execution.Status.RUNNING,
+                started_at=now,
+                fanned_out_at=now,
+                items_total=1,
+                items_remaining=1,
+            )
+            for a in accepted
+        ]
+    )
+    items = ExecutionItem.objects.bulk_create(
+        [
+            ExecutionItem(execution_id=a["execution_id"], external_id=a["external_id"], payload=a["payload"])
+            for a in accepted
+        ]
+    )
+    jobs.enqueue_specs(
+        spec
+        for execution, item in zip(executions, items, strict=True)
+        for spec in _item_specs(execution, handlers[execution.handler_id], [item.pk])
+    )
+    bulk.analyze_if_grown(ExecutionItem, len(items))
 
 
 def webhook_events_prune(*, now: datetime | None = None, limit: int = 10_000) -> int:
@@ -498,7 +574,6 @@ def _store_chunk(execution: Execution, handler: Handler, produced: list[dict[str
 
 
 # --- the fan-in ------------------------------------------------------------------------------
-_TABLE = Execution._meta.db_table
 
 
 def _counters(
@@ -547,7 +622,6 @@ def _settle(
 
 
 # --- the ItemJob -----------------------------------------------------------------------------
-_ITEMS = ExecutionItem._meta.db_table
 
 
 _CLAIMABLE = "(status = 'pending' OR (status = 'running' AND started_at < %s))"

@@ -12,7 +12,7 @@ from django.views.decorators.http import require_POST
 
 from crm import intake
 from crm.models import Organization
-from runner import services
+from runner import cache, services
 from runner.models import Handler
 
 SIGNATURE_HEADER = "X-Runner-Signature"
@@ -33,19 +33,15 @@ def _authenticated(request: HttpRequest, handler: Handler, secret: str) -> bool:
 
 @csrf_exempt
 @require_POST
+@intake.durable
 def hook(request: HttpRequest, integration_key: str, handler_key: str) -> JsonResponse:
-    handler = (
-        Handler.objects.select_related("integration")
-        .filter(integration__integration_key=integration_key, handler_key=handler_key)
-        .first()
-    )
+    handler, secret = cache.webhook_handler(integration_key, handler_key)
     if handler is None or not handler.integration.enabled:
         return JsonResponse({"error": _("Unknown integration handler.")}, status=404)
     try:
         raw = intake.read_body(request)
     except intake.BadBody as exc:
         return exc.response()
-    secret = handler.webhook_secret()
     if not secret or not _authenticated(request, handler, secret):
         return JsonResponse({"error": _("Invalid signature or token.")}, status=401)
     organization_id = handler.organization_id

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from crm import jobs, queues, workers
+from crm import inbox, jobs, queues, workers
 from crm.models import Customer, Organization, Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +58,14 @@ def _one_language() -> Iterator[None]:
     translation.deactivate()
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _inbox_writer_idle(django_db_setup) -> Iterator[None]:
+    """The inbox's group-commit thread closes its connection when idle: let it, before the test
+    database is dropped."""
+    yield
+    time.sleep(inbox.GROUP_IDLE_CLOSE + 0.5)
+
+
 @pytest.fixture(autouse=True)
 def redis_db() -> Iterator:
     """Every test starts and ends with an empty Redis database of its own."""
@@ -76,9 +84,25 @@ def run_jobs() -> Callable[..., None]:
     """Run every queued (and soon-due delayed) job in this process, like `workers --burst`."""
 
     def _run(queue_names: list[str] | None = None, settle: float = 3.0) -> None:
+        inbox.wake_owed()  # what an intake of this process accepted is drained by these workers
         workers.run_burst(queue_names or list(queues.QUEUE_NAMES), settle=settle)
 
     return _run
+
+
+@pytest.fixture
+def drain_inbox(run_jobs, django_capture_on_commit_callbacks) -> Callable[[], None]:
+    """Apply what the intakes accepted, as the workers do: wake every kind's drain and run the
+    inbox queue (in a test inside a transaction, where no commit ever wakes them)."""
+
+    def _drain() -> None:
+        with django_capture_on_commit_callbacks(execute=True):
+            for kind in inbox.kinds():
+                inbox.wake(kind)
+        with django_capture_on_commit_callbacks(execute=True):
+            run_jobs([queues.INBOX], settle=0)
+
+    return _drain
 
 
 def redis_keys_holding(connection, secret: str) -> list[bytes]:

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def test_every_queue_of_the_design_is_registered_in_priority_order():
     assert queues.QUEUE_NAMES == (
+        "inbox",
         "items-p1",
         "campaign-trigger",
         "whatsapp-send",

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 import aiohttp
 import httpx
 
+from crm import inbox
 from runner.models import Execution, ExecutionItem, Handler
 from runner.views import signature
 
@@ -24,12 +25,17 @@ def _post(client, body: bytes, **headers):
     return client.post("/hooks/crm-x/leads", data=body, content_type="application/json", headers=headers)
 
 
-def test_a_signed_webhook_is_stored_as_an_item_and_answered_202(client, py_handler):
+def test_a_signed_webhook_is_stored_as_an_item_and_answered_202(client, py_handler, drain_inbox):
     _hmac_handler(py_handler)
     body = json.dumps({"id": "evt-1", "lead": "Ana"}).encode()
     response = _post(client, body, **{"X-Runner-Signature": signature(SECRET, body)})
     assert response.status_code == 202
+    # Accepted into the inbox: the worker draining it creates the execution the answer named.
+    assert inbox.pending("runner.webhook") == 1 and not Execution.objects.exists()
+    drain_inbox()
+    assert inbox.pending() == 0
     item = ExecutionItem.objects.select_related("execution").get()
+    assert item.execution_id == response.json()["execution_id"]
     assert item.external_id == "evt-1" and item.payload == {"id": "evt-1", "lead": "Ana"}
     assert item.execution.trigger == "webhook" and item.execution.status == "running"
 
@@ -44,14 +50,16 @@ def test_a_bad_or_missing_signature_is_refused_and_nothing_is_stored(client, py_
     assert not Execution.objects.exists()
 
 
-def test_a_token_handler_refuses_a_wrong_token_and_accepts_the_right_one(client, py_handler):
+def test_a_token_handler_refuses_a_wrong_token_and_accepts_the_right_one(client, py_handler, drain_inbox):
     py_handler.webhook_auth = Handler.WebhookAuth.TOKEN
     py_handler.set_webhook_secret(SECRET)
     py_handler.save()
     assert _post(client, b"{}", Authorization="Bearer nope").status_code == 401
     assert _post(client, b"{}").status_code == 401
+    drain_inbox()
     assert not ExecutionItem.objects.exists()
     assert _post(client, b"{}", Authorization=f"Bearer {SECRET}").status_code == 202
+    drain_inbox()
     assert ExecutionItem.objects.count() == 1
 
 
@@ -84,8 +92,8 @@ def test_a_burst_of_1000_concurrent_webhooks_is_accepted_in_full_and_processed(
 
     statuses = asyncio.run(burst())
     assert statuses.count(202) == 1000
-    assert ExecutionItem.objects.count() == 1000
     run_jobs()
+    assert ExecutionItem.objects.count() == 1000
     assert ExecutionItem.objects.filter(status="succeeded").count() == 1000
     assert set(ExecutionItem.objects.values_list("external_id", flat=True)) == {
         f"evt-{i}" for i in range(1000)
@@ -93,7 +101,9 @@ def test_a_burst_of_1000_concurrent_webhooks_is_accepted_in_full_and_processed(
     assert not Execution.objects.exclude(status="completed").exists()
 
 
-def test_a_retried_event_is_stored_once_and_answered_with_the_first_execution(client, py_handler):
+def test_a_retried_event_is_stored_once_and_answered_with_the_first_execution(
+    client, py_handler, drain_inbox
+):
     _hmac_handler(py_handler)
     body = json.dumps({"id": "order-7", "total": 10}).encode()
     headers = {"X-Runner-Signature": signature(SECRET, body), "X-Event-Id": "evt-retry"}
@@ -102,6 +112,7 @@ def test_a_retried_event_is_stored_once_and_answered_with_the_first_execution(cl
     assert first.status_code == 202
     assert again.status_code == 200
     assert again.json() == {"execution_id": first.json()["execution_id"], "status": "duplicate"}
+    drain_inbox()
     assert ExecutionItem.objects.count() == 1 and Execution.objects.count() == 1
     assert ExecutionItem.objects.get().external_id == "evt-retry"
     # Without an event id there is nothing to recognise a retry by: each delivery is stored, and a
@@ -114,11 +125,12 @@ def test_a_retried_event_is_stored_once_and_answered_with_the_first_execution(cl
         )
     for _ in range(2):
         assert _post(client, body, **{"X-Runner-Signature": signature(SECRET, body)}).status_code == 202
+    drain_inbox()
     assert ExecutionItem.objects.count() == 5
     assert ExecutionItem.objects.filter(external_id="order-7").count() == 2
 
 
-def test_long_event_ids_are_compared_whole_not_cut_to_the_column(client, py_handler):
+def test_long_event_ids_are_compared_whole_not_cut_to_the_column(client, py_handler, drain_inbox):
     """Two ids that share their first 200 characters are two events; the same long id twice is one."""
     from runner.models import WebhookEvent
 
@@ -133,12 +145,13 @@ def test_long_event_ids_are_compared_whole_not_cut_to_the_column(client, py_hand
     assert post(prefix + "-b").status_code == 202
     again = post(prefix + "-a")
     assert again.status_code == 200 and again.json()["status"] == "duplicate"
+    drain_inbox()
     assert ExecutionItem.objects.count() == 2
     recorded = list(WebhookEvent.objects.values_list("event_id", flat=True))
     assert len(set(recorded)) == 2 and all(len(i) <= 200 for i in recorded)
 
 
-def test_concurrent_deliveries_of_one_event_store_it_once(live_server, py_handler):
+def test_concurrent_deliveries_of_one_event_store_it_once(live_server, py_handler, drain_inbox):
     _hmac_handler(py_handler)
     url = f"{live_server.url}/hooks/crm-x/leads"
     body = json.dumps({"total": 1}).encode()
@@ -157,10 +170,11 @@ def test_concurrent_deliveries_of_one_event_store_it_once(live_server, py_handle
         answers = list(pool.map(send, range(16)))
     assert sorted(status for status, _ in answers) == [200] * 15 + [202]
     assert len({execution for _, execution in answers}) == 1
+    drain_inbox()
     assert ExecutionItem.objects.filter(external_id="evt-raced").count() == 1
 
 
-def test_event_ids_are_forgotten_after_their_keep(client, py_handler):
+def test_event_ids_are_forgotten_after_their_keep(client, py_handler, drain_inbox):
     from datetime import timedelta
 
     from django.utils import timezone
@@ -180,6 +194,7 @@ def test_event_ids_are_forgotten_after_their_keep(client, py_handler):
     assert services.webhook_events_prune() == 1
     # Forgotten: the same id is an event again.
     assert _post(client, body, **headers).status_code == 202
+    drain_inbox()
     assert ExecutionItem.objects.filter(external_id="evt-old").count() == 2
 
 

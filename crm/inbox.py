@@ -1,0 +1,386 @@
+"""The inbox: what an intake accepted, kept in PostgreSQL until a worker has applied it.
+
+A webhook request does only what must happen before its answer: authenticate, check the shape,
+`accept` (one INSERT, committed together with those of the process's other requests by its group
+commit, `write`), answer. The domain work happens on workers: `drain`
+takes the oldest pending events of a kind with `SELECT … FOR UPDATE SKIP LOCKED LIMIT n`, hands
+them to the kind's registered handler (apps register, as with crm.recovery; the platform imports
+no app) and deletes them in the same transaction as the handler's writes. So an event is applied
+once and only once whoever dies when: a web process after the INSERT (the event waits), a worker
+mid-batch (the transaction rolls back, the rows stay), Redis (the wake-up is lost, the rows stay
+and the safety sweep in the recovery pass drains them within a minute or two).
+
+Wake-up without a Redis round trip per request: `accept` only marks the kind as owed in the
+process; a thread of the process sends at most one wake-up per kind every WAKE_INTERVAL (a SET of
+the kind's "dirty" flag, and a drain job when none is queued). A drain job clears the flag before
+each pass and, once the inbox is empty, gives its "queued" marker back and looks at the flag again,
+so an event committed while it finished is never left waiting.
+
+Drains of one kind are serialised by a PostgreSQL advisory lock, so events are applied in the order
+they were accepted (preferences: the latest wins) and two batches never lock the same rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db import DatabaseError, connection, transaction
+from django.utils import timezone
+
+from crm import jobs, queues, recovery
+from crm.models import InboxEvent
+
+logger = logging.getLogger(__name__)
+
+BATCH = 500  # events per drain transaction
+GROUP_MAX = 200  # request writes per group commit
+GROUP_IDLE_CLOSE = 2.0  # seconds without writes after which the group commit closes its connection
+WAKE_INTERVAL = 0.05  # seconds: a web process sends at most 20 wake-ups a second per kind
+PAUSE = 0.05  # seconds a drain waits after a batch that was not full, gathering the next one
+LINGER = 0.5  # seconds a drain job waits for more events before it ends
+DRAIN_BUDGET = 50.0  # seconds a drain job keeps draining before handing over to a new job
+QUEUED_TTL = 60  # seconds: a queued marker whose job died frees itself
+SWEEP_AFTER = timedelta(seconds=20)  # events older than this are the safety sweep's
+DRAIN_FUNC = "crm.inbox.drain"
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    kind: str
+    organization_id: int | None
+    received_at: datetime
+    payload: str
+
+
+Handler = Callable[[list[Event]], None]
+_HANDLERS: dict[str, Handler] = {}
+
+
+def register(kind: str) -> Callable[[Handler], Handler]:
+    """Decorator: `@inbox.register("whatsapp")` on a function applying a batch of that kind's events
+    (in acceptance order) inside the drain's transaction. It must be safe to run twice on the same
+    events and raise on failure (the batch is rolled back and retried; an event that fails on its
+    own is set aside with the error)."""
+
+    def deco(fn: Handler) -> Handler:
+        _HANDLERS[kind] = fn
+        return fn
+
+    return deco
+
+
+# --- the request side -------------------------------------------------------------------------
+_TABLE = InboxEvent._meta.db_table
+_INSERT = f"INSERT INTO {_TABLE} (kind, organization_id, payload, error) VALUES (%s, %s, %s, '')"  # noqa: S608
+
+
+def accept(*, kind: str, payload: str, organization_id: int | None = None) -> None:
+    """Store one raw event durably (one INSERT, committed when this returns outside a transaction)
+    and have it drained soon. Raises the database's error when it cannot be stored."""
+    if kind not in _HANDLERS:
+        raise ValueError(f"no inbox handler for {kind!r}")
+    write(_INSERT, [kind, organization_id, payload])
+    notify(kind)
+
+
+def write(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    """Run one statement and return its first row, committed when this returns: a request's
+    durable write. Outside a transaction it goes through the process's group commit (the writes
+    of concurrent requests share one transaction and one commit: one WAL flush instead of one per
+    request); inside one (a caller's atomic block, a test) it runs in the caller's transaction.
+    Raises the database's error when the statement or its commit fails."""
+    if connection.in_atomic_block:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone() if cursor.description else None
+    return _group().write(sql, params)
+
+
+@dataclass
+class _Write:
+    sql: str
+    params: Sequence[Any]
+    row: tuple[Any, ...] | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+class _GroupCommit:
+    """One thread per process committing the writes of every request thread waiting for it:
+    whatever arrived while the previous commit was being flushed goes into the next transaction.
+    A transaction that fails on one statement's data is replayed one statement per transaction,
+    so only that statement's caller gets the error."""
+
+    def __init__(self) -> None:
+        self.pending: list[_Write] = []
+        self.ready = threading.Condition()
+        threading.Thread(target=self._run, name="inbox-group-commit", daemon=True).start()
+
+    def write(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+        item = _Write(sql, params)
+        with self.ready:
+            self.pending.append(item)
+            self.ready.notify()
+        item.done.wait()
+        if item.error is not None:
+            raise item.error
+        return item.row
+
+    def _run(self) -> None:
+        while True:
+            with self.ready:
+                while not self.pending:
+                    if not self.ready.wait(timeout=GROUP_IDLE_CLOSE):
+                        connection.close()  # idle: give the connection back until writes resume
+                batch, self.pending = self.pending[:GROUP_MAX], self.pending[GROUP_MAX:]
+            try:
+                self._commit(batch)
+            finally:
+                for item in batch:
+                    item.done.set()
+
+    def _commit(self, batch: list[_Write]) -> None:
+        connection.close_if_unusable_or_obsolete()
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:
+                for item in batch:
+                    cursor.execute(item.sql, item.params)
+                    item.row = cursor.fetchone() if cursor.description else None
+        except DatabaseError as exc:
+            if _transient(exc) or len(batch) == 1:
+                if _transient(exc):
+                    connection.close()  # reconnect on the next batch
+                for item in batch:
+                    item.row, item.error = None, exc
+                return
+            for item in batch:
+                item.row = None
+                self._commit([item])
+        except BaseException as exc:  # never leave a request thread waiting
+            for item in batch:
+                item.row, item.error = None, exc
+
+
+_group_for: tuple[int, _GroupCommit] | None = None
+_group_lock = threading.Lock()
+
+
+def _group() -> _GroupCommit:
+    global _group_for
+    with _group_lock:
+        if _group_for is None or _group_for[0] != os.getpid():  # first use, or a forked child
+            _group_for = (os.getpid(), _GroupCommit())
+        return _group_for[1]
+
+
+def insert_select(*, source: str, payload: str) -> str:
+    """SQL inserting one event per row of `source` (a CTE of the caller's statement, so the event is
+    written in the same statement as the caller's rows), its payload the SQL expression `payload`;
+    the caller passes the kind and organization id as its next two parameters and then calls
+    `notify(kind)`."""
+    return (
+        f"INSERT INTO {_TABLE} (kind, organization_id, payload, error) "  # noqa: S608
+        f"SELECT %s, %s, {payload}, '' FROM {source}"
+    )
+
+
+def notify(kind: str) -> None:
+    """Have `kind` drained soon: after the current transaction commits, by this process's waker."""
+    if connection.in_atomic_block:
+        transaction.on_commit(lambda: _waker().owe(kind))
+    else:  # on_commit would open a connection just to learn there is no transaction
+        _waker().owe(kind)
+
+
+class _Waker:
+    """One thread per process sending coalesced wake-ups, so no request waits on Redis."""
+
+    def __init__(self) -> None:
+        self.owed: set[str] = set()
+        self.lock = threading.Lock()
+        self.event = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="inbox-waker", daemon=True)
+        self.thread.start()
+
+    def owe(self, kind: str) -> None:
+        with self.lock:
+            self.owed.add(kind)
+        self.event.set()
+
+    def _run(self) -> None:
+        while True:
+            self.event.wait()
+            time.sleep(WAKE_INTERVAL)  # gather the requests of the next few milliseconds
+            self.send()
+
+    def send(self) -> None:
+        with self.lock:
+            kinds, self.owed = self.owed, set()
+            self.event.clear()
+        for kind in kinds:
+            try:
+                wake(kind)
+            except Exception:  # Redis down: the safety sweep drains what is left
+                logger.warning("inbox: could not wake the %s drain", kind, exc_info=True)
+
+
+_waker_for: tuple[int, _Waker] | None = None
+_waker_lock = threading.Lock()
+
+
+def _waker() -> _Waker:
+    global _waker_for
+    with _waker_lock:
+        if _waker_for is None or _waker_for[0] != os.getpid():  # first use, or a forked child
+            _waker_for = (os.getpid(), _Waker())
+        return _waker_for[1]
+
+
+def wake_owed() -> None:
+    """Send this process's owed wake-ups now rather than within WAKE_INTERVAL (tests, commands)."""
+    if _waker_for is not None and _waker_for[0] == os.getpid():
+        _waker_for[1].send()
+
+
+def _dirty_key(kind: str) -> str:
+    return f"crm:inbox:dirty:{kind}"
+
+
+def _queued_key(kind: str) -> str:
+    return f"crm:inbox:queued:{kind}"
+
+
+def wake(kind: str) -> bool:
+    """Mark `kind` dirty and enqueue its drain job unless one is queued or draining; True if enqueued."""
+    conn = jobs.get_connection()
+    with conn.pipeline(transaction=False) as pipe:
+        pipe.set(_dirty_key(kind), 1)
+        pipe.set(_queued_key(kind), 1, nx=True, ex=QUEUED_TTL)
+        _, enqueue = pipe.execute()
+    if enqueue:
+        jobs.enqueue(DRAIN_FUNC, queue=queues.INBOX, kwargs={"kind": kind}, result_ttl=0, after_commit=False)
+    return bool(enqueue)
+
+
+# --- the worker side --------------------------------------------------------------------------
+_SELECT = (
+    f"SELECT id, kind, organization_id, received_at, payload FROM {_TABLE} "  # noqa: S608
+    "WHERE kind = %s AND failed_at IS NULL ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+
+
+def _lock_id(kind: str) -> int:
+    return zlib.crc32(f"crm.inbox:{kind}".encode())
+
+
+def drain_batch(kind: str, *, limit: int = BATCH) -> int:
+    """Apply up to `limit` of the oldest pending events of `kind` and delete them, in one
+    transaction; returns how many were taken (applied or set aside)."""
+    handler = _HANDLERS[kind]
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_id(kind)])
+            cursor.execute(_SELECT, [kind, limit])
+            events = [Event(*row) for row in cursor.fetchall()]
+        if not events:
+            return 0
+        try:
+            with transaction.atomic():
+                handler(events)
+        except DatabaseError as exc:
+            if _transient(exc):
+                raise
+            _one_by_one(handler, events)
+        except Exception:
+            _one_by_one(handler, events)
+        InboxEvent.objects.filter(id__in=[e.id for e in events], failed_at__isnull=True).delete()
+    return len(events)
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, recovery.TRANSIENT_ERRORS)
+
+
+def _one_by_one(handler: Handler, events: list[Event]) -> None:
+    """The batch failed: apply its events one at a time, setting aside the ones that fail alone."""
+    for event in events:
+        try:
+            with transaction.atomic():
+                handler([event])
+        except Exception as exc:
+            if _transient(exc):
+                raise
+            logger.exception("inbox: %s event %s set aside", event.kind, event.id)
+            InboxEvent.objects.filter(pk=event.id).update(
+                failed_at=timezone.now(), error=f"{type(exc).__name__}: {exc}"[:2000]
+            )
+
+
+def drain(*, kind: str, budget: float = DRAIN_BUDGET) -> int:
+    """The drain job: apply `kind`'s pending events batch after batch until none has come for
+    LINGER (or the time budget is spent: a new job takes over); returns how many were taken. Safe
+    to run twice, concurrently too.
+
+    Under a burst a batch that was not full is followed by a pause of PAUSE, so the next one
+    gathers what arrived meanwhile: fewer, larger transactions, and no job per handful of events."""
+    conn = jobs.get_connection()
+    deadline = time.monotonic() + budget
+    total = 0
+    while True:
+        conn.delete(_dirty_key(kind))
+        idle_since = time.monotonic()
+        while time.monotonic() < deadline:
+            taken = drain_batch(kind)
+            total += taken
+            if taken:
+                idle_since = time.monotonic()
+                conn.expire(_queued_key(kind), QUEUED_TTL)
+            elif time.monotonic() - idle_since >= LINGER:
+                break
+            if taken < BATCH:
+                time.sleep(PAUSE)
+        if time.monotonic() >= deadline:
+            conn.delete(_queued_key(kind))
+            wake(kind)
+            return total
+        # Give the marker back, then look again: an event accepted meanwhile either finds no
+        # marker (and enqueues a new job) or set the flag before this check.
+        conn.delete(_queued_key(kind))
+        if not conn.exists(_dirty_key(kind)) or not conn.set(_queued_key(kind), 1, nx=True, ex=QUEUED_TTL):
+            return total
+
+
+def pending(kind: str | None = None) -> int:
+    """Events accepted and not applied yet (set-aside ones excluded)."""
+    events = InboxEvent.objects.filter(failed_at__isnull=True)
+    return (events.filter(kind=kind) if kind else events).count()
+
+
+@recovery.register("inbox")
+def _stranded() -> Iterator[jobs.JobSpec]:
+    """The safety sweep: a drain for every kind with events older than SWEEP_AFTER (their wake-up
+    was lost with Redis or with the web process that owed it)."""
+    old = timezone.now() - SWEEP_AFTER
+    kinds = (
+        InboxEvent.objects.filter(failed_at__isnull=True, received_at__lt=old)
+        .values_list("kind", flat=True)
+        .distinct()
+    )
+    for kind in kinds:
+        if kind in _HANDLERS:
+            yield jobs.JobSpec(
+                func=DRAIN_FUNC, queue=queues.INBOX, kwargs={"kind": kind}, job_id=f"inbox-sweep-{kind}"
+            )
+
+
+def kinds() -> list[str]:
+    return sorted(_HANDLERS)

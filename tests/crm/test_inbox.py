@@ -1,0 +1,314 @@
+"""The webhook inbox (crm/inbox.py) through the real stack: gunicorn, worker processes, PostgreSQL
+and Redis; what is accepted is applied exactly once whoever dies, statuses stay monotonic in any
+order, and an unreachable database answers 503."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import hmac
+import json
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import aiohttp
+import httpx
+import pytest
+from django.utils import timezone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
+from crm import inbox, recovery
+from crm.models import Customer, Organization
+from runner.models import ExecutionItem, Handler, IntegrationType, RunnerSettings
+from tests.conftest import ROOT, child_env, free_port, wait_for
+
+APP_SECRET = "meta-app-secret-for-inbox-tests"
+TOKEN = "runner-token-for-inbox-tests-0123"
+T0 = 1_731_700_000
+S = WhatsappMessage.Status
+
+
+def _meta_body(wamid: str, status: str, ts: int = T0) -> bytes:
+    value = {
+        "messaging_product": "whatsapp",
+        "metadata": {"phone_number_id": "1"},
+        "statuses": [{"id": wamid, "status": status, "timestamp": str(ts), "recipient_id": "5511900000000"}],
+    }
+    return json.dumps(
+        {
+            "object": "whatsapp_business_account",
+            "entry": [{"id": "1", "changes": [{"field": "messages", "value": value}]}],
+        }
+    ).encode()
+
+
+def _signed(body: bytes) -> dict[str, str]:
+    digest = hmac.new(APP_SECRET.encode(), body, hashlib.sha256).hexdigest()
+    return {"Content-Type": "application/json", "X-Hub-Signature-256": f"sha256={digest}"}
+
+
+def _campaign(n: int) -> tuple[Campaign, list[WhatsappMessage]]:
+    org = Organization.objects.create(name="Loja Inbox", slug=f"inbox-{time.monotonic_ns()}")
+    campaign = Campaign.objects.create(organization=org, name="Inbox", status=Campaign.Status.SENDING)
+    CampaignMetric.objects.create(campaign=campaign, queued=n, sent=n)
+    people = Customer.objects.bulk_create(
+        [
+            Customer(organization=org, erp_id=f"I{i}", name=f"Cliente {i}", phone=f"+55119{60000000 + i}")
+            for i in range(n)
+        ]
+    )
+    messages = WhatsappMessage.objects.bulk_create(
+        [
+            WhatsappMessage(
+                campaign=campaign,
+                organization=org,
+                customer=c,
+                status=S.SENT,
+                phone=c.phone,
+                wa_id=c.phone.lstrip("+"),
+                wamid=f"wamid.INBOX{c.pk}",
+                sent_at=timezone.now(),
+            )
+            for c in people
+        ]
+    )
+    return campaign, messages
+
+
+def _runner_handler(org: Organization) -> Handler:
+    it = IntegrationType.objects.create(integration_key="inbox-x", name="Inbox X")
+    handler = Handler(
+        integration=it,
+        handler_key="events",
+        direction="inbound",
+        kind=Handler.Kind.PYTHON,
+        callable_path="tests.runner.handlers.noop",
+        organization=org,
+        concurrency=1000,
+        webhook_auth=Handler.WebhookAuth.TOKEN,
+    )
+    handler.set_webhook_secret(TOKEN)
+    handler.save()
+    RunnerSettings.objects.create(organization=org, rate_limit_per_minute=1_000_000)
+    return handler
+
+
+class Web:
+    """The production web server (gunicorn, as `manage.py up` runs it), restartable on its port."""
+
+    def __init__(self, env: dict[str, str]) -> None:
+        self.port = free_port()
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, *, ready_status: int = 404) -> None:
+        from crm.management.commands.up import manage_gunicorn
+
+        self.proc = subprocess.Popen(
+            [*manage_gunicorn(), "--bind", f"127.0.0.1:{self.port}", "--backlog", "2048"],
+            cwd=ROOT,
+            env=self.env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+
+        def answers() -> bool:
+            try:
+                return (
+                    httpx.post(f"{self.url}/hooks/no/such", content=b"{}", timeout=2).status_code
+                    == ready_status
+                )
+            except httpx.HTTPError:
+                return False
+
+        wait_for(answers, timeout=60, interval=0.2, what="gunicorn to answer")
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def web() -> Iterator[Any]:
+    started: list[Web] = []
+
+    def _make(**env: str) -> Web:
+        server = Web(child_env(WHATSAPP_APP_SECRET=APP_SECRET, **env))
+        started.append(server)
+        return server
+
+    yield _make
+    for server in started:
+        server.kill(signal.SIGTERM)
+
+
+Request = tuple[str, bytes, dict[str, str]]
+
+
+async def _send(base: str, requests: list[Request], *, in_flight: int, on_answer: Any = None) -> list[Any]:
+    """POST every request, `in_flight` at a time; each answer is (status, JSON) or None (no answer)."""
+    answers: list[Any] = [None] * len(requests)
+    pending = list(range(len(requests)))
+    timeout = aiohttp.ClientTimeout(total=60)
+
+    async with aiohttp.ClientSession(timeout=timeout, connector=aiohttp.TCPConnector(limit=in_flight)) as s:
+
+        async def client() -> None:
+            while pending:
+                i = pending.pop(0)
+                path, body, headers = requests[i]
+                try:
+                    async with s.post(base + path, data=body, headers=headers) as response:
+                        answers[i] = (response.status, await response.json(content_type=None))
+                except (TimeoutError, aiohttp.ClientError, ValueError):
+                    answers[i] = None
+                if on_answer is not None:
+                    on_answer(answers)
+
+        await asyncio.gather(*(client() for _ in range(in_flight)))
+    return answers
+
+
+def test_every_accepted_event_is_applied_once_when_the_web_process_and_a_worker_die_mid_burst(
+    transactional_db, web, worker_process
+):
+    """A burst of Meta statuses and runner webhooks; the web server (every gunicorn process) and
+    the worker pool are SIGKILLed mid-burst and restarted; the sender resends what got no 2xx.
+    Every event answered 2xx is applied, and exactly once: each message delivered and counted
+    once, one item per runner event id, each run once."""
+    n = 300
+    campaign, messages = _campaign(n)
+    handler = _runner_handler(campaign.organization)
+    requests: list[Request] = []
+    for i, message in enumerate(messages):
+        body = _meta_body(message.wamid or "", "delivered")
+        requests.append(("/webhooks/whatsapp/", body, _signed(body)))
+        hook = {
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {TOKEN}",
+            "X-Event-Id": f"evt-{i}",
+        }
+        requests.append(("/hooks/inbox-x/events", json.dumps({"n": i}).encode(), hook))
+    server = web()
+    server.start()
+    workers = worker_process("--processes", "2")
+    killed = {"done": False}
+
+    def kill_midway(answers: list[Any]) -> None:
+        if not killed["done"] and sum(1 for a in answers if a is not None) >= len(requests) // 3:
+            killed["done"] = True
+            server.kill()
+            workers.kill()
+
+    answers = asyncio.run(_send(server.url, requests, in_flight=50, on_answer=kill_midway))
+    assert killed["done"]
+    accepted_before = {i for i, a in enumerate(answers) if a is not None and 200 <= a[0] < 300}
+    assert 0 < len(accepted_before) < len(requests)
+    # Restarted: the provider resends whatever got no 2xx (no answer at all, for most).
+    server.start()
+    worker_process("--processes", "2")
+    again = [i for i in range(len(requests)) if i not in accepted_before]
+    answers_again = asyncio.run(_send(server.url, [requests[i] for i in again], in_flight=50))
+    assert all(a is not None and a[0] in (200, 202) for a in answers_again), answers_again[:5]
+
+    items = ExecutionItem.objects.filter(execution__handler=handler)
+
+    def applied() -> bool:
+        recovery.recover()  # the scheduler's every-minute pass: drains events whose wake-up died
+        return (
+            WhatsappMessage.objects.filter(campaign=campaign, status=S.DELIVERED).count() == n
+            and items.filter(status="succeeded").count() >= n
+            and inbox.pending() == 0
+        )
+
+    wait_for(applied, timeout=180, interval=2, what="every accepted event applied")
+    assert CampaignMetric.objects.get(campaign=campaign).delivered == n  # each status counted once
+    assert sorted(items.values_list("external_id", flat=True)) == sorted(f"evt-{i}" for i in range(n))
+    assert items.count() == n and items.filter(status="succeeded").count() == n
+    # A resent runner event that had been stored before the kill is answered duplicate.
+    for i, answer in zip(again, answers_again, strict=True):
+        if requests[i][0].startswith("/hooks/") and answer[0] == 200:
+            assert answer[1]["status"] == "duplicate" and answer[1]["execution_id"]
+
+
+def test_an_unreachable_database_answers_503_with_retry_after_on_every_intake(db, web):
+    """PostgreSQL down: nothing can be stored, so nothing is acknowledged — a 503 the sender retries."""
+    closed = free_port()  # nothing listens there
+    server = web(
+        DATABASE_URL=f"postgres://postgres@127.0.0.1:{closed}/nothing", ANYMAIL_WEBHOOK_SECRET="esp:pw"
+    )
+    server.start(ready_status=503)
+    body = _meta_body("wamid.DOWN", "delivered")
+    hook = {"Content-Type": "application/json", "Authorization": f"Bearer {TOKEN}", "X-Event-Id": "e1"}
+    for path, content, headers in [
+        ("/webhooks/whatsapp/", body, _signed(body)),
+        ("/hooks/inbox-x/events", b'{"n": 1}', hook),
+        # django-anymail's view, guarded by the middleware
+        (
+            "/anymail/postmark/tracking/",
+            json.dumps({"RecordType": "Open", "MessageID": "m-1", "Recipient": "a@example.com.br"}).encode(),
+            {"Content-Type": "application/json", "Authorization": "Basic ZXNwOnB3"},  # esp:pw
+        ),
+    ]:
+        response = httpx.post(server.url + path, content=content, headers=headers, timeout=30)
+        assert response.status_code == 503, (path, response.text)
+        assert response.headers["Retry-After"] == str(5)
+        assert response.json()["ok"] is False and "database" in response.json()["error"]
+    # Hostile input is still refused for what it is, before the database is needed.
+    response = httpx.post(server.url + "/webhooks/whatsapp/", content=b'{"a": NaN}', timeout=30)
+    assert response.status_code == 403  # unsigned
+
+
+PERMUTED = st.permutations([("sent", 0), ("delivered", 5), ("read", 9)])
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(order=PERMUTED, split=st.integers(min_value=0, max_value=3))
+def test_statuses_of_one_message_in_any_order_and_batching_end_read_and_count_once(
+    db, drain_inbox, order, split
+):
+    """Meta does not order its callbacks: whatever the order, and however they fall into drain
+    batches, the message ends READ and each counter moves once."""
+    campaign, (message,) = _campaign(1)
+    bodies = [_meta_body(message.wamid or "", status, T0 + offset) for status, offset in order]
+    for body in bodies[:split]:
+        inbox.accept(kind="whatsapp", payload=body.decode())
+    drain_inbox()
+    for body in bodies[split:]:
+        inbox.accept(kind="whatsapp", payload=body.decode())
+    inbox.accept(kind="whatsapp", payload=bodies[0].decode())  # a retried callback
+    drain_inbox()
+    message.refresh_from_db()
+    assert message.status == S.READ
+    assert message.delivered_at is not None and message.read_at is not None
+    metric = CampaignMetric.objects.get(campaign=campaign)
+    assert (metric.sent, metric.delivered, metric.read, metric.failed) == (1, 1, 1, 0)
+    assert inbox.pending() == 0
+
+
+def test_an_event_its_handler_refuses_alone_is_set_aside_and_the_rest_of_the_batch_applied(db, drain_inbox):
+    _, (message,) = _campaign(1)
+    inbox.accept(kind="whatsapp", payload='{"object": "not whatsapp"}')  # passed no intake: poison
+    inbox.accept(kind="whatsapp", payload=_meta_body(message.wamid or "", "read").decode())
+    drain_inbox()
+    message.refresh_from_db()
+    assert message.status == S.READ
+    from crm.models import InboxEvent
+
+    (poison,) = InboxEvent.objects.all()
+    assert poison.failed_at is not None and "unexpected object" in poison.error
+    assert inbox.pending() == 0  # set aside: never drained again
