@@ -318,6 +318,24 @@ def campaign_deleting(sender: type[Campaign], instance: Campaign, **kwargs: obje
     list(Campaign.objects.select_for_update().filter(pk=instance.pk).values_list("pk", flat=True))
 
 
+CUSTOMER_DELETED = "customer deleted"
+
+
+def skip_without_customer(*, model: type[Message], campaign_id: int, ids: list[int], found: list) -> int:
+    """Claimed messages (`ids`) that their customer's join left out of `found`: the customer was
+    deleted while the fan-out wrote them (no foreign-key constraint, models.MESSAGE_FKS). They are
+    SKIPPED and counted, so that the campaign completes. Returns how many."""
+    gone = set(ids).difference(m.pk for m in found)
+    if not gone:
+        return 0
+    with transaction.atomic():
+        skipped = model.objects.filter(id__in=gone, status=MsgStatus.SENDING).update(
+            status=MsgStatus.SKIPPED, error_reason=CUSTOMER_DELETED
+        )
+        CampaignMetric.objects.filter(campaign_id=campaign_id).update(skipped=F("skipped") + skipped)
+    return skipped
+
+
 def _queued_batches(model: type[Message], campaign_id: int) -> list[int]:
     return list(
         model.objects.filter(campaign_id=campaign_id, status=MsgStatus.QUEUED)

@@ -205,3 +205,28 @@ def test_deleting_a_customer_or_a_campaign_deletes_their_messages(wa):
     assert WhatsappMessage.objects.filter(campaign=campaign).count() == 29
     Campaign.objects.filter(pk__in=[campaign.pk, email.pk]).delete()
     assert not WhatsappMessage.objects.exists() and not EmailMessage.objects.exists()
+
+
+def check_a_message_whose_customer_was_deleted_is_skipped(world: dict, run_jobs) -> None:
+    """`world`: the wa or em fixture (the campaign factory makes a campaign of its channel)."""
+    people = world["customers"](3)
+    campaign = services.campaign_start(campaign=world["campaign"]())
+    run_jobs(["campaign-trigger"])
+    model = campaign.message_model
+    assert model.objects.filter(campaign=campaign).count() == 3
+    # A deletion that committed after the page read the customer: its cascade missed the message.
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM crm_customer WHERE id = %s", [people[1].pk])
+    run_jobs()
+    orphan = model.objects.get(campaign=campaign, customer_id=people[1].pk)
+    assert (orphan.status, orphan.error_reason) == ("skipped", services.CUSTOMER_DELETED)
+    statuses = set(model.objects.filter(campaign=campaign).values_list("status", flat=True))
+    assert statuses == {"sent", "skipped"}
+    metric = CampaignMetric.objects.get(campaign=campaign)
+    assert (metric.sent, metric.skipped) == (2, 1)
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.SENT
+
+
+def test_a_message_whose_customer_was_deleted_as_the_fan_out_wrote_it_is_skipped_and_counted(wa, run_jobs):
+    check_a_message_whose_customer_was_deleted_is_skipped(wa, run_jobs)
