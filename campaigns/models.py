@@ -218,7 +218,8 @@ def _token() -> str:
 #   (FOR KEY SHARE, the FK check's own lock, once a page), and a campaign being deleted takes that
 #   row FOR UPDATE first (campaign_deleting): no message outlives its campaign, and its
 #   organization outlives the campaign. Deleting a customer, a campaign or an organization through
-#   Django deletes their messages (on_delete=CASCADE is the ORM's).
+#   Django deletes their messages (on_delete=CASCADE is the ORM's). A customer deleted just after a
+#   page read it leaves that one message behind: its send batch skips it (skip_without_customer).
 # - Unique columns are UniqueConstraints, not unique=True, which on PostgreSQL adds a second
 #   `*_like` index (varchar_pattern_ops) for LIKE queries no one runs on a token or a wamid; the
 #   ones filled only after the send are partial (WHERE ... IS NOT NULL), so a new row skips them.
