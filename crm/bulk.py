@@ -71,13 +71,18 @@ def update_rows(
 ANALYZE_AFTER_ROWS = 10_000
 
 
-def analyze_if_grown(model: type[models.Model], rows: int) -> None:
+def analyze_if_grown(model: type[models.Model], rows: int, fields: Sequence[str] = ()) -> None:
     """After writing `rows` new rows in bulk (ANALYZE_AFTER_ROWS or more), refresh the planner's
     statistics of the model's table now (PostgreSQL). Until autovacuum gets to it, queries on the
-    fresh rows are planned as if the table were small: sequential scans, plans 100x slower."""
+    fresh rows are planned as if the table were small: sequential scans, plans 100x slower.
+
+    `fields`: only these columns' statistics (the table's size is refreshed whatever the list),
+    about half the time of the whole table's when the queries on the fresh rows filter on a few."""
     if rows >= ANALYZE_AFTER_ROWS:
+        quote = connection.ops.quote_name
+        columns = ", ".join(quote(f.column) for f in _fields(model, fields))
         with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE {connection.ops.quote_name(model._meta.db_table)}")
+            cursor.execute(f"ANALYZE {quote(model._meta.db_table)}{f' ({columns})' if columns else ''}")
 
 
 def copy_rows(
