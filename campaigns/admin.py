@@ -511,8 +511,8 @@ class WhatsappMessageAdmin(BigTableAdmin):
             return queryset, False
         found = Q(wamid=term)
         digits = _PHONE_PUNCTUATION.sub("", term).removeprefix("+")
-        if digits.isdigit():
-            found |= Q(phone__startswith=f"+{digits}")
+        if digits.isdigit():  # the index leaves out the empty phone (models.WhatsappMessage)
+            found |= Q(phone__startswith=f"+{digits}") & ~Q(phone="")
         return queryset.filter(found), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -547,7 +547,8 @@ class EmailMessageAdmin(BigTableAdmin):
         term = search_term.strip()
         if not term:
             return queryset, False
-        return queryset.filter(Q(esp_message_id=term) | Q(email__iexact=term)), False
+        # The index leaves out the empty address (models.EmailMessage).
+        return queryset.filter(Q(esp_message_id=term) | Q(email__iexact=term) & ~Q(email="")), False
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -7,4 +7,9 @@ class CampaignsConfig(AppConfig):
     verbose_name = _("Campaigns")
 
     def ready(self) -> None:
+        from django.db.models.signals import pre_delete
+
         from campaigns import inbox, services  # noqa: F401 - the recoverer, the inbox handler
+        from campaigns.models import Campaign
+
+        pre_delete.connect(services.campaign_deleting, sender=Campaign, dispatch_uid="campaigns.deleting")

@@ -323,6 +323,7 @@ def _send_chunk(
 ) -> _Chunk:
     chunk = _Chunk()
     messages = list(EmailMessage.objects.filter(id__in=ids).select_related("customer").order_by("id"))
+    services.skip_without_customer(model=EmailMessage, campaign_id=campaign.pk, ids=ids, found=messages)
     addresses = {m.customer.email.strip().lower() for m in messages}
     suppressed = set(
         EmailSuppression.objects.filter(organization_id=org.pk, email__in=addresses).values_list(

@@ -213,6 +213,23 @@ def _token() -> str:
     return secrets.token_urlsafe(16)
 
 
+# Message rows are written a million at a time by the fan-out (campaigns.services), so they carry
+# only what a query needs:
+# - Their foreign keys have no database constraint (MESSAGE_FKS): the three checks cost ~15 µs a
+#   row at commit, more than the row itself. The fan-out writes a page's rows from the audience
+#   (existing customers, read in the same statement) under a lock on the campaign row
+#   (FOR KEY SHARE, the FK check's own lock, once a page), and a campaign being deleted takes that
+#   row FOR UPDATE first (campaign_deleting): no message outlives its campaign, and its
+#   organization outlives the campaign. Deleting a customer, a campaign or an organization through
+#   Django deletes their messages (on_delete=CASCADE is the ORM's). A customer deleted just after a
+#   page read it leaves that one message behind: its send batch skips it (skip_without_customer).
+# - Unique columns are UniqueConstraints, not unique=True, which on PostgreSQL adds a second
+#   `*_like` index (varchar_pattern_ops) for LIKE queries no one runs on a token or a wamid; the
+#   ones filled only after the send are partial (WHERE ... IS NOT NULL), so a new row skips them.
+# - Every index names the query it serves; the ones on columns set at send time are partial.
+MESSAGE_FKS = ("campaign", "organization", "customer")
+
+
 class WhatsappMessage(models.Model):
     class Status(models.TextChoices):
         QUEUED = "queued", _("queued")
@@ -242,13 +259,14 @@ class WhatsappMessage(models.Model):
     IN_FLIGHT = (Status.QUEUED, Status.SENDING)
 
     # No index of their own: the composite indexes below lead with them (one index less to
-    # write per message on the busiest table).
+    # write per message on the busiest table). No database constraint either (see MESSAGE_FKS).
     campaign = models.ForeignKey(
         Campaign,
         on_delete=models.CASCADE,
         related_name="whatsapp_messages",
         verbose_name=_("campaign"),
         db_index=False,
+        db_constraint=False,
     )
     organization = models.ForeignKey(
         Organization,
@@ -256,20 +274,27 @@ class WhatsappMessage(models.Model):
         related_name="+",
         verbose_name=_("organization"),
         db_index=False,
+        db_constraint=False,
     )
     customer = models.ForeignKey(
-        Customer, on_delete=models.CASCADE, related_name="whatsapp_messages", verbose_name=_("customer")
+        Customer,
+        on_delete=models.CASCADE,
+        related_name="whatsapp_messages",
+        verbose_name=_("customer"),
+        db_index=False,
+        db_constraint=False,
     )
     batch = models.PositiveIntegerField(_("batch"), default=0, help_text=_("The send job that carries it."))
     status = models.CharField(_("status"), max_length=10, choices=Status.choices, default=Status.QUEUED)
     attempts = models.PositiveSmallIntegerField(_("attempts"), default=0)
     phone = models.CharField(_("phone"), max_length=16, blank=True, default="")
     wa_id = models.CharField(_("WhatsApp id"), max_length=20, blank=True, default="")
-    wamid = models.CharField(_("Meta message id"), max_length=128, null=True, blank=True, unique=True)
+    # NULL until sent: many unsent rows, one unique value each once sent.
+    wamid = models.CharField(_("Meta message id"), max_length=128, null=True, blank=True)  # noqa: DJ001
     error_code = models.IntegerField(_("error code"), null=True, blank=True)
     error_reason = models.TextField(_("error reason"), blank=True, default="")
     cost = models.DecimalField(_("cost"), max_digits=10, decimal_places=6, default=Decimal("0"))
-    token = models.CharField(_("link token"), max_length=32, unique=True, default=_token)
+    token = models.CharField(_("link token"), max_length=32, default=_token)
     queued_at = models.DateTimeField(_("queued at"), default=dj_timezone.now)
     sending_at = models.DateTimeField(_("sending since"), null=True, blank=True)
     sent_at = models.DateTimeField(_("sent at"), null=True, blank=True)
@@ -283,30 +308,48 @@ class WhatsappMessage(models.Model):
         verbose_name = _("WhatsApp message")
         verbose_name_plural = _("WhatsApp messages")
         constraints = [
+            # The fan-out's idempotence (ON CONFLICT DO NOTHING) and the per-campaign reads.
             models.UniqueConstraint(
                 fields=["campaign", "customer"], name="whatsapp_message_once_per_campaign"
             ),
+            # A link's message (campaigns.links.message_for).
+            models.UniqueConstraint(fields=["token"], name="wamsg_token_unique"),
+            # A status webhook's message (campaigns.statuses), the admin's search by wamid.
+            models.UniqueConstraint(
+                fields=["wamid"], name="wamsg_wamid_unique", condition=Q(wamid__isnull=False)
+            ),
         ]
         indexes = [
+            # A send batch's claim (campaign, batch, queued) and the campaign's queued batches.
             models.Index(fields=["campaign", "batch", "status"], name="wamsg_campaign_batch_status"),
             # With the id, it also serves the admin's list of a campaign's messages in a status, newest first.
             models.Index(fields=["campaign", "status", "id"], name="wamsg_campaign_status_id"),
-            models.Index(fields=["organization", "customer", "sent_at"], name="wamsg_org_customer_sent"),
-            models.Index(
-                fields=["status", "sending_at"],
-                name="wamsg_in_flight",
-                condition=Q(status__in=["queued", "sending"]),
-            ),
+            # The per-customer message limit and conflict block (campaigns.sending), and deleting a
+            # customer's messages.
+            models.Index(fields=["customer", "sent_at"], name="wamsg_customer_sent"),
+            # Messages stuck in sending (services.reconcile_in_flight).
+            models.Index(fields=["sending_at"], name="wamsg_sending", condition=Q(status="sending")),
             # The admin's list, newest first, by campaign, status or error code, and its search by the
-            # beginning of a phone number: each page an index range, whatever the table's size.
+            # beginning of a phone number: each page an index range, whatever the table's size. The
+            # status and the phone ones leave out what a new message holds (queued, no phone yet): the
+            # fan-out does not write them, and the newest messages are the queued ones anyway.
             models.Index(fields=["campaign", "id"], name="wamsg_campaign_id"),
-            models.Index(fields=["status", "id"], name="wamsg_status_id"),
+            models.Index(fields=["status", "id"], name="wamsg_status_id_done", condition=~Q(status="queued")),
             models.Index(
                 fields=["error_code", "id"], name="wamsg_error_code_id", condition=Q(error_code__isnull=False)
             ),
-            models.Index(fields=["phone"], name="wamsg_phone_prefix", opclasses=["varchar_pattern_ops"]),
+            models.Index(
+                fields=["phone"],
+                name="wamsg_phone_prefix_known",
+                opclasses=["varchar_pattern_ops"],
+                condition=~Q(phone=""),
+            ),
             # The campaign page's send rate (messages sent in the last minute), polled while it sends.
-            models.Index(fields=["campaign", "sent_at"], name="wamsg_campaign_sent"),
+            models.Index(
+                fields=["campaign", "sent_at"],
+                name="wamsg_campaign_sent_at",
+                condition=Q(sent_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:
@@ -337,13 +380,14 @@ class EmailMessage(models.Model):
     IN_FLIGHT = (Status.QUEUED, Status.SENDING)
 
     # No index of their own: the composite indexes below lead with them (one index less to
-    # write per message on the busiest table).
+    # write per message on the busiest table). No database constraint either (see MESSAGE_FKS).
     campaign = models.ForeignKey(
         Campaign,
         on_delete=models.CASCADE,
         related_name="email_messages",
         verbose_name=_("campaign"),
         db_index=False,
+        db_constraint=False,
     )
     organization = models.ForeignKey(
         Organization,
@@ -351,9 +395,15 @@ class EmailMessage(models.Model):
         related_name="+",
         verbose_name=_("organization"),
         db_index=False,
+        db_constraint=False,
     )
     customer = models.ForeignKey(
-        Customer, on_delete=models.CASCADE, related_name="email_messages", verbose_name=_("customer")
+        Customer,
+        on_delete=models.CASCADE,
+        related_name="email_messages",
+        verbose_name=_("customer"),
+        db_index=False,
+        db_constraint=False,
     )
     batch = models.PositiveIntegerField(_("batch"), default=0, help_text=_("The send job that carries it."))
     status = models.CharField(_("status"), max_length=10, choices=Status.choices, default=Status.QUEUED)
@@ -361,15 +411,15 @@ class EmailMessage(models.Model):
     email = models.EmailField(_("address"), blank=True, default="")
     smtp_reply = models.TextField(_("server reply"), blank=True, default="")
     # Set when sent through an ESP (django-anymail): its tracking webhooks name the message by it.
-    esp_message_id = models.CharField(
-        _("provider message id"), max_length=255, null=True, blank=True, unique=True
+    esp_message_id = models.CharField(  # noqa: DJ001 - NULL until sent, unique once set
+        _("provider message id"), max_length=255, null=True, blank=True
     )
     bounce_type = models.CharField(
         _("bounce type"), max_length=4, choices=BounceType.choices, blank=True, default=""
     )
     bounce_message = models.TextField(_("bounce message"), blank=True, default="")
     error_reason = models.TextField(_("error reason"), blank=True, default="")
-    token = models.CharField(_("link token"), max_length=32, unique=True, default=_token)
+    token = models.CharField(_("link token"), max_length=32, default=_token)
     queued_at = models.DateTimeField(_("queued at"), default=dj_timezone.now)
     sending_at = models.DateTimeField(_("sending since"), null=True, blank=True)
     # A soft-bounced message is not claimed again before this (kept in the row, so the backoff
@@ -383,23 +433,31 @@ class EmailMessage(models.Model):
     class Meta:
         verbose_name = _("email message")
         verbose_name_plural = _("email messages")
+        # What each constraint and index serves: as for WhatsappMessage.
         constraints = [
             models.UniqueConstraint(fields=["campaign", "customer"], name="email_message_once_per_campaign"),
+            models.UniqueConstraint(fields=["token"], name="emmsg_token_unique"),
+            # An ESP tracking event's message (campaigns.esp_tracking), the admin's search by it.
+            models.UniqueConstraint(
+                fields=["esp_message_id"],
+                name="emmsg_esp_message_id_unique",
+                condition=Q(esp_message_id__isnull=False),
+            ),
         ]
         indexes = [
             models.Index(fields=["campaign", "batch", "status"], name="emmsg_campaign_batch_status"),
             models.Index(fields=["campaign", "status", "id"], name="emmsg_campaign_status_id"),
-            models.Index(fields=["organization", "customer", "sent_at"], name="emmsg_org_customer_sent"),
-            models.Index(
-                fields=["status", "sending_at"],
-                name="emmsg_in_flight",
-                condition=Q(status__in=["queued", "sending"]),
-            ),
+            models.Index(fields=["customer", "sent_at"], name="emmsg_customer_sent"),
+            models.Index(fields=["sending_at"], name="emmsg_sending", condition=Q(status="sending")),
             # The admin's list (as for WhatsApp) and its search by address in any case (`iexact`).
             models.Index(fields=["campaign", "id"], name="emmsg_campaign_id"),
-            models.Index(fields=["status", "id"], name="emmsg_status_id"),
-            models.Index(Upper("email"), name="emmsg_email_upper"),
-            models.Index(fields=["campaign", "sent_at"], name="emmsg_campaign_sent"),
+            models.Index(fields=["status", "id"], name="emmsg_status_id_done", condition=~Q(status="queued")),
+            models.Index(Upper("email"), name="emmsg_email_upper_known", condition=~Q(email="")),
+            models.Index(
+                fields=["campaign", "sent_at"],
+                name="emmsg_campaign_sent_at",
+                condition=Q(sent_at__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

@@ -206,6 +206,7 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         return {}
     now = timezone.now()
     messages = list(WhatsappMessage.objects.filter(id__in=ids).select_related("customer").order_by("id"))
+    services.skip_without_customer(model=WhatsappMessage, campaign_id=campaign_id, ids=ids, found=messages)
     customer_ids = [m.customer_id for m in messages]
     counts: Counter[str] = Counter()
     skipped: dict[int, str] = {}

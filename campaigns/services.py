@@ -5,11 +5,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from itertools import islice
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F
+from django.db.models import Count, F, QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -209,26 +208,34 @@ def _batch_specs(
     ]
 
 
-def campaign_fanout(*, campaign_id: int, chunk: int = 10_000) -> int:
-    """Create one message per recipient (COPY, idempotent) and enqueue one send job per batch.
+def campaign_fanout(*, campaign_id: int, chunk: int = 20_000) -> int:
+    """Create one message per recipient (idempotent) and enqueue one send job per batch.
 
-    Safe to run again after a crash: existing messages keep their batch, and only batches whose
-    job is not alive in Redis are enqueued. The audience streams from a server-side cursor, one
-    page of `chunk` ids at a time, so memory stays flat whatever its size. Returns the number of
-    recipients.
-    """
+    Each page of `chunk` recipients is one INSERT ... SELECT from the audience query: the rows
+    are made in the database (tokens too), none goes through Python, so memory stays flat
+    whatever the audience's size. Safe to run again after a crash: existing messages keep their
+    batch, and only batches whose job is not alive in Redis are enqueued. Returns the number of
+    recipients."""
     campaign = Campaign.objects.get(pk=campaign_id)
     if campaign.status not in (Status.SENDING, Status.PAUSED):
         return 0
     model, _, _, _, size = _channel(campaign.channel)
-    audience = selectors.campaign_audience(campaign=campaign).order_by("pk").values_list("pk", flat=True)
-    ids = audience.iterator(chunk_size=chunk)
-    position = 0
-    while page := list(islice(ids, chunk)):
-        _fanout_page(campaign, model, page, first=position, size=size)
-        position += len(page)
+    audience = selectors.campaign_audience(campaign=campaign)
+    # An earlier (or concurrent) run wrote some: the pages leave out the messages that exist.
+    again = model.objects.filter(campaign_id=campaign.pk).exists()
+    after, position = 0, 0
+    while True:
+        page = audience.filter(pk__gt=after).order_by("pk").values("pk")[:chunk]
+        written = _fanout_page(campaign, model, page, first=position, size=size, again=again)
+        if written is None:
+            return 0  # the campaign was deleted meanwhile, its messages with it
+        read, after, again = written
+        position += read
+        if read < chunk:
+            break
     total = model.objects.filter(campaign_id=campaign.pk).count()
-    bulk.analyze_if_grown(model, total)  # or the send batches' limit checks pick plans 200x slower
+    # Or the send batches' limit checks pick plans 200x slower: the columns their queries filter on.
+    bulk.analyze_if_grown(model, total, _ANALYZED)
     CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=total)
     batches = _queued_batches(model, campaign.pk)
     recovery.requeue_missing(_batch_specs(campaign.pk, batches, campaign.channel, campaign.organization_id))
@@ -244,33 +251,91 @@ def campaign_fanout(*, campaign_id: int, chunk: int = 10_000) -> int:
     return total
 
 
-_FANOUT_FIELDS = ("campaign_id", "organization_id", "customer_id", "batch")
+_ANALYZED = ("campaign_id", "customer_id", "organization_id", "status", "batch", "sent_at")
+_FANOUT_FIELDS = ("campaign_id", "organization_id", "customer_id", "batch", "token", "queued_at")
+# The page's rows, numbered in the audience for their batch (its first position, the batch size and
+# the time as parameters). The link token as models._token makes it (secrets.token_urlsafe(16): 22
+# characters of base64url), from the 16 bytes of a random UUID (122 of them random, from the
+# server's strong source). No row without the campaign's.
+_FANOUT_ROWS = (
+    "SELECT campaign.id, campaign.organization_id, page.customer_id, "
+    "(%s + row_number() OVER (ORDER BY page.customer_id) - 1) / %s, "
+    "rtrim(translate(encode(uuid_send(gen_random_uuid()), 'base64'), '+/', '-_'), '='), "
+    "%s::timestamptz FROM page CROSS JOIN campaign"
+)
 
 
-def _fanout_page(campaign: Campaign, model: type[Message], page: list[int], *, first: int, size: int) -> int:
+def _fanout_page(
+    campaign: Campaign, model: type[Message], page: QuerySet, *, first: int, size: int, again: bool
+) -> tuple[int, int, bool] | None:
     """Write the messages of one page of the audience (customer ids in ascending order, the first
-    at audience position `first`); returns how many were new. One transaction per page."""
+    at audience position `first`): one statement, one transaction. Returns (recipients read, the
+    last one's id, whether some messages existed already), or None when the campaign is gone.
 
-    def rows() -> Iterator[tuple[int, int, int, int]]:
-        for offset, customer_id in enumerate(page, start=first):
-            yield (campaign.pk, campaign.organization_id, customer_id, offset // size)
-
+    A straight INSERT when no message of the campaign existed; ON CONFLICT DO NOTHING when an
+    earlier run wrote some, or when a concurrent run wrote some meanwhile (the straight INSERT
+    then fails on the unique constraint and the page is written again)."""
+    if not again:
+        try:
+            with transaction.atomic():
+                return _insert_page(campaign, model, page, first=first, size=size, ignore=False)
+        except IntegrityError:
+            pass
     with transaction.atomic():
-        # A lost page is written again by the next run, and the run's end commits synchronously.
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL synchronous_commit TO OFF")
-        # Straight COPY when no message of the page's range exists yet; through a staging table
-        # that leaves out the existing ones when an earlier run wrote some, or when a concurrent
-        # run wrote some meanwhile (the straight COPY then fails on the unique constraint).
-        if not model.objects.filter(
-            campaign_id=campaign.pk, customer_id__gte=page[0], customer_id__lte=page[-1]
-        ).exists():
-            try:
-                with transaction.atomic():
-                    return bulk.copy_rows(model, _FANOUT_FIELDS, rows())
-            except IntegrityError:
-                pass
-        return bulk.copy_rows(model, _FANOUT_FIELDS, rows(), ignore_conflicts=True)
+        return _insert_page(campaign, model, page, first=first, size=size, ignore=True)
+
+
+def _insert_page(
+    campaign: Campaign, model: type[Message], page: QuerySet, *, first: int, size: int, ignore: bool
+) -> tuple[int, int, bool] | None:
+    audience, audience_params = page.query.get_compiler(connection=connection).as_sql()
+    insert, defaults = bulk.insert_select(model, _FANOUT_FIELDS, _FANOUT_ROWS, ignore_conflicts=ignore)
+    # The campaign's row FOR KEY SHARE, what the foreign key's check would take on every row, once:
+    # it cannot be deleted while the page is written (models.MESSAGE_FKS, campaign_deleting).
+    # The audience's SQL from its queryset, the INSERT's from the model's metadata: values are
+    # parameters. Per page, not per run: each page commits on its own.
+    sql = (
+        f"WITH campaign AS (SELECT id, organization_id FROM {Campaign._meta.db_table} "  # noqa: S608
+        "WHERE id = %s FOR KEY SHARE), "
+        f"page (customer_id) AS MATERIALIZED ({audience}), "
+        f"written AS ({insert} RETURNING 1) "
+        "SELECT (SELECT count(*) FROM campaign), (SELECT count(*) FROM page), "
+        "(SELECT max(customer_id) FROM page)"
+    )
+    params = [campaign.pk, *audience_params, *defaults, first, size, timezone.now()]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        found, read, last = cursor.fetchone()
+    if not found:
+        return None
+    return int(read), int(last or 0), ignore
+
+
+def campaign_deleting(sender: type[Campaign], instance: Campaign, **kwargs: object) -> None:
+    """pre_delete of a campaign, inside the deletion's transaction: its row locked before its
+    messages are deleted. A fan-out page holds the row FOR KEY SHARE while it writes (the message
+    rows have no foreign-key constraint to do it, see models.MESSAGE_FKS): a page under way
+    finishes first and its messages are deleted with the others, and the next page finds the
+    campaign gone."""
+    list(Campaign.objects.select_for_update().filter(pk=instance.pk).values_list("pk", flat=True))
+
+
+CUSTOMER_DELETED = "customer deleted"
+
+
+def skip_without_customer(*, model: type[Message], campaign_id: int, ids: list[int], found: list) -> int:
+    """Claimed messages (`ids`) that their customer's join left out of `found`: the customer was
+    deleted while the fan-out wrote them (no foreign-key constraint, models.MESSAGE_FKS). They are
+    SKIPPED and counted, so that the campaign completes. Returns how many."""
+    gone = set(ids).difference(m.pk for m in found)
+    if not gone:
+        return 0
+    with transaction.atomic():
+        skipped = model.objects.filter(id__in=gone, status=MsgStatus.SENDING).update(
+            status=MsgStatus.SKIPPED, error_reason=CUSTOMER_DELETED
+        )
+        CampaignMetric.objects.filter(campaign_id=campaign_id).update(skipped=F("skipped") + skipped)
+    return skipped
 
 
 def _queued_batches(model: type[Message], campaign_id: int) -> list[int]:
@@ -438,15 +503,16 @@ def requeue_unfinished_batches(*, campaign_id: int) -> int:
 
 
 def _unfinished(channel: str) -> Iterator[jobs.JobSpec]:
+    # Campaign by campaign: each one's queued batches are a range of one index (no index holds
+    # the queued messages of every campaign: the fan-out would write it for each message).
     model = _channel(channel)[0]
-    pairs = (
-        model.objects.filter(status=MsgStatus.QUEUED, campaign__status__in=[Status.SENDING, Status.PAUSED])
-        .order_by("campaign_id", "batch")
-        .values_list("campaign_id", "batch", "campaign__organization_id")  # campaign is joined already
-        .distinct()
+    active = (
+        Campaign.objects.filter(channel=channel, status__in=[Status.SENDING, Status.PAUSED])
+        .order_by("pk")
+        .values_list("pk", "organization_id")
     )
-    for campaign_id, batch, organization_id in pairs.iterator(chunk_size=2000):
-        yield from _batch_specs(campaign_id, [batch], channel, organization_id)
+    for campaign_id, organization_id in active.iterator(chunk_size=2000):
+        yield from _batch_specs(campaign_id, _queued_batches(model, campaign_id), channel, organization_id)
 
 
 # Errors that say the campaign's own configuration is broken: giving up stops the campaign.

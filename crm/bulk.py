@@ -71,13 +71,18 @@ def update_rows(
 ANALYZE_AFTER_ROWS = 10_000
 
 
-def analyze_if_grown(model: type[models.Model], rows: int) -> None:
+def analyze_if_grown(model: type[models.Model], rows: int, fields: Sequence[str] = ()) -> None:
     """After writing `rows` new rows in bulk (ANALYZE_AFTER_ROWS or more), refresh the planner's
     statistics of the model's table now (PostgreSQL). Until autovacuum gets to it, queries on the
-    fresh rows are planned as if the table were small: sequential scans, plans 100x slower."""
+    fresh rows are planned as if the table were small: sequential scans, plans 100x slower.
+
+    `fields`: only these columns' statistics (the table's size is refreshed whatever the list),
+    about half the time of the whole table's when the queries on the fresh rows filter on a few."""
     if rows >= ANALYZE_AFTER_ROWS:
+        quote = connection.ops.quote_name
+        columns = ", ".join(quote(f.column) for f in _fields(model, fields))
         with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE {connection.ops.quote_name(model._meta.db_table)}")
+            cursor.execute(f"ANALYZE {quote(model._meta.db_table)}{f' ({columns})' if columns else ''}")
 
 
 def copy_rows(
@@ -101,24 +106,8 @@ def copy_rows(
     with one INSERT ... SELECT ... ON CONFLICT DO NOTHING, in one transaction (or savepoint).
     Without it a conflicting row raises IntegrityError and none of the rows is written."""
     meta = model._meta
-    given: list[models.Field] = []
-    for name in fields:
-        field = meta.get_field(name)
-        assert isinstance(field, models.Field) and field.concrete, name
-        given.append(field)
-    taken = {f.attname for f in given}
-    template = model()  # what a new instance holds: the defaults, as bulk_create writes them
-    constant_fields: list[models.Field] = []
-    constants: list[Any] = []
-    per_row: list[tuple[models.Field, Callable[[], Any]]] = []
-    for field in meta.concrete_fields:
-        if field.attname in taken or isinstance(field, AutoFieldMixin):
-            continue
-        if field.has_default() and callable(field.default):
-            per_row.append((field, _prepared(field, field.default)))
-        else:
-            constant_fields.append(field)
-            constants.append(field.get_db_prep_save(field.pre_save(template, add=True), connection))
+    given = _fields(model, fields)
+    constant_fields, constants, per_row = _defaults(model, given)
     columns = [*given, *constant_fields, *(f for f, _ in per_row)]
     quote = connection.ops.quote_name
     names = ", ".join(quote(f.column) for f in columns)
@@ -147,6 +136,70 @@ def copy_rows(
             inserted = int(cursor.rowcount)
             cursor.execute(f"DROP TABLE {staging}")
         return inserted
+
+
+def insert_select(
+    model: type[models.Model],
+    fields: Sequence[str],
+    select: str,
+    *,
+    ignore_conflicts: bool = False,
+) -> tuple[str, list[Any]]:
+    """The SQL (and its parameters) of an INSERT of the rows a query gives: no row goes through
+    Python, each is made where the query reads it.
+
+    `select` is a SELECT (or its name in a WITH) whose columns are `fields` in that order, as the
+    database takes them. Every other concrete field but an auto primary key gets its default as
+    copy_rows gives it, as a parameter; a callable default (a token, the time) must be among
+    `fields`, computed in SQL. ignore_conflicts=True: ON CONFLICT DO NOTHING. The caller adds what
+    it needs around it (a WITH before it, RETURNING after it) and runs it, with the parameters
+    returned here before the ones of `select`."""
+    meta = model._meta
+    given = _fields(model, fields)
+    constant_fields, constants, per_row = _defaults(model, given)
+    if per_row:
+        raise ValueError(f"give {', '.join(f.name for f, _ in per_row)} in `fields`: a callable default")
+    quote = connection.ops.quote_name
+    names = ", ".join(quote(f.column) for f in [*given, *constant_fields])
+    defaults = "".join(", %s" for _ in constants)
+    conflict = " ON CONFLICT DO NOTHING" if ignore_conflicts else ""
+    # Identifiers from the model's own metadata, quoted; every default a parameter.
+    sql = (
+        f"INSERT INTO {quote(meta.db_table)} ({names}) "  # noqa: S608
+        f"SELECT given.*{defaults} FROM ({select}) AS given{conflict}"
+    )
+    return sql, constants
+
+
+def _fields(model: type[models.Model], names: Sequence[str]) -> list[models.Field]:
+    given: list[models.Field] = []
+    for name in names:
+        field = model._meta.get_field(name)
+        assert isinstance(field, models.Field) and field.concrete, name
+        given.append(field)
+    return given
+
+
+def _defaults(
+    model: type[models.Model], given: list[models.Field]
+) -> tuple[list[models.Field], list[Any], list[tuple[models.Field, Callable[[], Any]]]]:
+    """The concrete fields not given but an auto primary key, as bulk_create fills them: the
+    ones with a constant value (and their values, as the database takes them), and the ones
+    whose callable default is called for each row (with a maker of its database value)."""
+    taken = {f.attname for f in given}
+    template = model()  # what a new instance holds: the defaults, as bulk_create writes them
+    constant_fields: list[models.Field] = []
+    constants: list[Any] = []
+    per_row: list[tuple[models.Field, Callable[[], Any]]] = []
+    for field in model._meta.concrete_fields:
+        if field.attname in taken or isinstance(field, AutoFieldMixin):
+            continue
+        if field.has_default() and callable(field.default):
+            per_row.append((field, _prepared(field, field.default)))
+        else:
+            constant_fields.append(field)
+            constants.append(field.get_db_prep_save(field.pre_save(template, add=True), connection))
+    return constant_fields, constants, per_row
 
 
 def _prepared(field: models.Field, default: Callable[[], Any]) -> Callable[[], Any]:

@@ -21,6 +21,7 @@ from crm.models import Customer, Organization, Store
 from integrations.email import pool
 from integrations.email.smtp_sandbox import SmtpSandbox
 from integrations.models import EmailSettings
+from tests.campaigns.test_fanout import check_a_message_whose_customer_was_deleted_is_skipped
 from tests.conftest import redis_keys_holding
 
 S = EmailMessage.Status
@@ -651,3 +652,7 @@ def test_pausing_a_campaign_stops_its_batch_between_claims(em, smtp, worker_proc
     services.campaign_resume(campaign=campaign)
     wait_for(lambda: len(smtp.messages()) == 80, timeout=60, what="the rest after resume")
     worker.kill()
+
+
+def test_an_email_whose_customer_was_deleted_as_the_fan_out_wrote_it_is_skipped_and_counted(em, run_jobs):
+    check_a_message_whose_customer_was_deleted_is_skipped(em, run_jobs)

@@ -1,13 +1,20 @@
-"""The campaign fan-out (COPY, one transaction per page of the audience) run again after a crash:
-every recipient gets one message, the ones written before keep their batch, the counters and the
-send jobs match what is in the database."""
+"""The campaign fan-out (one INSERT ... SELECT and one transaction per page of the audience): run
+again after a crash every recipient gets one message, the ones written before keep their batch, the
+counters and the send jobs match what is in the database; its tokens, its conflicts, and deletions
+while it runs (the message rows have no foreign-key constraints)."""
 
 from __future__ import annotations
 
+import re
+import threading
+import time
+
 import pytest
+from django.db import connection, transaction
 from django.db.models import Count
 
-from campaigns import services
+from campaigns import links, selectors, services
+from campaigns import models as campaign_models
 from campaigns.models import Campaign, CampaignMetric, EmailMessage, WhatsappMessage
 from crm import jobs
 from crm.models import JobRun
@@ -92,3 +99,134 @@ def test_an_email_fan_out_writes_one_message_per_recipient_in_batches(wa, settin
     assert {m.status for m in mail} == {"queued"} and len({m.token for m in mail}) == 250
     assert jobs.get_connection().llen("rq:queue:email-send") == 7
     assert not WhatsappMessage.objects.filter(campaign=campaign).exists()
+
+
+def _sending(wa) -> Campaign:
+    campaign = wa["campaign"](status=Campaign.Status.SENDING)
+    CampaignMetric.objects.create(campaign=campaign)
+    return campaign
+
+
+def test_the_tokens_made_by_the_database_are_the_ones_python_makes_and_links_find_their_message(wa):
+    wa["customers"](300)
+    campaign = _sending(wa)
+    assert services.campaign_fanout(campaign_id=campaign.pk, chunk=128) == 300
+    tokens = list(WhatsappMessage.objects.filter(campaign=campaign).values_list("token", flat=True))
+    shape = re.compile(r"[A-Za-z0-9_-]{22}")  # secrets.token_urlsafe(16), the model's default
+    assert shape.fullmatch(campaign_models._token())
+    assert all(shape.fullmatch(t) for t in tokens), tokens[:5]
+    assert len(set(tokens)) == 300
+    message = WhatsappMessage.objects.filter(campaign=campaign).order_by("?").first()
+    for kind in ("r", "u"):
+        found = links.message_for(kind, links.link_token(kind, message))
+        assert found is not None and found.pk == message.pk
+
+
+def test_a_page_straight_insert_that_meets_messages_written_meanwhile_is_written_again_without_them(wa):
+    people = wa["customers"](120)
+    campaign = _sending(wa)
+    # A concurrent run wrote two of the page's messages after this run looked (again=False).
+    WhatsappMessage.objects.create(campaign=campaign, organization=campaign.organization, customer=people[3])
+    WhatsappMessage.objects.create(campaign=campaign, organization=campaign.organization, customer=people[70])
+    page = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:100]
+    read, last, again = services._fanout_page(campaign, WhatsappMessage, page, first=0, size=50, again=False)
+    assert (read, last, again) == (100, people[99].pk, True)
+    messages = WhatsappMessage.objects.filter(campaign=campaign)
+    assert messages.count() == 100
+    assert set(messages.values_list("customer_id", flat=True)) == {p.pk for p in people[:100]}
+
+
+def test_a_campaign_deleted_while_a_page_is_written_takes_that_page_with_it(wa):
+    """The message rows have no foreign-key constraint: the page holds the campaign's row and the
+    deletion waits for it, then deletes the page's messages too; the next page finds it gone."""
+    wa["customers"](400)
+    campaign = _sending(wa)
+    page = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:300]
+    written, finish = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def write_page() -> None:
+        try:
+            with transaction.atomic():
+                services._fanout_page(campaign, WhatsappMessage, page, first=0, size=50, again=False)
+                written.set()
+                finish.wait(60)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def delete_campaign() -> None:
+        try:
+            Campaign.objects.filter(pk=campaign.pk).delete()
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    writer = threading.Thread(target=write_page)
+    writer.start()
+    assert written.wait(60)
+    deleter = threading.Thread(target=delete_campaign)
+    deleter.start()
+    deadline = time.monotonic() + 60
+    with connection.cursor() as cursor:  # the deletion waits on the page's lock
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone()[0]:
+                break
+            time.sleep(0.05)
+        else:
+            pytest.fail("the deletion never waited for the page")
+    finish.set()
+    writer.join(60)
+    deleter.join(60)
+    assert not errors, errors
+    assert not Campaign.objects.filter(pk=campaign.pk).exists()
+    assert not WhatsappMessage.objects.filter(campaign_id=campaign.pk).exists()  # no orphan
+    rest = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:300]
+    assert services._fanout_page(campaign, WhatsappMessage, rest, first=300, size=50, again=True) is None
+    assert not WhatsappMessage.objects.filter(campaign_id=campaign.pk).exists()
+
+
+def test_deleting_a_customer_or_a_campaign_deletes_their_messages(wa):
+    people = wa["customers"](30)
+    campaign = _sending(wa)
+    email = wa["campaign"](channel="email", status=Campaign.Status.SENDING)
+    CampaignMetric.objects.create(campaign=email)
+    services.campaign_fanout(campaign_id=campaign.pk)
+    services.campaign_fanout(campaign_id=email.pk)
+    people[0].delete()
+    assert not WhatsappMessage.objects.filter(customer_id=people[0].pk).exists()
+    assert not EmailMessage.objects.filter(customer_id=people[0].pk).exists()
+    assert WhatsappMessage.objects.filter(campaign=campaign).count() == 29
+    Campaign.objects.filter(pk__in=[campaign.pk, email.pk]).delete()
+    assert not WhatsappMessage.objects.exists() and not EmailMessage.objects.exists()
+
+
+def check_a_message_whose_customer_was_deleted_is_skipped(world: dict, run_jobs) -> None:
+    """`world`: the wa or em fixture (the campaign factory makes a campaign of its channel)."""
+    people = world["customers"](3)
+    campaign = services.campaign_start(campaign=world["campaign"]())
+    run_jobs(["campaign-trigger"])
+    model = campaign.message_model
+    assert model.objects.filter(campaign=campaign).count() == 3
+    # A deletion that committed after the page read the customer: its cascade missed the message.
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM crm_customer WHERE id = %s", [people[1].pk])
+    run_jobs()
+    orphan = model.objects.get(campaign=campaign, customer_id=people[1].pk)
+    assert (orphan.status, orphan.error_reason) == ("skipped", services.CUSTOMER_DELETED)
+    statuses = set(model.objects.filter(campaign=campaign).values_list("status", flat=True))
+    assert statuses == {"sent", "skipped"}
+    metric = CampaignMetric.objects.get(campaign=campaign)
+    assert (metric.sent, metric.skipped) == (2, 1)
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.SENT
+
+
+def test_a_message_whose_customer_was_deleted_as_the_fan_out_wrote_it_is_skipped_and_counted(wa, run_jobs):
+    check_a_message_whose_customer_was_deleted_is_skipped(wa, run_jobs)

@@ -28,3 +28,24 @@ def test_a_table_is_analyzed_after_a_big_write_and_not_after_a_small_one(db):
     assert _reltuples() == before  # below the threshold: left to autovacuum
     bulk.analyze_if_grown(Customer, bulk.ANALYZE_AFTER_ROWS)
     assert _reltuples() >= bulk.ANALYZE_AFTER_ROWS  # the planner now knows the rows are there
+
+
+def _analyzed_columns() -> set[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT attname FROM pg_stats WHERE tablename = %s", [Customer._meta.db_table])
+        return {row[0] for row in cursor.fetchall()}
+
+
+def test_only_the_fields_given_are_analyzed_and_the_table_size_is_refreshed(db):
+    org = Organization.objects.create(name="Loja", slug="loja")
+    Customer.objects.bulk_create(
+        [
+            Customer(organization=org, erp_id=f"A{i}", name=f"Cliente {i}")
+            for i in range(bulk.ANALYZE_AFTER_ROWS)
+        ]
+    )
+    before = _analyzed_columns()  # autovacuum may have analyzed the table before this test
+    bulk.analyze_if_grown(Customer, bulk.ANALYZE_AFTER_ROWS, ["organization_id", "erp_id"])
+    assert _reltuples() >= bulk.ANALYZE_AFTER_ROWS
+    after = _analyzed_columns()
+    assert {"organization_id", "erp_id"} <= after and after - before <= {"organization_id", "erp_id"}

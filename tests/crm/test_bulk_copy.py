@@ -4,7 +4,7 @@ fields get their defaults, and conflicts are either left out or refuse the whole
 from __future__ import annotations
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 
 from crm import bulk
 from crm.models import Customer, Organization
@@ -73,3 +73,32 @@ def test_a_conflict_without_ignore_conflicts_writes_none_of_the_rows(db):
             Customer, fields, [(org.pk, "E0", "new"), (org.pk, "E1", "duplicate"), (org.pk, "E2", "new")]
         )
     assert list(Customer.objects.filter(organization=org).values_list("erp_id", "name")) == [("E1", "first")]
+
+
+def test_insert_select_writes_the_rows_a_query_makes_with_the_other_fields_defaults(db):
+    org = Organization.objects.create(name="Loja", slug="loja")
+    bulk.copy_rows(
+        Customer, ["organization_id", "erp_id", "name"], [(org.pk, f"E{i}", f"ana {i}") for i in range(3)]
+    )
+    fields = ["organization_id", "erp_id", "name", "created_at"]
+    made = (
+        "SELECT organization_id, 'copy-' || erp_id, upper(name), now() FROM crm_customer "
+        "WHERE organization_id = %s AND erp_id < %s"  # E0, E1 (not E2, nor a copy)
+    )
+    sql, params = bulk.insert_select(Customer, fields, made, ignore_conflicts=True)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*params, org.pk, "E2"])  # its own parameters before the query's
+        assert cursor.rowcount == 2
+        cursor.execute(sql, [*params, org.pk, "E2"])  # conflicts left out
+        assert cursor.rowcount == 0
+    copies = Customer.objects.filter(organization=org, erp_id__startswith="copy-").order_by("erp_id")
+    assert [(c.erp_id, c.name) for c in copies] == [("copy-E0", "ANA 0"), ("copy-E1", "ANA 1")]
+    first = copies[0]
+    assert (first.email, first.phone, first.marketing_consent) == ("", "", True) and first.updated_at
+    with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(bulk.insert_select(Customer, fields, made)[0], [*params, org.pk, "E2"])
+
+
+def test_insert_select_wants_a_callable_default_made_by_the_query(db):
+    with pytest.raises(ValueError, match="created_at"):
+        bulk.insert_select(Customer, ["organization_id", "name"], "SELECT 1, 'x'")
