@@ -4,8 +4,8 @@
         .venv/bin/python benchmarks/webhook_intake.py [--statuses 10000] [--hooks 10000]
 
 Starts the README's production webhook intake command (gunicorn crm.wsgi:application --workers 4
---threads 32) with one extra view, `/bench/trivial` (benchmarks/bench_urls.py), and `manage.py
-workers --processes 2` (niced: in production they run on machines of their own), then measures,
+--threads 32 --keep-alive 75) with one extra view, `/bench/trivial` (benchmarks/bench_urls.py), and
+`manage.py workers --processes 2` (niced: in production they run on machines of their own), then measures,
 each after the trivial view at the same concurrency on the same server:
 - Meta status webhooks, one status per signed POST, `--in-flight` (500) at a time: statuses
   accepted per second, the ratio to the trivial view, and acceptance → applied to its message
@@ -74,6 +74,8 @@ def web_command(workers: int, threads: int, port: int) -> list[str]:
         str(workers),
         "--threads",
         str(threads),
+        "--keep-alive",
+        "75",
         "--bind",
         f"127.0.0.1:{port}",
         "--backlog",

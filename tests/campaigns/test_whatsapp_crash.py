@@ -84,12 +84,18 @@ def test_messages_of_a_killed_worker_are_unknown_until_meta_reports_them_then_co
 
     accepted = {int(m["biz_opaque_callback_data"][2:]) for m in sandbox.messages()}
     assert sandbox.stats()["by_recipient_max"] == 1  # nobody twice
+    worker_process("--queues", "inbox")  # applies the webhooks the web server stores in the inbox
     wait_for(
         lambda: sandbox.stats()["webhooks_delivered"] == 2 * len(accepted),
         timeout=120,
         what="Meta's late status webhooks",
     )
     assert sandbox.stats()["webhooks_failed"] == 0
+    wait_for(
+        lambda: not WhatsappMessage.objects.filter(pk__in=accepted).exclude(status="delivered").exists(),
+        timeout=60,
+        what="the inbox's worker to apply the webhooks",
+    )
     rows = dict(WhatsappMessage.objects.filter(campaign=campaign).values_list("pk", "status"))
     assert len(rows) == 600
     # Every message Meta accepted is delivered, the ones of the dead worker's batch included; the rest

@@ -37,7 +37,7 @@ from campaigns.models import (
     WhatsappMessage,
 )
 from crm import jobs, queues, tenancy
-from crm.models import Customer, JobRun, Membership, Organization, Sale, Store
+from crm.models import Customer, InboxEvent, JobRun, Membership, Organization, Sale, Store
 from erp.models import ErpConnection, ErpSyncIssue
 from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, WhatsappPrice
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
@@ -92,6 +92,8 @@ def _objects(org: Organization, tag: str) -> dict[type, Any]:
         Campaign: campaign,
         CampaignMetric: CampaignMetric.objects.get_or_create(campaign=campaign)[0],
         JobRun: JobRun.objects.create(kind=f"{tag}-kind", key=f"{tag}-key", organization=org),
+        # Every organization's accepted webhooks: a platform page (a Meta event names no organization).
+        InboxEvent: InboxEvent.objects.create(kind=f"{tag}-kind", organization=org, payload="{}"),
         Membership: Membership.objects.create(user=other, organization=org, role="viewer"),
         WhatsappMessage: WhatsappMessage.objects.create(
             campaign=campaign, organization=org, customer=customer, phone="+5511987650000"
