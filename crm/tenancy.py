@@ -80,9 +80,10 @@ def may_manage(user: Any, organization_id: int | None = None) -> bool:
     return bool(ids) if organization_id is None else organization_id in ids
 
 
-def scope(queryset: QuerySet, user: Any, path: str | None) -> QuerySet:
-    """`queryset` limited to the user's organizations through `path` (None: operators only)."""
-    ids = organization_ids(user)
+def scope(queryset: QuerySet, user: Any, path: str | None, *, managed: bool = False) -> QuerySet:
+    """`queryset` limited to the user's organizations through `path` (None: operators only): those
+    the user sees, or with `managed` those the user may change (a form's choices)."""
+    ids = managed_ids(user) if managed else organization_ids(user)
     if ids is None:
         return queryset
     if path is None or not ids:
@@ -167,13 +168,16 @@ def tenant_path_of(site: admin.AdminSite, model: type[Model]) -> str | bool | No
     return False
 
 
-def scoped_related(site: admin.AdminSite, model: type[Model], request: HttpRequest) -> QuerySet:
-    """`model`'s rows the user may pick (a related field's choices, a filter's)."""
+def scoped_related(
+    site: admin.AdminSite, model: type[Model], request: HttpRequest, *, managed: bool = False
+) -> QuerySet:
+    """`model`'s rows the user may pick: a filter's (the organizations the user sees) or, with
+    `managed`, a form's (those the user may change: a manager of A who views B writes into A only)."""
     queryset = model._default_manager.all()
     path = tenant_path_of(site, model)
     if path is False or path is None:
         return queryset  # not organization-bound, or the platform's reference data (integration types)
-    return scope(queryset, request.user, path)  # type: ignore[arg-type]
+    return scope(queryset, request.user, path, managed=managed)  # type: ignore[arg-type]
 
 
 class TenantAdmin(admin.ModelAdmin):
@@ -199,12 +203,16 @@ class TenantAdmin(admin.ModelAdmin):
     # --- choices ----------------------------------------------------------------------------------
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if "queryset" not in kwargs:
-            kwargs["queryset"] = scoped_related(self.admin_site, db_field.remote_field.model, request)
+            kwargs["queryset"] = scoped_related(
+                self.admin_site, db_field.remote_field.model, request, managed=True
+            )
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
     def formfield_for_manytomany(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         if "queryset" not in kwargs:
-            kwargs["queryset"] = scoped_related(self.admin_site, db_field.remote_field.model, request)
+            kwargs["queryset"] = scoped_related(
+                self.admin_site, db_field.remote_field.model, request, managed=True
+            )
         return super().formfield_for_manytomany(db_field, request, **kwargs)
 
     def get_list_filter(self, request: HttpRequest) -> Any:
@@ -265,6 +273,13 @@ class TenantAdmin(admin.ModelAdmin):
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """For actions a platform operator alone may run: `@admin.action(permissions=["operate"])`."""
         return is_operator(request.user)
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        """The object as the form leaves it must belong to an organization the user may change: the
+        forms' choices say so already; this holds whatever field a form may carry."""
+        if not self._may_manage(request, obj):
+            raise PermissionDenied
+        super().save_model(request, obj, form, change)
 
 
 class TenantInline(admin.TabularInline):
