@@ -34,7 +34,7 @@ def test_a_port_whose_connections_sit_in_time_wait_is_free():
 def test_a_port_in_use_is_refused_naming_the_option():
     server = _listener()
     try:
-        with pytest.raises(CommandError, match=r"cannot listen on 127\.0\.0\.1:\d+ .*pass --erp-port"):
-            _check_port("127.0.0.1", server.getsockname()[1], "--erp-port")
+        with pytest.raises(CommandError, match=r"não é possível escutar em 127\.0\.0\.1:\d+ .*--erp-port"):
+            _check_port("127.0.0.1", server.getsockname()[1], "--erp-port")  # LANGUAGE_CODE: pt-br
     finally:
         server.close()

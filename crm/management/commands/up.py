@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 from django.db import connections
+from django.utils.translation import gettext as _
 
 from crm import embedded, services
 from crm.supervisor import Supervisor
@@ -92,13 +93,14 @@ class Command(BaseCommand):
                 "erp",
                 [*manage, "erp_sandbox", "--host", options["host"], "--port", str(options["erp_port"])],
             )
+        base = f"http://{options['host']}:{options['port']}"
         supervisor.say(
-            f"admin: http://{options['host']}:{options['port']}/admin/   "
-            f"health: http://{options['host']}:{options['port']}/healthz   (Ctrl-C stops everything)"
+            _("admin: %(admin)s   health: %(health)s   (Ctrl-C stops everything)")
+            % {"admin": f"{base}/admin/", "health": f"{base}/healthz"}
         )
         code = supervisor.run()
         if code:
-            raise CommandError(f"stopped: a process exited with status {code}")
+            raise CommandError(_("stopped: a process exited with status %(code)s") % {"code": code})
 
     @staticmethod
     def _start_embedded(supervisor: Supervisor) -> None:
@@ -118,23 +120,28 @@ class Command(BaseCommand):
                 timeout=60, alive=lambda: proc.popen is not None and proc.popen.poll() is None
             )
             postgres.ensure_database()
-            supervisor.say(f"embedded PostgreSQL in {postgres.data}")
+            supervisor.say(_("embedded PostgreSQL in %(path)s") % {"path": postgres.data})
         if settings.EMBEDDED_REDIS:
             server: embedded.Redis = settings.EMBEDDED_REDIS_SERVER
             proc = supervisor.add("redis", server.server_argv(), stop_last=True)
             supervisor.start(proc)
             server.wait_ready(timeout=15, alive=lambda: proc.popen is not None and proc.popen.poll() is None)
-            supervisor.say(f"embedded Redis on {server.socket}")
+            supervisor.say(_("embedded Redis on %(path)s") % {"path": server.socket})
 
     def _prepare(self, options: dict, supervisor: Supervisor) -> None:
-        supervisor.say("migrating the database")
+        supervisor.say(_("migrating the database"))
         call_command("migrate", interactive=False, verbosity=0)
         call_command("collectstatic", interactive=False, verbosity=0)
         username, password = _ensure_admin()
         if password:
-            supervisor.say(f"admin login: {username} / {password}")
+            supervisor.say(
+                _("admin login: %(username)s / %(password)s") % {"username": username, "password": password}
+            )
         else:
-            supervisor.say(f"admin login: {username} (password unchanged; set ADMIN_PASSWORD to reset it)")
+            supervisor.say(
+                _("admin login: %(username)s (password unchanged; set ADMIN_PASSWORD to reset it)")
+                % {"username": username}
+            )
         if not options["no_demo"]:
             extra = (
                 {}
@@ -186,7 +193,10 @@ def _check_port(host: str, port: int, option: str) -> None:
         try:
             probe.bind((host, port))
         except OSError as exc:
-            raise CommandError(f"cannot listen on {host}:{port} ({exc.strerror}); pass {option}") from None
+            raise CommandError(
+                _("cannot listen on %(host)s:%(port)s (%(error)s); pass %(option)s")
+                % {"host": host, "port": port, "error": exc.strerror, "option": option}
+            ) from None
 
 
 def manage_gunicorn() -> list[str]:
