@@ -11,9 +11,14 @@ address unless the deployment allows it or an operator trusted the origin): Outb
 from __future__ import annotations
 
 import asyncio
+import ipaddress
+import socket
+from typing import Any
 
 import aiohttp
 import httpx
+from aiohttp.abc import AbstractResolver
+from django.conf import settings
 
 from integrations import outbound
 
@@ -34,21 +39,63 @@ def client(
         timeout=timeout or DEFAULT_TIMEOUT,
         headers={"User-Agent": USER_AGENT, **(headers or {})},
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        transport=httpx.HTTPTransport(retries=0),
-        event_hooks={"request": [_guard]},
+        transport=GuardedTransport(retries=0),
     )
 
 
-def _guard(request: httpx.Request) -> None:
-    outbound.check_request_url(str(request.url))
+class GuardedTransport(httpx.HTTPTransport):
+    """Connects to the address integrations.outbound checked, not to a fresh lookup of the name
+    (which DNS rebinding could point inside): the URL's host becomes that address, while the Host
+    header keeps the name and TLS keeps it for SNI and the certificate check."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        address = outbound.connect_address(str(request.url))
+        if address is not None:
+            name = request.url.host
+            request.url = request.url.copy_with(host=address)
+            if request.url.scheme == "https":
+                request.extensions = {**request.extensions, "sni_hostname": name}
+        return super().handle_request(request)
+
+
+class GuardedResolver(AbstractResolver):
+    """aiohttp's connector resolves names through this: a name with a forbidden address is refused
+    at the lookup whose addresses the connection then uses (no second lookup to rebind)."""
+
+    def __init__(self) -> None:
+        self._inner = aiohttp.ThreadedResolver()
+
+    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> Any:
+        infos = await self._inner.resolve(host, port, family)
+        if settings.ALLOW_PRIVATE_OUTBOUND_URLS:
+            return infos
+        addresses = [ipaddress.ip_address(i["host"].split("%")[0]) for i in infos]
+        forbidden = [a for a in addresses if outbound.forbidden_address(a)]
+        if forbidden and not await asyncio.to_thread(outbound.trusted_host, host, port):
+            raise outbound.forbidden(host, forbidden[0])
+        return infos
+
+    async def close(self) -> None:
+        await self._inner.close()
 
 
 async def _async_guard(
     session: aiohttp.ClientSession, context: object, params: aiohttp.TraceRequestStartParams
 ) -> None:
-    url = str(params.url)
-    if outbound.needs_check(url):  # a lookup (DNS, the trusted origins): off the event loop
-        await asyncio.to_thread(outbound.check_request_url, url)
+    """The scheme, and a host that is an address itself (the connector resolves no address)."""
+    url = params.url
+    if settings.ALLOW_PRIVATE_OUTBOUND_URLS:
+        return
+    if url.scheme not in ("http", "https") or url.host is None or _literal(url.host):
+        await asyncio.to_thread(outbound.check_request_url, str(url))  # the trusted origins: a query
+
+
+def _literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
 
 
 ASYNC_TIMEOUT = aiohttp.ClientTimeout(total=30.0, connect=5.0, sock_connect=5.0, sock_read=20.0)
@@ -72,5 +119,5 @@ def async_session(
         trace_configs=[trace],
         timeout=timeout or ASYNC_TIMEOUT,
         headers={"User-Agent": USER_AGENT, **(headers or {})},
-        connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0),
+        connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, resolver=GuardedResolver()),
     )

@@ -10,9 +10,13 @@ addresses are judged by their IPv4 address. Numeric hosts in any form the resolv
 by the address they mean.
 
 The check runs when a URL is saved (`validate_outbound_url`, a model field validator) and again
-when a request leaves (`integrations.http`), since a name may resolve elsewhere later. An origin an
-operator named on the command line (`demo --graph-url/--erp-url`, the sandboxes of `up`) is
-trusted in every mode (`trust_origin`).
+when a request connects (`integrations.http`), since a name may resolve elsewhere later. There the
+addresses checked are the addresses connected to: httpx requests go to the address
+`connect_address` checked (the name stays in the Host header and TLS's SNI and certificate
+check), aiohttp's connector resolves through `GuardedResolver`. A name whose answer changes
+between a check and a connection (DNS rebinding) cannot pass public and connect private. An
+origin an operator named on the command line (`demo --graph-url/--erp-url`, the sandboxes of
+`up`) is trusted in every mode (`trust_origin`).
 """
 
 from __future__ import annotations
@@ -114,8 +118,8 @@ def check_url(url: str, *, resolver: Resolver = system_resolver, allow_private: 
     check_host(host, resolver=resolver)
 
 
-def check_host(host: str, *, resolver: Resolver = system_resolver) -> None:
-    """Raise OutboundURLError unless every address of `host` is public."""
+def check_host(host: str, *, resolver: Resolver = system_resolver) -> list[Address]:
+    """Every address of `host`; OutboundURLError unless every one is public."""
     try:
         literal: Address | None = ipaddress.ip_address(host.strip("[]"))
     except ValueError:
@@ -133,34 +137,68 @@ def check_host(host: str, *, resolver: Resolver = system_resolver) -> None:
             raise OutboundURLError(_("%(host)s does not resolve.") % {"host": host})
     for address in addresses:
         if forbidden_address(address):
-            raise OutboundURLError(
-                _("%(host)s is a private, loopback or reserved address (%(address)s): not allowed here.")
-                % {"host": host, "address": address}
-            )
+            raise forbidden(host, address)
+    return addresses
 
 
-_checked: dict[str, float] = {}
+def forbidden(host: str, address: Address) -> OutboundURLError:
+    return OutboundURLError(
+        _("%(host)s is a private, loopback or reserved address (%(address)s): not allowed here.")
+        % {"host": host, "address": address}
+    )
 
 
-def needs_check(url: str) -> bool:
-    """False when `check_request_url` would pass without a lookup (allowed, or checked lately)."""
-    return not settings.ALLOW_PRIVATE_OUTBOUND_URLS and _checked.get(_origin(url), 0.0) <= time.monotonic()
+# origin → (until, the checked address to connect to; "" when the origin is trusted)
+_checked: dict[str, tuple[float, str]] = {}
 
 
 def check_request_url(url: str, *, resolver: Resolver = system_resolver) -> None:
-    """The request-time guard of integrations.http: trusted origins pass; a host found public is
-    not resolved again for CACHE_SECONDS (a WhatsApp batch sends hundreds of requests a second)."""
-    if not needs_check(url):
-        return
+    """The request-time guard: raise OutboundURLError unless `url` may be called now."""
+    connect_address(url, resolver=resolver)
+
+
+def connect_address(url: str, *, resolver: Resolver = system_resolver) -> str | None:
+    """The address a request to `url` must connect to, checked: the first of the host's addresses
+    when every one is public; None when any address may be used (the deployment allows private
+    addresses, the origin is trusted, or the host is an address itself). The answer is kept
+    CACHE_SECONDS per origin (a WhatsApp batch sends hundreds of requests a second): connecting to
+    the kept address, never to a fresh lookup, is what makes the check hold."""
+    if settings.ALLOW_PRIVATE_OUTBOUND_URLS:
+        return None
     origin = _origin(url)
     now = time.monotonic()
+    until, address = _checked.get(origin, (0.0, ""))
+    if until > now:
+        return address or None
     if origin in trusted_origins():
-        _checked[origin] = now + CACHE_SECONDS
-        return
-    check_url(url, resolver=resolver, allow_private=False)
+        pinned = ""
+    else:
+        parts = urlsplit(url.strip())
+        if parts.scheme.lower() not in ("http", "https"):
+            raise OutboundURLError(_("Only http and https URLs can be called."))
+        host = parts.hostname
+        if not host:
+            raise OutboundURLError(_("The URL names no host."))
+        addresses = check_host(host, resolver=resolver)
+        pinned = "" if _is_literal(host) else str(addresses[0])
     if len(_checked) > 10_000:
         _checked.clear()
-    _checked[origin] = now + CACHE_SECONDS
+    _checked[origin] = (now + CACHE_SECONDS, pinned)
+    return pinned or None
+
+
+def _is_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def trusted_host(host: str, port: int) -> bool:
+    """Whether an operator trusted `host:port` (any scheme): for a connector that knows no URL."""
+    suffix = f"://{host.lower().strip('[]')}:{port}"
+    return any(origin.endswith(suffix) for origin in trusted_origins())
 
 
 def validate_outbound_url(value: str) -> None:

@@ -98,7 +98,7 @@ def test_public_addresses_pass_in_every_spelling(address):
         outbound.check_url(f"https://{host}/")
 
 
-def test_schemes_hosts_and_names_that_do_not_resolve():
+def test_schemes_hosts_and_names_that_do_not_resolve(english):
     for url in (
         "ftp://8.8.8.8/",
         "file:///etc/passwd",
@@ -178,3 +178,84 @@ def test_demo_urls_named_on_the_command_line_work_against_loopback(settings, tmp
     connection = ErpConnection.objects.get(organization__slug="demo")
     connection.full_clean()  # an operator's choice stays valid when the organization saves it
     outbound.check_request_url("http://127.0.0.1:8082/api/millenium/clientes")
+
+
+class _Rebinding:
+    """A name server for `rebind.example` that answers a public address first and the platform's
+    own loopback ever after (DNS rebinding)."""
+
+    def __init__(self) -> None:
+        self.answers = 0
+
+    def __call__(self, host: str, *args, **kwargs):
+        self.answers += 1
+        return "8.8.8.8" if self.answers == 1 else "127.0.0.1"
+
+
+def _listener() -> socket.socket:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.2)
+    return server
+
+
+def _connected(server: socket.socket) -> bool:
+    try:
+        server.accept()[0].close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_name_that_rebinds_to_loopback_after_the_check_never_connects_there(monkeypatch):
+    """The httpx seam connects to the address it checked: a second lookup that now answers
+    loopback is never made, so nothing reaches the server listening there."""
+    server = _listener()
+    port = server.getsockname()[1]
+    dns = _Rebinding()
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, *args, **kwargs):  # every lookup in the process, the guard's and httpx's
+        return real(dns(host) if host == "rebind.example" else host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    try:
+        for _ in range(3):
+            with http.client(timeout=httpx.Timeout(0.5)) as client, pytest.raises(httpx.TransportError):
+                client.get(f"http://rebind.example:{port}/")  # 8.8.8.8 on a port nobody answers
+        assert dns.answers == 1  # checked once, then connected to the checked address
+        assert not _connected(server)
+    finally:
+        server.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_async_seam_refuses_a_name_at_the_lookup_it_connects_with(monkeypatch):
+    import asyncio
+
+    server = _listener()
+    port = server.getsockname()[1]
+
+    async def fetch(url: str) -> None:
+        async with http.async_session() as session:
+            await session.get(url)
+
+    try:
+        with pytest.raises(outbound.OutboundURLError, match="localhost"):
+            asyncio.run(fetch(f"http://localhost:{port}/"))  # resolves to loopback
+        assert not _connected(server)
+        outbound.trust_origin(f"http://localhost:{port}/")
+        outbound._trusted = (0.0, frozenset())
+        with pytest.raises(aiohttp_errors()):
+            asyncio.run(asyncio.wait_for(fetch(f"http://localhost:{port}/"), 0.5))  # let through
+        assert _connected(server)
+    finally:
+        server.close()
+
+
+def aiohttp_errors() -> tuple[type[BaseException], ...]:
+    import aiohttp
+
+    return (TimeoutError, aiohttp.ClientError)
