@@ -36,11 +36,20 @@ def _static_root() -> None:
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests that start real processes (workers, servers) first: spread over xdist's processes at
-    the start, they do not leave one process running the longest tests at the end."""
+    """The long tests first (real processes and servers, committed transactions, property-based
+    tests): spread over xdist's processes from the start (`--dist worksteal`), they do not leave one
+    process running the longest tests at the end while the others are idle."""
 
     def weight(item: pytest.Item) -> int:
-        if item.get_closest_marker("slow") or "web_server" in getattr(item, "fixturenames", ()):
+        fixtures = getattr(item, "fixturenames", ())
+        marker = item.get_closest_marker("django_db")
+        if (
+            item.get_closest_marker("slow")
+            or "web_server" in fixtures
+            or "transactional_db" in fixtures
+            or (marker is not None and marker.kwargs.get("transaction"))
+            or getattr(getattr(item, "obj", None), "is_hypothesis_test", False)
+        ):
             return 0
         return 1
 

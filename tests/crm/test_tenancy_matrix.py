@@ -43,7 +43,7 @@ from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, 
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
 from surveys.models import Survey
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]  # every admin page, six times over
 
 User = get_user_model()
 ROLES = ("anonymous", "nonstaff", "viewer", "manager", "operator", "superuser")
