@@ -54,6 +54,7 @@ from benchmarks.common import ensure_database  # noqa: E402
 from benchmarks.runner_common import percentile, wait_for  # noqa: E402
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage  # noqa: E402
 from crm import jobs  # noqa: E402
+from crm.management.commands.up import manage_gunicorn  # noqa: E402
 from crm.models import Customer, Organization  # noqa: E402
 from runner.models import ExecutionItem, Handler, IntegrationType, RunnerSettings  # noqa: E402
 
@@ -64,23 +65,13 @@ PORT = 8790
 
 
 def web_command(workers: int, threads: int, port: int) -> list[str]:
-    """The README's production web command, on a loopback port."""
+    """The README's production web command, on a loopback port (no access log: it is measured)."""
     return [
-        sys.executable,
-        "-m",
-        "gunicorn",
-        "crm.wsgi:application",
-        "--workers",
-        str(workers),
-        "--threads",
-        str(threads),
-        "--keep-alive",
-        "75",
+        *manage_gunicorn(workers=workers, threads=threads, access_log=False),
         "--bind",
         f"127.0.0.1:{port}",
         "--backlog",
         "4096",
-        "--no-control-socket",
     ]
 
 

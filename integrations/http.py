@@ -86,16 +86,8 @@ async def _async_guard(
     url = params.url
     if settings.ALLOW_PRIVATE_OUTBOUND_URLS:
         return
-    if url.scheme not in ("http", "https") or url.host is None or _literal(url.host):
+    if url.scheme not in ("http", "https") or url.host is None or outbound.is_literal(url.host):
         await asyncio.to_thread(outbound.check_request_url, str(url))  # the trusted origins: a query
-
-
-def _literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return True
 
 
 ASYNC_TIMEOUT = aiohttp.ClientTimeout(total=30.0, connect=5.0, sock_connect=5.0, sock_read=20.0)

@@ -103,14 +103,28 @@ def trusted_origins() -> frozenset[str]:
     return origins
 
 
-def check_url(url: str, *, resolver: Resolver = system_resolver, allow_private: bool | None = None) -> None:
-    """Raise OutboundURLError unless `url` is http(s) to a host whose every address is public."""
+def _callable_host(url: str) -> str:
+    """The host of an http(s) URL; OutboundURLError for another scheme or no host."""
     parts = urlsplit(url.strip())
     if parts.scheme.lower() not in ("http", "https"):
         raise OutboundURLError(_("Only http and https URLs can be called."))
-    host = parts.hostname
-    if not host:
+    if not parts.hostname:
         raise OutboundURLError(_("The URL names no host."))
+    return parts.hostname
+
+
+def is_literal(host: str) -> bool:
+    """Whether `host` is an IP address itself (nothing to resolve)."""
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def check_url(url: str, *, resolver: Resolver = system_resolver, allow_private: bool | None = None) -> None:
+    """Raise OutboundURLError unless `url` is http(s) to a host whose every address is public."""
+    host = _callable_host(url)
     if allow_private is None:
         allow_private = settings.ALLOW_PRIVATE_OUTBOUND_URLS
     if allow_private:
@@ -173,26 +187,13 @@ def connect_address(url: str, *, resolver: Resolver = system_resolver) -> str | 
     if origin in trusted_origins():
         pinned = ""
     else:
-        parts = urlsplit(url.strip())
-        if parts.scheme.lower() not in ("http", "https"):
-            raise OutboundURLError(_("Only http and https URLs can be called."))
-        host = parts.hostname
-        if not host:
-            raise OutboundURLError(_("The URL names no host."))
+        host = _callable_host(url)
         addresses = check_host(host, resolver=resolver)
-        pinned = "" if _is_literal(host) else str(addresses[0])
+        pinned = "" if is_literal(host) else str(addresses[0])
     if len(_checked) > 10_000:
         _checked.clear()
     _checked[origin] = (now + CACHE_SECONDS, pinned)
     return pinned or None
-
-
-def _is_literal(host: str) -> bool:
-    try:
-        ipaddress.ip_address(host.strip("[]"))
-    except ValueError:
-        return False
-    return True
 
 
 def trusted_host(host: str, port: int) -> bool:

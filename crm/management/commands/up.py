@@ -199,24 +199,24 @@ def _check_port(host: str, port: int, option: str) -> None:
             ) from None
 
 
-def manage_gunicorn() -> list[str]:
+def manage_gunicorn(*, workers: int = 2, threads: int = 4, access_log: bool = True) -> list[str]:
+    """The web server's command (`up`, the tests' web_server, the intake benchmark): add --bind."""
     return [
         sys.executable,
         "-m",
         "gunicorn",
         "crm.wsgi:application",
         "--workers",
-        "2",
+        str(workers),
         "--threads",
-        "4",
+        str(threads),
         # Idle keep-alive connections wait 75 s (nginx's upstream default; gunicorn's own is 2 s):
         # a sender that reuses a connection the server has just closed sees "server disconnected",
         # and a request whose body arrives late on a busy machine is cut off. Idle connections
         # cost no thread (gthread keeps them on its poller).
         "--keep-alive",
         "75",
-        "--access-logfile",
-        "-",
+        *(["--access-logfile", "-"] if access_log else []),
         "--chdir",
         str(settings.BASE_DIR),
         # gunicorn keeps a control socket in $HOME by default: two checkouts would share it.
