@@ -171,13 +171,17 @@ def test_a_deferred_job_runs_later_without_spending_an_attempt(run_jobs):
 
 
 def test_enqueue_many_uses_one_round_trip_per_thousand_jobs(redis_db, run_jobs):
+    import threading
+
     from redis.client import Pipeline
 
     calls = []
     original = Pipeline.execute
+    this_thread = threading.get_ident()
 
     def counting(self, *a, **k):
-        calls.append(len(self.command_stack))
+        if threading.get_ident() == this_thread:  # not the process's inbox waker, say
+            calls.append(len(self.command_stack))
         return original(self, *a, **k)
 
     Pipeline.execute = counting
