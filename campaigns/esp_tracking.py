@@ -1,9 +1,10 @@
 """ESP tracking webhooks feeding the statuses that SMTP sends and our own links feed.
 
-The intake (campaigns.esp_views: authenticated, strict JSON, the provider's shape) hands anymail's
-normalized events (integrations.email.tracking.parse) to `events_apply`, which finds each message by
-`event.message_id` = EmailMessage.esp_message_id with one indexed lookup (within the organization
-the webhook URL names, when it names one) and applies the event:
+The intake (campaigns.esp_views: authenticated, strict JSON, the provider's shape) stores the raw
+events in the inbox; a worker's drain (campaigns.inbox) hands anymail's normalized events
+(integrations.email.tracking.events) to `events_apply`, which finds their messages by
+`event.message_id` = EmailMessage.esp_message_id with one indexed query (within the organization
+the webhook URL names, when it names one) and applies each event in order:
 
 delivered: nothing (sending already counted sent and delivered) · bounced, rejected: BOUNCED hard, only
 from SENT, metric bounced+1 delivered-1, the address suppressed (a soft bounce, which some ESPs report
@@ -45,23 +46,28 @@ Status = EmailMessage.Status
 def events_apply(
     *, esp_name: str, events: list[AnymailTrackingEvent], organization_id: int | None = None
 ) -> dict[str, int]:
-    """Apply parsed ESP tracking events to their campaign messages (of that organization, when given);
-    returns counts applied/ignored/early. Safe to run twice: every transition is a compare-and-set."""
+    """Apply parsed ESP tracking events to their campaign messages (of that organization, when given),
+    in order, finding them all with one query; returns counts applied/ignored/early. Safe to run
+    twice: every transition is a compare-and-set."""
     counts = {"applied": 0, "ignored": 0, "early": 0}
+    wanted = {str(e.message_id) for e in events if e.event_type in _HANDLERS and e.message_id}
+    found = _messages(wanted, organization_id)
     for event in events:
-        outcome = _event_apply(event, esp_name, organization_id)
+        outcome = _event_apply(event, esp_name, organization_id, found)
         counts[outcome] += 1
     return counts
 
 
-def _event_apply(event: AnymailTrackingEvent, esp_name: str, organization_id: int | None) -> str:
+def _event_apply(
+    event: AnymailTrackingEvent, esp_name: str, organization_id: int | None, found: dict[str, EmailMessage]
+) -> str:
     handler = _HANDLERS.get(event.event_type)
     if handler is None:
         return "ignored"
     if not event.message_id:
         logger.info("%s %s event without a message id: ignored", esp_name, event.event_type)
         return "ignored"
-    message = _message(str(event.message_id), organization_id)
+    message = found.get(str(event.message_id))
     if message is None:
         _keep_early(event, esp_name, organization_id)
         # The send may have been recorded between the lookup and the keeping, after its job looked
@@ -76,6 +82,7 @@ def _event_apply(event: AnymailTrackingEvent, esp_name: str, organization_id: in
                 EARLY_TTL,
             )
             return "early"
+        found[str(event.message_id)] = message
     handler(message, event, esp_name)
     return "applied"
 
@@ -84,13 +91,21 @@ EARLY_KEY = "crm:esp:early:"  # + the ESP's message id: a list of JSON events
 EARLY_TTL = 3600
 
 
-def _message(esp_message_id: str, organization_id: int | None = None) -> EmailMessage | None:
-    messages = EmailMessage.objects.filter(esp_message_id=esp_message_id)
+def _messages(esp_message_ids: set[str], organization_id: int | None = None) -> dict[str, EmailMessage]:
+    """The messages with these ESP ids (of that organization, when given), by id: one query."""
+    if not esp_message_ids:
+        return {}
+    messages = EmailMessage.objects.filter(esp_message_id__in=esp_message_ids)
     if organization_id is not None:
         # A webhook URL of one organization (authenticated by that organization's provider account)
         # never touches another organization's messages.
         messages = messages.filter(organization_id=organization_id)
-    return messages.only("id", "status", "campaign_id", "organization_id", "customer_id", "email").first()
+    fields = ("id", "status", "campaign_id", "organization_id", "customer_id", "email", "esp_message_id")
+    return {m.esp_message_id: m for m in messages.only(*fields)}
+
+
+def _message(esp_message_id: str, organization_id: int | None = None) -> EmailMessage | None:
+    return _messages({esp_message_id}, organization_id).get(esp_message_id)
 
 
 def _keep_early(event: AnymailTrackingEvent, esp_name: str, organization_id: int | None) -> None:

@@ -1,5 +1,7 @@
 """The ESP tracking webhook intake: authenticate → read strict JSON → the provider's shape → verify its
-signature → apply (campaigns.esp_tracking). Every refusal is a 4xx with a JSON error, never a 5xx.
+signature → accept the raw events into the inbox (crm.inbox, kind "esp"), answered 202; a worker applies
+them (campaigns.inbox → campaigns.esp_tracking). Every refusal is a 4xx with a JSON error, never a 5xx;
+with PostgreSQL down the answer is a 503 with Retry-After (crm.intake), so the ESP retries.
 
 `/anymail/<provider>/tracking/<organization id>/` names the organization, so the provider account's
 signing key (kept encrypted in its EmailSettings) is known before the signature is checked, and the
@@ -22,8 +24,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
-from campaigns import esp_tracking
-from crm import intake
+from campaigns import inbox as campaign_inbox
+from crm import inbox, intake
 from crm.crypto import DecryptionError
 from integrations.email import tracking
 from integrations.models import EmailSettings
@@ -86,12 +88,14 @@ def _signature_refusal(
 @csrf_exempt
 @never_cache
 @require_http_methods(["POST", "HEAD"])
+@intake.durable
 def esp_tracking_webhook(
     request: HttpRequest, provider: str, organization_id: int | str | None = None
 ) -> HttpResponse:
-    """POST: 200 with what was applied; 401 without the basic auth; 403 for a bad or impossible
-    signature; 404 for an organization without email settings of that provider; 400/413 when
-    malformed. HEAD: 200 (some providers probe the URL when it is configured)."""
+    """POST: 200 with how many events were accepted into the inbox; 401 without the basic auth; 403
+    for a bad or impossible signature; 404 for an organization without email settings of that
+    provider; 400/413 when malformed; 503 when they cannot be stored. HEAD: 200 (some providers
+    probe the URL when it is configured)."""
     if provider not in tracking.VIEWS:
         return _refused(404, f"no tracking webhook for {provider!r}")
     organization_id = int(organization_id) if organization_id is not None else None  # the URL's digits
@@ -132,10 +136,13 @@ def esp_tracking_webhook(
         )
         return refusal
     try:
-        events = tracking.events(provider, raws)
+        tracking.events(provider, raws)  # anymail can read every one of them: refused now, not later
     except tracking.Malformed as exc:
         return _refused(400, str(exc))
-    counts = esp_tracking.events_apply(
-        esp_name=tracking.esp_name(provider), events=events, organization_id=organization_id
+    inbox.accept(
+        kind=campaign_inbox.ESP,
+        payload=campaign_inbox.esp_payload(provider, raws),
+        organization_id=organization_id,
     )
-    return JsonResponse({"ok": True, **counts})
+    # 200, not 202: Postmark and Mailgun take only a 200 as delivered and retry anything else.
+    return JsonResponse({"ok": True, "accepted": len(raws)})

@@ -35,6 +35,7 @@ from integrations.email.esp_sandbox import (
     subscription_change_event,
 )
 from integrations.models import EmailSettings
+from tests.campaigns.test_esp_intake import applied_from_inbox
 from tests.conftest import redis_keys_holding
 
 S = EmailMessage.Status
@@ -122,7 +123,9 @@ def _auth(secret: str = WEBHOOK_SECRET) -> dict[str, str]:
 
 
 def _post(payload: dict, **auth) -> int:
+    """POST to Postmark's tracking URL, then apply what it accepted into the inbox, as a worker would."""
     response = Client().post(TRACKING, data=json.dumps(payload), content_type="application/json", **auth)
+    applied_from_inbox()
     return response.status_code
 
 
@@ -477,6 +480,7 @@ def test_esp_block_events_mark_the_message_blocked_and_never_suppress(em, postma
         body = json.dumps(payload)
         auth = _auth()["HTTP_AUTHORIZATION"]
         response = Client().post(path, data=body, content_type="application/json", HTTP_AUTHORIZATION=auth)
+        applied_from_inbox()
         return response.status_code
 
     sendgrid_blocked = _sendgrid_bounce(a, kind="blocked", reason=SPAMCOP)
@@ -524,7 +528,7 @@ def test_a_block_event_that_arrives_before_its_send_is_recorded_is_applied_as_a_
     response = Client().post(
         "/anymail/sendgrid/tracking/", data=body, content_type="application/json", **_auth()
     )
-    assert response.status_code == 200
+    assert response.status_code == 200 and applied_from_inbox() == 1
     assert jobs.get_connection().exists(esp_tracking.EARLY_KEY + early_id)
     # its send is recorded now (as the send job does, then applies what came early)
     EmailMessage.objects.filter(pk=a.pk).update(esp_message_id=early_id)

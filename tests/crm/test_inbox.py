@@ -5,6 +5,7 @@ order, and an unreachable database answers 503."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import hmac
@@ -23,7 +24,7 @@ from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
+from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage
 from crm import inbox, recovery
 from crm.models import Customer, Organization
 from runner.models import ExecutionItem, Handler, IntegrationType, RunnerSettings
@@ -80,6 +81,40 @@ def _campaign(n: int) -> tuple[Campaign, list[WhatsappMessage]]:
         ]
     )
     return campaign, messages
+
+
+ESP_AUTH = "esp:pw-for-inbox-tests"
+
+
+def _email_campaign(org: Organization, n: int) -> tuple[Campaign, list[EmailMessage]]:
+    campaign = Campaign.objects.create(
+        organization=org, name="Inbox e-mail", channel=Channel.EMAIL, status=Campaign.Status.SENT
+    )
+    CampaignMetric.objects.create(campaign=campaign, queued=n, sent=n, delivered=n)
+    people = Customer.objects.bulk_create(
+        [Customer(organization=org, name=f"Leitor {i}", email=f"leitor{i}@example.com.br") for i in range(n)]
+    )
+    messages = EmailMessage.objects.bulk_create(
+        [
+            EmailMessage(
+                campaign=campaign,
+                organization=org,
+                customer=c,
+                status=EmailMessage.Status.SENT,
+                email=c.email,
+                esp_message_id=f"pm-inbox-{c.pk}",
+            )
+            for c in people
+        ]
+    )
+    return campaign, messages
+
+
+def _postmark_open(message: EmailMessage) -> Request:
+    body = {"RecordType": "Open", "MessageID": message.esp_message_id, "Recipient": message.email}
+    auth = "Basic " + base64.b64encode(ESP_AUTH.encode()).decode()
+    headers = {"Content-Type": "application/json", "Authorization": auth}
+    return ("/anymail/postmark/tracking/", json.dumps(body).encode(), headers)
 
 
 def _runner_handler(org: Organization) -> Handler:
@@ -186,15 +221,17 @@ async def _send(base: str, requests: list[Request], *, in_flight: int, on_answer
 def test_every_accepted_event_is_applied_once_when_the_web_process_and_a_worker_die_mid_burst(
     transactional_db, web, worker_process
 ):
-    """A burst of Meta statuses and runner webhooks; the web server (every gunicorn process) and
-    the worker pool are SIGKILLed mid-burst and restarted; the sender resends what got no 2xx.
-    Every event answered 2xx is applied, and exactly once: each message delivered and counted
-    once, one item per runner event id, each run once."""
+    """A burst of Meta statuses, runner webhooks and ESP opens; the web server (every gunicorn
+    process) and the worker pool are SIGKILLed mid-burst and restarted; the sender resends what got
+    no 2xx. Every event answered 2xx is applied, and exactly once: each message delivered (or
+    opened) and counted once, one item per runner event id, each run once."""
     n = 300
     campaign, messages = _campaign(n)
     handler = _runner_handler(campaign.organization)
+    email_campaign, emails = _email_campaign(campaign.organization, n)
     requests: list[Request] = []
-    for i, message in enumerate(messages):
+    for i, (message, email) in enumerate(zip(messages, emails, strict=True)):
+        requests.append(_postmark_open(email))
         body = _meta_body(message.wamid or "", "delivered")
         requests.append(("/webhooks/whatsapp/", body, _signed(body)))
         hook = {
@@ -203,7 +240,7 @@ def test_every_accepted_event_is_applied_once_when_the_web_process_and_a_worker_
             "X-Event-Id": f"evt-{i}",
         }
         requests.append(("/hooks/inbox-x/events", json.dumps({"n": i}).encode(), hook))
-    server = web()
+    server = web(ANYMAIL_WEBHOOK_SECRET=ESP_AUTH)
     server.start()
     workers = worker_process("--processes", "2")
     killed = {"done": False}
@@ -232,11 +269,13 @@ def test_every_accepted_event_is_applied_once_when_the_web_process_and_a_worker_
         return (
             WhatsappMessage.objects.filter(campaign=campaign, status=S.DELIVERED).count() == n
             and items.filter(status="succeeded").count() >= n
+            and EmailMessage.objects.filter(campaign=email_campaign, opened_at__isnull=False).count() == n
             and inbox.pending() == 0
         )
 
     wait_for(applied, timeout=180, interval=2, what="every accepted event applied")
     assert CampaignMetric.objects.get(campaign=campaign).delivered == n  # each status counted once
+    assert CampaignMetric.objects.get(campaign=email_campaign).opened == n  # each open counted once
     assert sorted(items.values_list("external_id", flat=True)) == sorted(f"evt-{i}" for i in range(n))
     assert items.count() == n and items.filter(status="succeeded").count() == n
     # A resent runner event that had been stored before the kill is answered duplicate.
