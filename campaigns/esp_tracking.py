@@ -101,7 +101,7 @@ def _messages(esp_message_ids: set[str], organization_id: int | None = None) -> 
         # never touches another organization's messages.
         messages = messages.filter(organization_id=organization_id)
     fields = ("id", "status", "campaign_id", "organization_id", "customer_id", "email", "esp_message_id")
-    return {m.esp_message_id: m for m in messages.only(*fields)}
+    return {str(m.esp_message_id): m for m in messages.only(*fields)}
 
 
 def _message(esp_message_id: str, organization_id: int | None = None) -> EmailMessage | None:
