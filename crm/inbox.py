@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 import zlib
@@ -151,10 +152,8 @@ class _GroupCommit:
     def _commit(self, batch: list[_Write]) -> None:
         connection.close_if_unusable_or_obsolete()
         try:
-            with transaction.atomic(), connection.cursor() as cursor:
-                for item in batch:
-                    cursor.execute(item.sql, item.params)
-                    item.row = cursor.fetchone() if cursor.description else None
+            with transaction.atomic():
+                _pipelined(batch)
         except DatabaseError as exc:
             if _transient(exc) or len(batch) == 1:
                 if _transient(exc):
@@ -168,6 +167,26 @@ class _GroupCommit:
         except BaseException as exc:  # never leave a request thread waiting
             for item in batch:
                 item.row, item.error = None, exc
+
+
+def _pipelined(batch: list[_Write]) -> None:
+    """Run the batch's statements in one round trip (psycopg's pipeline mode: each statement is
+    sent without waiting for the previous one's result), each on its own cursor, and keep each
+    statement's first row. One wait for the server instead of one per statement, and so one
+    hand-over of the GIL back to this thread instead of one per statement while the process's
+    request threads keep it busy. psycopg's errors come out as Django's, as from a Django cursor."""
+    connection.ensure_connection()
+    raw = connection.connection
+    with connection.wrap_database_errors:
+        with raw.pipeline():
+            cursors = []
+            for item in batch:
+                cursor = raw.cursor()
+                cursor.execute(item.sql, item.params)
+                cursors.append(cursor)
+        for item, cursor in zip(batch, cursors, strict=True):
+            item.row = cursor.fetchone() if cursor.description else None
+            cursor.close()
 
 
 _group_for: tuple[int, _GroupCommit] | None = None
@@ -378,8 +397,16 @@ def _stranded() -> Iterator[jobs.JobSpec]:
     for kind in kinds:
         if kind in _HANDLERS:
             yield jobs.JobSpec(
-                func=DRAIN_FUNC, queue=queues.INBOX, kwargs={"kind": kind}, job_id=f"inbox-sweep-{kind}"
+                func=DRAIN_FUNC,
+                queue=queues.INBOX,
+                kwargs={"kind": kind},
+                job_id=f"inbox-sweep-{_job_safe(kind)}",
             )
+
+
+def _job_safe(kind: str) -> str:
+    """The kind in a job id, which RQ allows only letters, digits, "_" and "-" ("runner.webhook")."""
+    return re.sub(r"[^A-Za-z0-9_-]", "-", kind)
 
 
 def kinds() -> list[str]:

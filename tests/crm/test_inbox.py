@@ -351,3 +351,20 @@ def test_an_event_its_handler_refuses_alone_is_set_aside_and_the_rest_of_the_bat
     (poison,) = InboxEvent.objects.all()
     assert poison.failed_at is not None and "unexpected object" in poison.error
     assert inbox.pending() == 0  # set aside: never drained again
+
+
+def test_the_safety_sweep_drains_every_kind_whose_wake_up_was_lost(db, django_capture_on_commit_callbacks):
+    """Events older than SWEEP_AFTER and never drained (their wake-up died with Redis or the web
+    process) get a drain job from the recovery pass, for every registered kind — whatever
+    characters the kind's name has (RQ's job ids allow only letters, digits, "_" and "-")."""
+    from crm.jobs import get_queue
+    from crm.models import InboxEvent
+
+    old = timezone.now() - inbox.SWEEP_AFTER * 2
+    for kind in inbox.kinds():
+        InboxEvent.objects.create(kind=kind, payload="{}", received_at=old)
+    with django_capture_on_commit_callbacks(execute=True):
+        result = recovery.recover()
+    assert result["inbox"] == len(inbox.kinds()) >= 3  # whatsapp, esp, runner.webhook
+    queued = get_queue(inbox.queues.INBOX).get_jobs()
+    assert sorted(job.kwargs["kind"] for job in queued) == inbox.kinds()
