@@ -1,5 +1,6 @@
 """crm.urls plus `/bench/trivial`: a view that reads the body and answers a small JSON object,
-through the same middleware as every other view."""
+through the same middleware as every other view; and the same view at `/webhooks/bench-trivial`,
+on the webhook intakes' lean middleware stack (crm/wsgi.py)."""
 
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
@@ -13,4 +14,8 @@ def trivial(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"ok": True, "bytes": len(request.body)})
 
 
-urlpatterns = [path("bench/trivial", trivial), *project_urls]
+urlpatterns = [
+    path("bench/trivial", trivial),
+    path("webhooks/bench-trivial", trivial),  # an intake path: crm/wsgi.py's lean middleware stack
+    *project_urls,
+]

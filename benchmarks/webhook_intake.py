@@ -209,15 +209,24 @@ async def burst(
     return elapsed, latencies, results
 
 
-def trivial(base: str, n: int, in_flight: int) -> float:
+TRIVIAL = "/bench/trivial"  # through Django's full middleware, as every page
+TRIVIAL_INTAKE = "/webhooks/bench-trivial"  # the same view on the intakes' lean stack (crm/wsgi.py)
+
+
+def trivial(base: str, n: int, in_flight: int, path: str = TRIVIAL) -> float:
+    return trivial_run(base, n, in_flight, path)[0]
+
+
+def trivial_run(base: str, n: int, in_flight: int, path: str = TRIVIAL) -> tuple[float, float]:
+    """The trivial view's requests/s and latency p99 (s) at that concurrency."""
     body = b'{"hello": "world"}'
-    elapsed, _, results = asyncio.run(
-        burst(base, [("/bench/trivial", body, {"Content-Type": "application/json"})] * n, in_flight)
+    elapsed, latencies, results = asyncio.run(
+        burst(base, [(path, body, {"Content-Type": "application/json"})] * n, in_flight)
     )
     bad = sum(1 for s, _, _ in results if s != 200)
     if bad:
         raise SystemExit(f"trivial view: {bad} answers were not 200")
-    return n / elapsed
+    return n / elapsed, percentile(latencies, 99)
 
 
 def _answers(base: str) -> bool:
@@ -494,7 +503,8 @@ def main() -> None:
             base_meta = trivial(base, n, args.in_flight)
             meta = meta_statuses(base, campaign, wamids, args.in_flight)
         if args.hooks:
-            base_hooks = trivial(base, args.hooks, args.hook_in_flight)
+            base_hooks, base_hooks_p99 = trivial_run(base, args.hooks, args.hook_in_flight)
+            lean_hooks, lean_hooks_p99 = trivial_run(base, args.hooks, args.hook_in_flight, TRIVIAL_INTAKE)
             hooks = runner_hooks(base, handler, args.hooks, args.hook_in_flight)
         if args.isolation:
             children.start(web_command(4, 4, args.port + 1), env, "admin-web")
@@ -523,8 +533,10 @@ def main() -> None:
             f"Runner webhooks, {args.hook_in_flight} in flight: {hooks['per_second']:,.0f} req/s "
             f"({hooks['accepted']:,} accepted of {hooks['posts']:,} POSTs with 5% resends, "
             f"answers {hooks['answers']}, no answer {hooks['unanswered'] or 0}), "
-            f"trivial view {base_hooks:,.0f} req/s "
+            f"trivial view {base_hooks:,.0f} req/s (p99 {base_hooks_p99 * 1000:.0f} ms) "
             f"-> {hooks['per_second'] / base_hooks:.2f}x; "
+            f"trivial view on the intake stack {lean_hooks:,.0f} req/s (p99 {lean_hooks_p99 * 1000:.0f} ms) "
+            f"-> {hooks['per_second'] / lean_hooks:.2f}x; "
             f"p50 {hooks['latency_p50'] * 1000:.0f} ms p99 {hooks['latency_p99'] * 1000:.0f} ms; "
             f"items {hooks['items']:,}, exactly once: {hooks['exactly_once']} "
             f"(resends answered duplicate: {hooks['duplicates_ok']})"

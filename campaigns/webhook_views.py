@@ -6,7 +6,7 @@ import hmac
 import logging
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, HttpResponseForbidden, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
@@ -29,7 +29,7 @@ def _handshake(request: HttpRequest) -> HttpResponse:
     ):
         return HttpResponse(request.GET.get("hub.challenge", ""), content_type="text/plain")
     logger.warning("whatsapp webhook: verification refused (mode %r)", request.GET.get("hub.mode"))
-    return HttpResponseForbidden()
+    return JsonResponse({"ok": False, "error": "verification refused"}, status=403)
 
 
 def _bad_request(reason: str) -> JsonResponse:
@@ -56,7 +56,7 @@ def whatsapp_webhook(request: HttpRequest) -> HttpResponse:
         raw, request.headers.get("X-Hub-Signature-256"), settings.WHATSAPP_APP_SECRET
     ):
         logger.warning("whatsapp webhook: bad or missing signature (%s bytes)", len(raw))
-        return HttpResponseForbidden()
+        return JsonResponse({"ok": False, "error": "bad or missing X-Hub-Signature-256"}, status=403)
     try:
         batch = webhooks.parse(intake.json_object(raw))
     except ValueError as exc:

@@ -122,6 +122,12 @@ MIDDLEWARE = [
     "axes.middleware.AxesMiddleware",  # last: it answers a locked-out login
 ]
 
+# The webhook intakes' (crm/wsgi.py): they use no session, user, CSRF, messages or language.
+INTAKE_MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "crm.intake.DatabaseUnavailableMiddleware",
+]
+
 ROOT_URLCONF = "crm.urls"
 WSGI_APPLICATION = "crm.wsgi.application"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
