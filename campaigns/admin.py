@@ -15,7 +15,7 @@ from django.http import HttpRequest, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone as dj_timezone
-from django.utils.formats import date_format
+from django.utils.formats import date_format, number_format
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
@@ -34,7 +34,9 @@ from campaigns.models import (
 )
 from campaigns.sending import _variable
 from crm import tenancy
+from crm.admin_columns import short_datetime
 from crm.models import Organization
+from crm.money import format_money
 from crm.tenancy import TenantAdmin
 from integrations.whatsapp import errors as whatsapp_errors
 
@@ -45,6 +47,15 @@ COUNT_LABELS = {
     "opened": _("opened"),
     "clicked": _("clicked"),
 }
+
+
+def now_labels(channel: str) -> dict[str, Any]:
+    """Labels of the campaign page's "Now" counts: each message in exactly one current state, so a
+    WhatsApp "sent" there is sent and not yet delivered (the organization page counts cumulatively)."""
+    labels = dict(COUNT_LABELS)
+    if channel == Channel.WHATSAPP:
+        labels.update(sent=_("sent (not yet delivered)"), delivered=_("delivered (not read)"), read=_("read"))
+    return labels
 
 
 def _act(request: HttpRequest, queryset: QuerySet[Campaign], fn, done: str) -> None:
@@ -60,7 +71,18 @@ def _act(request: HttpRequest, queryset: QuerySet[Campaign], fn, done: str) -> N
 @admin.register(Campaign)
 class CampaignAdmin(TenantAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
-    list_display = ("name", "organization", "channel", "status", "progress", "started_at", "finished_at")
+    # "ID": the number the management commands take (campaign_send 12, campaign_status 12…).
+    list_display = (
+        "id",
+        "name",
+        "organization",
+        "channel",
+        "status",
+        "progress",
+        short_datetime("started_at", _("started at")),
+        short_datetime("finished_at", _("finished at")),
+    )
+    list_display_links = ("id", "name")
     list_select_related = ("organization", "metric")
     list_filter = ("status", "channel", "organization")
     search_fields = ("name", "template_name")
@@ -93,13 +115,15 @@ class CampaignAdmin(TenantAdmin):
                     "header_image_url",
                     ("redirect_url", "redirect_button_index"),
                     "unsubscribe_button_index",
-                )
+                ),
+                "classes": ("channel-whatsapp",),
             },
         ),
         (
             _("Email"),
             {
                 "fields": ("email_subject", "email_body_format", "email_body"),
+                "classes": ("channel-email",),
                 "description": _(
                     "For email campaigns. The body is MJML (https://mjml.io) or HTML; links are "
                     "click-tracked and an open pixel is added. Save, then see the preview below."
@@ -139,6 +163,15 @@ class CampaignAdmin(TenantAdmin):
         ),
         (_("Progress"), {"fields": ("started_at", "finished_at", "live_status", "charts", "preview")}),
     )
+
+    def get_fieldsets(self, request: HttpRequest, obj: Campaign | None = None) -> Any:
+        """A saved campaign shows its own channel's section only (the add form shows both, and a
+        small script in the template hides the one the chosen channel does not use)."""
+        fieldsets = super().get_fieldsets(request, obj)
+        if obj is None or not obj.pk:
+            return fieldsets
+        other = "channel-whatsapp" if obj.channel == Channel.EMAIL else "channel-email"
+        return [fs for fs in fieldsets if other not in fs[1].get("classes", ())]
 
     def get_urls(self):
         from django.urls import path
@@ -208,28 +241,46 @@ class CampaignAdmin(TenantAdmin):
 
     @admin.display(description=_("progress"))
     def progress(self, obj: Campaign) -> str:
+        """Processed (every message settled, sent or not) and sent apart: a campaign that skipped
+        everyone reads "4/4 processed · 0 sent", never "100%" alone."""
         metric = getattr(obj, "metric", None)
         if metric is None or not metric.queued:
             return "—"
         done = metric.sent + metric.bounced + metric.blocked + metric.failed + metric.unknown + metric.skipped
-        return f"{done}/{metric.queued} ({100 * done // metric.queued}%)"
+        return _("%(done)s/%(total)s processed (%(percent)s%%) · %(sent)s sent") % {
+            "done": number_format(done, force_grouping=True),
+            "total": number_format(metric.queued, force_grouping=True),
+            "percent": 100 * done // metric.queued,
+            "sent": number_format(metric.sent, force_grouping=True),
+        }
 
     @admin.display(description=_("live status"))
     def live_status(self, obj: Campaign) -> str:
         if not obj.pk:
             return "—"
         data = selectors.campaign_status(campaign=obj)
-        rows = format_html_join(
+        labels = now_labels(obj.channel)
+        engagement = [k for k in selectors.ENGAGEMENT_KEYS if k in data["counts"]]
+        now_rows = format_html_join(
             "",
             '<tr><th>{}</th><td data-count="{}">{}</td></tr>',
-            ((COUNT_LABELS.get(k, k), k, v) for k, v in data["counts"].items()),
+            ((labels.get(k, k), k, v) for k, v in data["counts"].items() if k not in engagement),
+        )
+        engagement_rows = format_html_join(
+            "",
+            '<tr><th>{}</th><td data-count="{}">{}</td></tr>',
+            ((COUNT_LABELS[k], k, data["counts"][k]) for k in engagement),
         )
         return format_html(
             '<div id="live-status" data-url="{}">'
             '<p class="errornote" data-field="sending_paused"{}>{} <span>{}</span></p>'
             '<progress max="1" value="{}"></progress> '
-            '<span data-field="progress">{}%</span> · <span data-field="status">{}</span>'
-            '<table>{}<tr><th>{}</th><td data-field="cost">{}</td></tr>'
+            '{} <span data-field="progress">{}%</span> (<span data-field="processed">{}</span>/'
+            '<span data-field="total">{}</span>) · {} <span data-field="reached">{}</span> · '
+            '<span data-field="status">{}</span>'
+            '<table id="live-now"><caption>{}</caption>{}</table>'
+            '<table id="live-reached"><caption>{}</caption>{}'
+            '<tr><th>{}</th><td data-field="cost">{}</td></tr>'
             '<tr><th>{}</th><td><span data-field="rate">{}</span>/s</td></tr>'
             '<tr><th>{}</th><td data-field="eta_seconds">{}</td></tr></table></div>',
             "../status/",
@@ -237,11 +288,19 @@ class CampaignAdmin(TenantAdmin):
             _("The organization's sending on this channel is paused (fix it on the organization's page):"),
             data["sending_paused"],
             data["progress"],
+            _("Processed:"),
             round(100 * data["progress"], 1),
+            data["processed"],
+            data["total"],
+            _("sent:"),
+            data["reached"],
             data["status_label"],
-            rows,
+            _("Now: each message once, in its current state"),
+            now_rows,
+            _("So far (cumulative)"),
+            engagement_rows,
             _("cost"),
-            data["cost"],
+            data["cost_display"],
             _("rate"),
             data["rate"],
             _("ETA"),
@@ -491,8 +550,8 @@ class WhatsappMessageAdmin(BigTableAdmin):
         "status",
         "error_code",
         "error_reason",
-        "sent_at",
-        "cost",
+        short_datetime("sent_at", _("sent at")),
+        "cost_display",
     )
     list_select_related = ("campaign", "customer")
     list_filter = (CampaignFilter, "status", ErrorCodeFilter)
@@ -518,6 +577,10 @@ class WhatsappMessageAdmin(BigTableAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
+    @admin.display(description=_("cost"), ordering="cost")
+    def cost_display(self, obj: WhatsappMessage) -> str:
+        return format_money(obj.cost, places=4)
+
 
 @admin.register(EmailMessage)
 class EmailMessageAdmin(BigTableAdmin):
@@ -528,10 +591,10 @@ class EmailMessageAdmin(BigTableAdmin):
         "email",
         "status",
         "bounce_type",
-        "bounce_message",
-        "sent_at",
-        "opened_at",
-        "clicked_at",
+        "reason",
+        short_datetime("sent_at", _("sent at")),
+        short_datetime("opened_at", _("opened at")),
+        short_datetime("clicked_at", _("clicked at")),
     )
     list_select_related = ("campaign", "customer")
     list_filter = (CampaignFilter, "status", "bounce_type")
@@ -552,6 +615,11 @@ class EmailMessageAdmin(BigTableAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    @admin.display(description=_("reason"))
+    def reason(self, obj: EmailMessage) -> str:
+        """Why it was not delivered: the server's bounce, or why it was skipped or failed."""
+        return obj.bounce_message or obj.error_reason
 
 
 @admin.register(EmailSuppression)
@@ -582,7 +650,7 @@ class CampaignMetricAdmin(BigTableAdmin):
         "skipped",
         "opened",
         "clicked",
-        "cost",
+        "cost_display",
     )
     list_select_related = ("campaign",)
     raw_id_fields = ("campaign",)
@@ -602,6 +670,13 @@ class CampaignMetricAdmin(BigTableAdmin):
         "unknown",
         "cost",
     )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # the fan-out creates a campaign's metric; its counters are the send jobs'
+
+    @admin.display(description=_("cost"), ordering="cost")
+    def cost_display(self, obj: CampaignMetric) -> str:
+        return format_money(obj.cost)
 
 
 class SegmentDayFilter(admin.SimpleListFilter):

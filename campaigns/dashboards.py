@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage
 from crm import jobs
 from crm.models import Organization
+from crm.money import DEFAULT_CURRENCY
 from surveys.selectors import NpsRow, nps_by_store_and_month
 
 # Bucket widths in seconds, smallest first; each is a multiple of a minute.
@@ -170,6 +171,10 @@ def campaign_series(*, campaign: Campaign) -> dict[str, Any]:
         "totals": dict.fromkeys((s.key for s in kinds), 0),
         "cost": [],
         "cost_total": "0.000000",
+        "currency": DEFAULT_CURRENCY,
+        # The time axis: at least MIN_POINTS buckets wide, so a campaign's first minutes get a
+        # readable axis (its minutes, in the organization's zone) rather than a lone point.
+        "x_range": [],
     }
     # Messages exist only once the campaign has started, so nothing happened before started_at.
     start = campaign.started_at
@@ -223,6 +228,7 @@ def campaign_series(*, campaign: Campaign) -> dict[str, Any]:
     stamps = [first + timedelta(seconds=step * i) for i in range(count)]
     result["bucket_seconds"] = step
     result["timestamps"] = [int(t.timestamp()) for t in stamps]
+    result["x_range"] = [int(first.timestamp()), int(first.timestamp()) + step * max(count, MIN_POINTS)]
     for s in kinds:
         by_bucket = counts.get(s.key, {})
         result["series"][s.key] = [by_bucket.get(t, 0) for t in stamps]

@@ -37,10 +37,10 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
 from django.db import transaction
-from django.db.models import Count, F, Min, Q
+from django.db.models import F, Min, Q
 from django.utils import timezone
 
-from campaigns import email_render, esp_tracking, links, services
+from campaigns import caps, email_render, esp_tracking, links, services
 from campaigns.models import (
     OUTCOME_UNKNOWN,
     BounceType,
@@ -330,18 +330,8 @@ def _send_chunk(
             "email", flat=True
         )
     )
-    since = timezone.now() - timedelta(days=org.message_limit_days)
-    recent = dict(
-        EmailMessage.objects.filter(
-            organization_id=org.pk,
-            customer_id__in=[m.customer_id for m in messages],
-            sent_at__gte=since,
-            status=Status.SENT,
-        )
-        .exclude(campaign_id=campaign.pk)
-        .values_list("customer_id")
-        .annotate(n=Count("id"))
-        .order_by()
+    capped = caps.skip_reasons(
+        campaign=campaign, customer_ids=[m.customer_id for m in messages], now=timezone.now()
     )
     ready: list[EmailMessage] = []
     for m in messages:
@@ -352,8 +342,8 @@ def _send_chunk(
             reason = "customer opted out or has no consent"
         elif m.email.lower() in suppressed:
             reason = "address suppressed (an earlier hard bounce or complaint)"
-        elif recent.get(m.customer_id, 0) >= org.message_limit_count:
-            reason = f"message limit: {recent[m.customer_id]} in the last {org.message_limit_days} days"
+        elif m.customer_id in capped:
+            reason = capped[m.customer_id]
         else:
             try:
                 validate_email(m.email)

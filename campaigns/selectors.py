@@ -19,6 +19,7 @@ from campaigns.models import (
     WhatsappMessage,
 )
 from crm.models import Customer, Sale
+from crm.money import format_money
 
 COUNT_KEYS = (
     "queued",
@@ -120,8 +121,13 @@ def campaign_status(*, campaign: Campaign) -> dict[str, Any]:
         "status_label": str(Campaign.Status(campaign.status).label),
         "counts": counts,
         "total": total,
+        # Processed (settled one way or another) is not sent: a campaign that skipped everyone is
+        # fully processed with nothing sent.
         "progress": round(done / total, 4) if total else 0.0,
+        "processed": done,
+        "reached": metric.sent if metric else sent_total,  # cumulative: a read message was sent
         "cost": str(metric.cost if metric else 0),
+        "cost_display": format_money(metric.cost if metric else 0),
         "rate": round(rate, 2),
         "eta_seconds": round(remaining / rate) if rate and remaining else None,
         "stop_reason": campaign.stop_reason,

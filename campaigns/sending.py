@@ -19,16 +19,15 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
-from datetime import timedelta
 from decimal import Decimal
 
 import phonenumbers
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Q
+from django.db.models import F
 from django.utils import timezone
 
-from campaigns import links, services
+from campaigns import caps, links, services
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from crm import aio, bulk, ratelimit
 from crm.jobs import Defer
@@ -211,38 +210,8 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
     counts: Counter[str] = Counter()
     skipped: dict[int, str] = {}
 
-    # 4. per-customer limit: messages of other campaigns sent within the window
-    since = now - timedelta(days=org.message_limit_days)
-    recent = dict(
-        WhatsappMessage.objects.filter(
-            organization_id=org.pk,
-            customer_id__in=customer_ids,
-            sent_at__gte=since,
-            status__in=[Status.SENT, Status.DELIVERED, Status.READ],
-        )
-        .exclude(campaign_id=campaign_id)
-        .values_list("customer_id")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
-    # 5. conflict block: another campaign's message being sent or sent in the last 24 hours, or
-    # queued in a campaign that started first (so two campaigns started together do not both
-    # skip the same customer: the older one wins).
-    busy: set[int] = set()
-    if org.block_multiple_campaigns:
-        campaign_started = campaign.started_at or now
-        busy = set(
-            WhatsappMessage.objects.filter(customer_id__in=customer_ids)
-            .exclude(campaign_id=campaign_id)
-            .filter(
-                Q(status=Status.SENDING)
-                | Q(sent_at__gte=now - timedelta(hours=24))
-                | Q(status=Status.QUEUED, campaign__started_at__lt=campaign_started)
-                | Q(status=Status.QUEUED, campaign__started_at=campaign_started, campaign_id__lt=campaign_id)
-            )
-            .values_list("customer_id", flat=True)
-            .distinct()
-        )
+    # 4, 5. the contact caps (campaigns.caps): time has passed since the fan-out applied them
+    capped = caps.skip_reasons(campaign=campaign, customer_ids=customer_ids, now=now)
 
     number = campaign.whatsapp_number
     assert number is not None
@@ -258,13 +227,8 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
             skipped[m.pk] = f"invalid phone number {customer.phone!r}"
             continue
         m.phone = phone
-        if recent.get(m.customer_id, 0) >= org.message_limit_count:
-            skipped[m.pk] = (
-                f"message limit: {recent[m.customer_id]} in the last {org.message_limit_days} days"
-            )
-            continue
-        if m.customer_id in busy:
-            skipped[m.pk] = "another campaign is in flight for this customer"
+        if m.customer_id in capped:
+            skipped[m.pk] = capped[m.customer_id]
             continue
         # 6: each value as Meta takes it (folded white space, its length limit), then none empty
         body = template_values(customer=customer, sources=campaign.template_variables, store_name=store_name)

@@ -33,6 +33,10 @@ def _timezone_choices() -> list[tuple[str, str]]:
 class Organization(models.Model):
     """A tenant: a retailer. Carries the seed's campaignSettings."""
 
+    class ContactCapsScope(models.TextChoices):
+        SHARED = "shared", _("WhatsApp and email together")
+        PER_CHANNEL = "per_channel", _("each channel on its own")
+
     name = models.CharField(_("name"), max_length=200)
     slug = models.SlugField(_("slug"), unique=True)
     timezone = models.CharField(
@@ -42,16 +46,37 @@ class Organization(models.Model):
         _("message limit window (days)"),
         default=7,
         validators=[MinValueValidator(1)],
-        help_text=_("A customer receives at most 'message limit count' campaign messages in this many days."),
+        help_text=_(
+            "A customer receives at most 'message limit count' campaign messages in this many days: "
+            "WhatsApp and email messages count together unless the caps are set per channel."
+        ),
     )
     message_limit_count = models.PositiveSmallIntegerField(
-        _("message limit count"), default=2, validators=[MinValueValidator(1)]
+        _("message limit count"),
+        default=2,
+        validators=[MinValueValidator(1)],
+        help_text=_(
+            "Campaign messages a customer may receive within the window (WhatsApp and email together "
+            "unless the caps are set per channel); one more is skipped."
+        ),
     )
     block_multiple_campaigns = models.BooleanField(
         _("block multiple campaigns"),
         default=True,
         help_text=_(
-            "Skip a customer with a message of another campaign in flight or sent in the last 24 hours."
+            "Skip a customer who was sent another campaign in the last 24 hours, or whom another "
+            "campaign is sending to: on either channel, unless the caps are set per channel."
+        ),
+    )
+    contact_caps_scope = models.CharField(
+        _("contact caps count"),
+        max_length=12,
+        choices=ContactCapsScope.choices,
+        default=ContactCapsScope.SHARED,
+        help_text=_(
+            "Whether the message limit and the multiple-campaign block count WhatsApp and email "
+            "messages together (a WhatsApp message and an email are two contacts) or each channel "
+            "on its own."
         ),
     )
     # Set when a provider says the account itself is unusable (expired token, locked, unpaid):

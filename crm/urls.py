@@ -10,6 +10,7 @@ from runner import views as runner_views
 from surveys import views as survey_views
 
 urlpatterns = [
+    path("", RedirectView.as_view(pattern_name="admin:index"), name="home"),  # the admin is the UI
     path("healthz", views.healthz, name="healthz"),
     path("metrics", prometheus.view, name="prometheus-metrics"),
     path("r/<str:signed>", link_views.redirect, name="campaign-redirect"),

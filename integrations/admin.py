@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from django.utils.functional import _StrPromise  # a stub-only name: lazy translated strings
 
 from crm.checks import public_url_warnings
+from crm.money import format_money
 from crm.tenancy import TenantAdmin
 from integrations.email import tracking
 from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, WhatsappPrice
@@ -99,9 +100,13 @@ class WhatsappNumberAdmin(TenantAdmin):
 @admin.register(WhatsappPrice)
 class WhatsappPriceAdmin(TenantAdmin):
     tenant_path = None  # the platform's price table
-    list_display = ("category", "country", "price", "currency", "updated_at")
+    list_display = ("category", "country", "price_display", "updated_at")
     list_filter = ("category",)
     search_fields = ("country",)
+
+    @admin.display(description=_("price"), ordering="price")
+    def price_display(self, obj: WhatsappPrice) -> str:
+        return format_money(obj.price, obj.currency, places=4)
 
 
 class EmailSettingsForm(WriteOnlySecretForm):

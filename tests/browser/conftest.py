@@ -241,12 +241,13 @@ def browser(chromium: Path, stack: Stack) -> Iterator[Browser]:
 
 @pytest.fixture
 def new_page(browser: Browser, stack: Stack) -> Iterator[Callable[[], Page]]:
-    """Opens a fresh browser session (no cookies) that asks for pages in Brazilian Portuguese."""
+    """Opens a fresh browser session (no cookies) that asks for pages in Brazilian Portuguese, in a
+    window of the given size."""
     contexts: list[BrowserContext] = []
 
-    def _open() -> Page:
+    def _open(*, width: int = 1440, height: int = 900) -> Page:
         context = browser.new_context(
-            base_url=stack.base, locale="pt-BR", viewport={"width": 1440, "height": 900}
+            base_url=stack.base, locale="pt-BR", viewport={"width": width, "height": height}
         )
         context.set_default_timeout(20_000)
         contexts.append(context)

@@ -129,8 +129,10 @@ def test_a_page_straight_insert_that_meets_messages_written_meanwhile_is_written
     WhatsappMessage.objects.create(campaign=campaign, organization=campaign.organization, customer=people[3])
     WhatsappMessage.objects.create(campaign=campaign, organization=campaign.organization, customer=people[70])
     page = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:100]
-    read, last, again = services._fanout_page(campaign, WhatsappMessage, page, first=0, size=50, again=False)
-    assert (read, last, again) == (100, people[99].pk, True)
+    read, queued, last, again = services._fanout_page(
+        campaign, WhatsappMessage, page, first=0, size=50, again=False
+    )
+    assert (read, queued, last, again) == (100, 100, people[99].pk, True)
     messages = WhatsappMessage.objects.filter(campaign=campaign)
     assert messages.count() == 100
     assert set(messages.values_list("customer_id", flat=True)) == {p.pk for p in people[:100]}
