@@ -63,7 +63,14 @@ class OrganizationAdmin(TenantAdmin):
         (None, {"fields": ("name", "slug", "timezone")}),
         (
             _("Campaign settings"),
-            {"fields": ("message_limit_count", "message_limit_days", "block_multiple_campaigns")},
+            {
+                "fields": (
+                    "message_limit_count",
+                    "message_limit_days",
+                    "block_multiple_campaigns",
+                    "attribution_window_days",
+                )
+            },
         ),
         (
             _("WhatsApp sending"),
