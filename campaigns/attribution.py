@@ -92,9 +92,9 @@ WITH page AS (
     WHERE s.organization_id = %(org)s AND {where}
 ),
 removed AS (
+    -- By primary key whatever the table's size (a join could pick a scan of the whole table).
     DELETE FROM campaigns_saleattribution a
-    USING page p
-    WHERE a.sale_id = p.id AND p.campaign_id IS NULL
+    WHERE a.sale_id = ANY(ARRAY(SELECT id FROM page WHERE campaign_id IS NULL))
     RETURNING a.sale_id
 ),
 written AS (
@@ -140,7 +140,8 @@ def _lock(organization_id: int) -> None:
 
 
 def _evaluate(organization_id: int, where: str, params: dict[str, Any]) -> AttributionCounts:
-    with transaction.atomic():
+    # No savepoint inside the caller's transaction (an ERP page): a failure fails the page anyway.
+    with transaction.atomic(savepoint=False):
         _lock(organization_id)
         with connection.cursor() as cursor:
             cursor.execute(

@@ -115,12 +115,8 @@ def campaign_revenue(*, campaign_id: int) -> tuple[Decimal, int]:
 def campaign_attribution(*, campaign_id: int) -> CampaignAttribution:
     """The campaign page's revenue figures: two primary-key reads, none over messages or sales."""
     revenue, conversions = campaign_revenue(campaign_id=campaign_id)
-    sent, cost = CampaignMetric.objects.filter(campaign_id=campaign_id).values_list(
-        "sent", "cost"
-    ).first() or (
-        0,
-        Decimal("0"),
-    )
+    metric = CampaignMetric.objects.filter(campaign_id=campaign_id).values_list("sent", "cost").first()
+    sent, cost = metric or (0, Decimal("0"))
     return CampaignAttribution(revenue=revenue, conversions=conversions, reached=sent, cost=cost)
 
 

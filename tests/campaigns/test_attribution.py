@@ -236,6 +236,59 @@ def test_deleting_a_sale_or_a_campaign_keeps_the_rollup_right(world):
     _rollups_match_rows()
 
 
+def test_concurrent_saves_and_refreshes_leave_every_attribution_and_the_rollup_exact(transactional_db):
+    """Sales re-saved with other customers and totals while refreshes run in other threads: at the
+    end a refresh finds nothing to change (no evaluation from an older copy of a sale survived),
+    and each campaign's rollup is the sum of its rows."""
+    import random
+    import threading
+
+    from django.db import connection
+
+    org = Organization.objects.create(name="Concorrência", slug="concorrencia")
+    store = Store.objects.create(organization=org, erp_code="001", name="Centro")
+    people = [Customer.objects.create(organization=org, name=f"C{i}") for i in range(4)]
+    campaigns = [_campaign(org, f"C{i}", Channel.EMAIL if i % 2 else Channel.WHATSAPP) for i in range(3)]
+    for i, customer in enumerate(people[:3]):
+        _sent(campaigns[i], customer, T0 + timedelta(hours=i))
+    sales = [_sale(store, people[i % 4], T0 + timedelta(days=1, hours=i)) for i in range(24)]
+    errors: list[BaseException] = []
+
+    def saver(seed: int) -> None:
+        rng = random.Random(seed)
+        try:
+            for _ in range(15):
+                sale = Sale.objects.get(pk=rng.choice(sales).pk)
+                sale.customer = rng.choice([*people, None])
+                sale.total = Decimal(rng.randint(1, 99_999)) / 100
+                sale.save()
+        except BaseException as exc:  # reported below, in the test's thread
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def refresher() -> None:
+        try:
+            for _ in range(6):
+                attribution.organization_attribute(organization_id=org.pk, page_ids=5)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=saver, args=(n,)) for n in range(2)]
+    threads += [threading.Thread(target=refresher) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    counts = attribution.organization_attribute(organization_id=org.pk)
+    assert (counts.sales, counts.created, counts.changed, counts.removed) == (24, 0, 0, 0)
+    assert counts.attributed == SaleAttribution.objects.filter(organization=org).count()
+    _rollups_match_rows()
+
+
 # -- the admin, the command, campaign_status -------------------------------------------------------
 
 
