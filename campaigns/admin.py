@@ -35,6 +35,7 @@ from campaigns.models import (
 from campaigns.sending import _variable
 from crm import tenancy
 from crm.admin_columns import short_datetime
+from crm.cli import number
 from crm.models import Organization
 from crm.money import format_money
 from crm.tenancy import TenantAdmin
@@ -93,6 +94,7 @@ class CampaignAdmin(TenantAdmin):
         "finished_at",
         "stop_reason",
         "live_status",
+        "attribution",
         "charts",
         "preview",
         "recurrence_until",
@@ -161,7 +163,10 @@ class CampaignAdmin(TenantAdmin):
                 ),
             },
         ),
-        (_("Progress"), {"fields": ("started_at", "finished_at", "live_status", "charts", "preview")}),
+        (
+            _("Progress"),
+            {"fields": ("started_at", "finished_at", "live_status", "attribution", "charts", "preview")},
+        ),
     )
 
     def get_fieldsets(self, request: HttpRequest, obj: Campaign | None = None) -> Any:
@@ -305,6 +310,30 @@ class CampaignAdmin(TenantAdmin):
             data["rate"],
             _("ETA"),
             data["eta_seconds"] or "—",
+        )
+
+    @admin.display(description=_("what it sold"))
+    def attribution(self, obj: Campaign) -> str:
+        """Attributed revenue and sales against the customers reached and the cost (campaigns.attribution)."""
+        if not obj.pk:
+            return "—"
+        figures = selectors.campaign_attribution(campaign_id=obj.pk)
+        rate, per_cost = figures.conversion_rate, figures.revenue_per_cost
+        rows = (
+            ("revenue", _("revenue"), format_money(figures.revenue)),
+            ("conversions", _("conversions (attributed sales)"), number(figures.conversions)),
+            ("conversion_rate", _("conversion rate"), "—" if rate is None else f"{number(100 * rate, 1)}%"),
+            ("revenue_per_cost", _("revenue ÷ cost"), "—" if per_cost is None else number(per_cost, 2)),
+        )
+        return format_html(
+            '<table id="campaign-attribution">{}</table><p class="help">{}</p>',
+            format_html_join(
+                "", '<tr><th>{}</th><td data-field="{}">{}</td></tr>', ((t, k, v) for k, t, v in rows)
+            ),
+            _(
+                "Sales of customers this campaign reached, made within the organization's attribution "
+                "window after its message and credited to the last campaign message before them."
+            ),
         )
 
     @admin.display(description=_("charts"))

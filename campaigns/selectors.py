@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery
@@ -12,6 +14,7 @@ from django.utils import timezone
 from campaigns.models import (
     Campaign,
     CampaignMetric,
+    CampaignRevenue,
     Channel,
     CustomerSegment,
     EmailMessage,
@@ -82,6 +85,42 @@ def campaign_counts(*, campaign_id: int, channel: str = Channel.WHATSAPP) -> dic
     return counts
 
 
+@dataclass(frozen=True)
+class CampaignAttribution:
+    """What a campaign sold (campaigns.attribution): attributed revenue and sales, against the
+    customers it reached (messages sent: one per customer) and what it cost."""
+
+    revenue: Decimal
+    conversions: int
+    reached: int
+    cost: Decimal
+
+    @property
+    def conversion_rate(self) -> Decimal | None:
+        """Attributed sales per customer reached (a customer who bought twice counts twice)."""
+        return Decimal(self.conversions) / self.reached if self.reached else None
+
+    @property
+    def revenue_per_cost(self) -> Decimal | None:
+        return self.revenue / self.cost if self.cost else None
+
+
+def campaign_revenue(*, campaign_id: int) -> tuple[Decimal, int]:
+    """The campaign's attributed (revenue, conversions) from its rollup row: one primary-key read."""
+    row = (
+        CampaignRevenue.objects.filter(campaign_id=campaign_id).values_list("revenue", "conversions").first()
+    )
+    return row if row else (Decimal("0"), 0)
+
+
+def campaign_attribution(*, campaign_id: int) -> CampaignAttribution:
+    """The campaign page's revenue figures: two primary-key reads, none over messages or sales."""
+    revenue, conversions = campaign_revenue(campaign_id=campaign_id)
+    metric = CampaignMetric.objects.filter(campaign_id=campaign_id).values_list("sent", "cost").first()
+    sent, cost = metric or (0, Decimal("0"))
+    return CampaignAttribution(revenue=revenue, conversions=conversions, reached=sent, cost=cost)
+
+
 def sending_paused(*, campaign: Campaign) -> str:
     """Why the organization's sending on the campaign's channel is paused (its provider or mail
     server refused the account), or "" when it is not."""
@@ -113,6 +152,7 @@ def campaign_status(*, campaign: Campaign) -> dict[str, Any]:
     else:
         rate = sent_total / elapsed if elapsed else 0.0
     remaining = counts["queued"] + counts["sending"]
+    revenue, conversions = campaign_revenue(campaign_id=campaign.pk)
     return {
         "id": campaign.pk,
         "name": campaign.name,
@@ -132,4 +172,7 @@ def campaign_status(*, campaign: Campaign) -> dict[str, Any]:
         "eta_seconds": round(remaining / rate) if rate and remaining else None,
         "stop_reason": campaign.stop_reason,
         "sending_paused": sending_paused(campaign=campaign),
+        # Attributed sales (campaigns.attribution): their total as a decimal string, and how many.
+        "revenue": str(revenue.quantize(Decimal("0.01"))),
+        "conversions": conversions,
     }

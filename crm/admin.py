@@ -78,6 +78,7 @@ class OrganizationAdmin(TenantAdmin):
                     "message_limit_days",
                     "block_multiple_campaigns",
                     "contact_caps_scope",
+                    "attribution_window_days",
                 )
             },
         ),

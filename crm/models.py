@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from django.conf import settings
-from django.core.validators import MinValueValidator, RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models.functions import Now
 from django.utils import timezone as dj_timezone
 from django.utils.translation import gettext_lazy as _
+
+# Revenue attribution (campaigns.attribution): a sale counts for the last campaign message the
+# customer was sent at most this many days before it.
+ATTRIBUTION_WINDOW_MAX_DAYS = 90
 
 E164 = RegexValidator(r"^\+[1-9]\d{7,14}$", _("Phone numbers are stored in E.164 form, e.g. +5511987654321."))
 
@@ -79,6 +83,16 @@ class Organization(models.Model):
             "on its own."
         ),
     )
+    attribution_window_days = models.PositiveSmallIntegerField(
+        _("attribution window (days)"),
+        default=7,
+        validators=[MinValueValidator(1), MaxValueValidator(ATTRIBUTION_WINDOW_MAX_DAYS)],
+        help_text=_(
+            "A sale is attributed to the last campaign message its customer was sent at most this many "
+            "days before it. A change applies to sales written from then on; `manage.py attribute` "
+            "recomputes the older ones."
+        ),
+    )
     # Set when a provider says the account itself is unusable (expired token, locked, unpaid):
     # every send of the organization on that channel waits until an operator clears it.
     whatsapp_paused_at = models.DateTimeField(_("WhatsApp sending paused at"), null=True, blank=True)
@@ -115,6 +129,13 @@ class Organization(models.Model):
         verbose_name = _("organization")
         verbose_name_plural = _("organizations")
         ordering = ["name"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(attribution_window_days__gte=1)
+                & models.Q(attribution_window_days__lte=ATTRIBUTION_WINDOW_MAX_DAYS),
+                name="organization_attribution_window_sane",
+            )
+        ]
         permissions = [
             (
                 "operate_platform",

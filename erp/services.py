@@ -79,6 +79,7 @@ class SyncResult:
     pages: int = 0
     customers_created: int = 0  # placeholders for customers that synced sales refer to
     surveys: int = 0
+    attributed: int = 0  # sales credited to a campaign (campaigns.attribution)
     started_trans_id: int = 0
     trans_id: int = 0  # customers: the high-water mark after the sync
     resumed: bool = False
@@ -98,6 +99,7 @@ class SyncResult:
             "seconds": number(self.seconds, 1),
             "customers": number(self.customers_created),
             "surveys": number(self.surveys),
+            "attributed": number(self.attributed),
             "trans_id": self.trans_id,
             "from": self.started_trans_id,
         }
@@ -114,6 +116,7 @@ class SyncResult:
             line += _(" — high-water trans_id %(trans_id)s") % values
         else:
             line += _(" — %(customers)s customers created, %(surveys)s surveys scheduled") % values
+            line += _(", %(attributed)s attributed to campaigns") % values
         return line
 
 
@@ -518,6 +521,7 @@ def sales_sync(
 
     Each page (sales, placeholders, surveys, issues) commits as one; running the same window
     twice leaves the same database."""
+    from campaigns.attribution import sales_attribute
     from surveys.services import surveys_schedule
 
     began, started = timezone.now(), time.monotonic()
@@ -547,6 +551,8 @@ def sales_sync(
                 outcome = sales_upsert(store=store, sales=ours)
                 surveys = surveys_schedule(sale_ids=outcome.new_sale_ids) if outcome.new_sale_ids else 0
                 sync_issues_record(organization_id=org_id, store_id=store.pk, issues=malformed)
+                # Last in the page: it holds the organization's attribution lock until the commit.
+                attributed = sales_attribute(organization_id=org_id, erp_ids=[s.erp_id for s in ours])
             prometheus.count("erp_sync_rows", len(ours), kind="sales")
             result.pages += 1
             result.read += page.size
@@ -555,6 +561,7 @@ def sales_sync(
             result.changed += outcome.changed
             result.customers_created += outcome.customers_created
             result.surveys += surveys
+            result.attributed += attributed.attributed
             result.skipped += len(malformed)
             result.trans_id = max(result.trans_id, page.next_trans_id)
             if progress:

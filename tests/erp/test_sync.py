@@ -250,3 +250,73 @@ def test_a_late_retry_of_an_older_days_full_sync_leaves_the_newer_one_alone(erp)
     assert result.read == 0 and sandbox.requests() == []
     connection.refresh_from_db()
     assert (connection.customers_full_day, connection.customers_full_cursor) == (today, 10_000)
+
+
+def test_each_synced_page_of_sales_is_attributed_to_the_campaigns_that_reached_its_customers(erp):
+    from campaigns.models import (
+        Campaign,
+        CampaignRevenue,
+        Channel,
+        EmailMessage,
+        SaleAttribution,
+        WhatsappMessage,
+    )
+
+    org, store, sandbox = erp["org"], erp["store"], erp["sandbox"]
+    erp["connection"].page_size = 10  # 24 sales: three pages, three statements
+    erp["connection"].save()
+    day = recent_day()
+    start, end = _window(day)
+    records = sandbox.sales_of_day(store.erp_code, day)
+    buyers = sorted({str(r["cliente"]) for r in records if r["cliente"] is not None})
+    customers = {
+        erp_id: Customer.objects.create(organization=org, erp_id=erp_id, name=f"Cliente {erp_id}")
+        for erp_id in buyers
+    }
+    whatsapp = Campaign.objects.create(organization=org, name="Semana", channel=Channel.WHATSAPP)
+    email = Campaign.objects.create(organization=org, name="Newsletter", channel=Channel.EMAIL)
+    reached_wa, reached_email = buyers[: len(buyers) // 2], buyers[len(buyers) // 2 :][:3]
+    for erp_id in reached_wa:  # the day before: within the window of every sale of the day
+        WhatsappMessage.objects.create(
+            campaign=whatsapp,
+            organization=org,
+            customer=customers[erp_id],
+            status="read",
+            sent_at=start - timedelta(days=1),
+        )
+    for erp_id in reached_email:  # at the day's start, after the WhatsApp message: the last touch
+        EmailMessage.objects.create(
+            campaign=email, organization=org, customer=customers[erp_id], status="sent", sent_at=start
+        )
+
+    result = services.sales_sync(store=store, start=start, end=end)
+    assert result.pages == 3 and result.created == 24
+
+    def expected(erp_ids: list[str]) -> tuple[Decimal, int]:
+        mine = [r for r in records if str(r["cliente"]) in erp_ids]
+        return sum((Decimal(str(r["valor_final"])).quantize(Decimal("0.01")) for r in mine), Decimal(0)), len(
+            mine
+        )
+
+    wa_only = [b for b in reached_wa if b not in reached_email]
+    assert result.attributed == expected(wa_only)[1] + expected(reached_email)[1] > 0
+    revenue = {row.campaign_id: (row.revenue, row.conversions) for row in CampaignRevenue.objects.all()}
+    assert revenue == {whatsapp.pk: expected(wa_only), email.pk: expected(reached_email)}
+    assert SaleAttribution.objects.count() == result.attributed
+    assert "attributed to campaigns" in result.summary()
+
+    # The same window again: the same attributions, none written again.
+    before = list(
+        SaleAttribution.objects.order_by("sale_id").values_list("sale_id", "campaign_id", "attributed_at")
+    )
+    again = services.sales_sync(store=store, start=start, end=end)
+    assert again.attributed == result.attributed
+    assert (
+        list(
+            SaleAttribution.objects.order_by("sale_id").values_list("sale_id", "campaign_id", "attributed_at")
+        )
+        == before
+    )
+    assert {
+        row.campaign_id: (row.revenue, row.conversions) for row in CampaignRevenue.objects.all()
+    } == revenue
