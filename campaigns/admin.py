@@ -322,7 +322,12 @@ class CampaignAdmin(TenantAdmin):
         rows = (
             ("revenue", _("revenue"), format_money(figures.revenue)),
             ("conversions", _("conversions (attributed sales)"), number(figures.conversions)),
-            ("conversion_rate", _("conversion rate"), "—" if rate is None else f"{number(100 * rate, 1)}%"),
+            ("buyers", _("customers who bought"), number(figures.buyers)),
+            (
+                "conversion_rate",
+                _("conversion rate (customers who bought ÷ reached)"),
+                "—" if rate is None else f"{number(100 * rate, 1)}%",
+            ),
             ("revenue_per_cost", _("revenue ÷ cost"), "—" if per_cost is None else number(per_cost, 2)),
         )
         return format_html(

@@ -19,6 +19,7 @@ from campaigns.models import (
     CustomerSegment,
     EmailMessage,
     EmailSuppression,
+    SaleAttribution,
     WhatsappMessage,
 )
 from crm.models import Customer, Sale
@@ -92,13 +93,14 @@ class CampaignAttribution:
 
     revenue: Decimal
     conversions: int
+    buyers: int  # customers with at least one attributed sale
     reached: int
     cost: Decimal
 
     @property
     def conversion_rate(self) -> Decimal | None:
-        """Attributed sales per customer reached (a customer who bought twice counts twice)."""
-        return Decimal(self.conversions) / self.reached if self.reached else None
+        """Customers who bought per customer reached (one who bought twice counts once: at most 100%)."""
+        return Decimal(self.buyers) / self.reached if self.reached else None
 
     @property
     def revenue_per_cost(self) -> Decimal | None:
@@ -114,11 +116,22 @@ def campaign_revenue(*, campaign_id: int) -> tuple[Decimal, int]:
 
 
 def campaign_attribution(*, campaign_id: int) -> CampaignAttribution:
-    """The campaign page's revenue figures: two primary-key reads, none over messages or sales."""
+    """The campaign page's revenue figures: two primary-key reads, and the distinct buyers among
+    the campaign's attributed sales (its index on campaign, each sale by primary key)."""
     revenue, conversions = campaign_revenue(campaign_id=campaign_id)
     metric = CampaignMetric.objects.filter(campaign_id=campaign_id).values_list("sent", "cost").first()
     sent, cost = metric or (0, Decimal("0"))
-    return CampaignAttribution(revenue=revenue, conversions=conversions, reached=sent, cost=cost)
+    buyers = (
+        SaleAttribution.objects.filter(campaign_id=campaign_id, sale__customer__isnull=False)
+        .values("sale__customer_id")
+        .distinct()
+        .count()
+        if conversions
+        else 0
+    )
+    return CampaignAttribution(
+        revenue=revenue, conversions=conversions, buyers=buyers, reached=sent, cost=cost
+    )
 
 
 def sending_paused(*, campaign: Campaign) -> str:

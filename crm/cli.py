@@ -17,6 +17,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
+from decimal import ROUND_HALF_UP, Decimal
 from itertools import islice
 from typing import Any
 from urllib.parse import urlparse
@@ -40,7 +41,10 @@ PROBE_TIMEOUT = 5.0  # seconds: an address that drops packets fails the check in
 
 
 def number(value: float | int | Any, decimals: int | None = None) -> str:
-    """`value` as the operator's language writes it: 12.345,6 in pt-br, 12,345.6 in en."""
+    """`value` as the operator's language writes it: 12.345,6 in pt-br, 12,345.6 in en; rounded half
+    up to `decimals` (Django's number_format cuts a Decimal's digits: 66.66… would read 66,6)."""
+    if decimals is not None and isinstance(value, Decimal):
+        value = value.quantize(Decimal(1).scaleb(-decimals), rounding=ROUND_HALF_UP)
     return formats.number_format(value, decimal_pos=decimals, use_l10n=True, force_grouping=True)
 
 

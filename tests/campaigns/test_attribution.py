@@ -395,7 +395,8 @@ def test_the_campaign_page_shows_revenue_conversions_rate_and_revenue_per_cost(w
     figures = figures[: figures.index("</table>")]
     assert 'data-field="revenue">R$\xa01.234,63<' in figures
     assert 'data-field="conversions">3<' in figures
-    assert 'data-field="conversion_rate">100,0%<' in figures  # 3 sales ÷ 3 customers reached
+    assert 'data-field="buyers">2<' in figures  # Ana bought twice: one buyer
+    assert 'data-field="conversion_rate">66,7%<' in figures  # 2 buyers ÷ 3 customers reached
     assert 'data-field="revenue_per_cost">6.584,69<' in figures  # 1234.63 / 0.1875
     # A campaign without cost or anyone reached shows dashes, never a division by zero.
     empty = _campaign(org, "Rascunho")
