@@ -56,8 +56,16 @@ def demo_load(
     *, customers: int = 50, batch: int = 2000, progress: Callable[[int], None] | None = None
 ) -> Organization:
     """Create or update the demo organization, its stores and `customers` customers. Safe to run twice."""
+    # Contact caps counted per channel in the demo (only when created: an operator's choice stays),
+    # so the demo's WhatsApp campaign and then its email campaign both reach everyone.
     org, _ = Organization.objects.update_or_create(
-        slug=DEMO_SLUG, defaults={"name": "Loja Demo", "timezone": "America/Sao_Paulo"}
+        slug=DEMO_SLUG,
+        defaults={"name": "Loja Demo", "timezone": "America/Sao_Paulo"},
+        create_defaults={
+            "name": "Loja Demo",
+            "timezone": "America/Sao_Paulo",
+            "contact_caps_scope": Organization.ContactCapsScope.PER_CHANNEL,
+        },
     )
     for code, name in DEMO_STORES:
         Store.objects.update_or_create(organization=org, erp_code=code, defaults={"name": name})

@@ -85,10 +85,36 @@ def _two_campaigns(stack: Stack) -> tuple[int, int]:
     return whatsapp.pk, email.pk
 
 
+def _sales_after(stack: Stack, campaign_id: int) -> int:
+    """Two of the campaign's customers buy an hour after its message: sales saved as the admin
+    saves them (each attributed on save). Returns how many were made."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from campaigns.models import WhatsappMessage
+    from crm.models import Sale, Store
+
+    store = Store.objects.filter(organization_id=stack.ids["organization"]).first()
+    assert store is not None
+    messages = WhatsappMessage.objects.filter(campaign_id=campaign_id, sent_at__isnull=False)[:2]
+    for i, message in enumerate(messages):
+        Sale.objects.create(
+            organization_id=stack.ids["organization"],
+            store=store,
+            customer_id=message.customer_id,
+            erp_id=f"UI-SALE-{i}",
+            total=Decimal("149.90") * (i + 1),
+            sold_at=message.sent_at + timedelta(hours=1),
+        )
+    return len(messages)
+
+
 def test_a_new_operator_reads_the_pages_right(stack: Stack, new_page: Callable[..., Page]) -> None:
     from campaigns import caps
 
     whatsapp_id, email_id = stack.orm.run(_two_campaigns, stack)
+    sales = stack.orm.run(_sales_after, stack, whatsapp_id)
+    assert sales == 2
     org_id = stack.ids["organization"]
     page = new_page(width=WIDTH, height=HEIGHT)
     log_in(page, STAFF_USERNAME, STAFF_PASSWORD)
@@ -133,6 +159,13 @@ def test_a_new_operator_reads_the_pages_right(stack: Stack, new_page: Callable[.
     expect(page.locator("fieldset.channel-email")).to_have_count(0)
     expect(page.locator("#campaign-chart-events canvas")).to_have_count(1, timeout=15_000)
     screenshot(page, "ui-campaign-now-and-money")
+    # What it sold: R$ 149,90 + R$ 299,80 from two of the customers it reached.
+    sold = page.locator("#campaign-attribution")
+    expect(sold.locator("[data-field=revenue]")).to_have_text(re.compile(r"^R\$\s?449,70$"))
+    expect(sold.locator("[data-field=conversions]")).to_have_text("2")
+    expect(sold.locator("[data-field=buyers]")).to_have_text("2")
+    sold.scroll_into_view_if_needed()
+    screenshot(page, "ui-campaign-revenue")
 
     # The add form shows the chosen channel's section only.
     page.goto("/admin/campaigns/campaign/add/")
@@ -153,6 +186,12 @@ def test_a_new_operator_reads_the_pages_right(stack: Stack, new_page: Callable[.
     assert chart["whatsapp_sent"][-1] == DEMO_CUSTOMERS  # today, the window's last day
     expect(page.locator("#organization-chart-sent canvas")).to_have_count(1)
     screenshot(page, "ui-organization-dashboard")
+    revenue = page.locator(f"#dashboard-campaigns tr[data-campaign='{whatsapp_id}'] td[data-field=revenue]")
+    expect(revenue).to_have_text(re.compile(r"^R\$\s?449,70$"))
+    stores = page.locator("#dashboard-revenue-stores td[data-field=revenue]")
+    expect(stores.first).to_have_text(re.compile(r"^R\$\s?449,70$"))
+    page.locator("#dashboard-revenue-stores").scroll_into_view_if_needed()
+    screenshot(page, "ui-organization-revenue")
 
     # Metrics are the send jobs' to write: nothing to add by hand.
     page.goto("/admin/campaigns/campaignmetric/")
