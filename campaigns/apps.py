@@ -9,7 +9,8 @@ class CampaignsConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import pre_delete
 
-        from campaigns import inbox, services  # noqa: F401 - the recoverer, the inbox handler
+        # The recoverer, the inbox handler, the /metrics collector, the organization dashboard.
+        from campaigns import admin_dashboard, inbox, metrics, services  # noqa: F401
         from campaigns.models import Campaign
 
         pre_delete.connect(services.campaign_deleting, sender=Campaign, dispatch_uid="campaigns.deleting")

@@ -19,9 +19,9 @@ from campaigns.models import CampaignMetric
 from crm import jobs, prometheus, stats
 from crm.logfmt import JsonFormatter
 from crm.models import Organization
+from crm.resilience import BreakerPolicy, Gate
 from erp import services as erp_services
 from integrations.millennium.sandbox import MillenniumSandbox
-from integrations.runner.resilience import BreakerPolicy, Gate
 from runner import services as runner_services
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType
 from tests.campaigns import conftest as campaign_world
