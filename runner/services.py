@@ -691,7 +691,7 @@ def _call_python(path: str, items: list[ItemIn], batch: bool) -> list[ItemOutcom
     return outcomes
 
 
-def items_process(
+def items_process(  # noqa: C901
     *,
     execution_id: int,
     item_ids: list[int],
