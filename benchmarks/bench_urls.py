@@ -1,4 +1,4 @@
-"""crm.urls plus `/bench/trivial`: a view that reads the body and answers a small JSON object,
+"""project.urls plus `/bench/trivial`: a view that reads the body and answers a small JSON object,
 through the same middleware as every other view; and the same view at `/webhooks/bench-trivial`,
 on the webhook intakes' lean middleware stack (crm/wsgi.py)."""
 
@@ -6,7 +6,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
-from crm.urls import urlpatterns as project_urls
+from project.urls import urlpatterns as project_urls
 
 
 @csrf_exempt

@@ -54,8 +54,8 @@ from benchmarks.common import ensure_database  # noqa: E402
 from benchmarks.runner_common import percentile, wait_for  # noqa: E402
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage  # noqa: E402
 from crm import jobs  # noqa: E402
-from crm.management.commands.up import manage_gunicorn  # noqa: E402
 from crm.models import Customer, Organization  # noqa: E402
+from project.management.commands.up import manage_gunicorn  # noqa: E402
 from runner.models import ExecutionItem, Handler, IntegrationType, RunnerSettings  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,8 @@ class CampaignsConfig(AppConfig):
     def ready(self) -> None:
         from django.db.models.signals import post_save, pre_delete
 
-        from campaigns import attribution, inbox, services  # noqa: F401 - the recoverer, the inbox handler
+        # The recoverer, the inbox handler, the /metrics collector, the organization dashboard.
+        from campaigns import admin_dashboard, attribution, inbox, metrics, services  # noqa: F401
         from campaigns.models import Campaign
         from crm.models import Sale
 

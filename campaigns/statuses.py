@@ -158,7 +158,7 @@ def _priced(message: WhatsappMessage, event: StatusEvent, prices: dict[tuple[str
     return prices.get((category, region), prices.get((category, "*"), Decimal("0")))
 
 
-def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
+def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:  # noqa: C901
     """Apply status events monotonically; returns counts applied/ignored/unknown/settled.
 
     Safe to run twice with the same events (a duplicate changes nothing and counts nothing). Rows

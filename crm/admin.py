@@ -1,10 +1,14 @@
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import Http404, HttpRequest, HttpResponse
+from django.urls import path
 from django.utils.formats import date_format
 from django.utils.timezone import localtime
 from django.utils.translation import gettext_lazy as _
@@ -124,52 +128,42 @@ class OrganizationAdmin(TenantAdmin):
         return tenancy.is_operator(request.user)
 
     def get_urls(self) -> list:
-        from django.urls import path
-
-        return [
+        pages = [
             path(
-                "<int:pk>/dashboard/",
-                self.admin_site.admin_view(self.dashboard_view),
-                name="crm_organization_dashboard",
-            ),
-            *super().get_urls(),
+                f"<int:pk>/{route}",
+                self.admin_site.admin_view(functools.partial(self.organization_page_view, view)),
+                name=name,
+            )
+            for route, name, view in _organization_pages.values()
         ]
+        return [*pages, *super().get_urls()]
 
-    def dashboard_view(self, request: HttpRequest, pk: int):
-        """The organization's last 30 days: campaigns, sends per day, NPS, paused sending."""
-        from django.core.exceptions import PermissionDenied
-        from django.http import Http404
-        from django.template.response import TemplateResponse
-
-        from campaigns import dashboards
-
+    def organization_page_view(self, view: OrganizationPage, request: HttpRequest, pk: int) -> HttpResponse:
+        """A registered page of one organization the user may see (404 for another one's)."""
         organization = self.get_queryset(request).filter(pk=pk).first()
         if organization is None:
             raise Http404
         if not self.has_view_permission(request, organization):
             raise PermissionDenied
-        board = dashboards.organization_dashboard(organization=organization)
-        context = {
-            **self.admin_site.each_context(request),
-            "title": _("%(organization)s: last %(days)d days")
-            % {"organization": organization.name, "days": dashboards.DASHBOARD_DAYS},
-            "opts": self.model._meta,
-            "original": organization,
-            "board": board,
-            "max_campaigns": dashboards.DASHBOARD_MAX_CAMPAIGNS,
-            "chart": {
-                "time_zone": organization.timezone,
-                "days": [row["day"].isoformat() for row in board.days],
-                "whatsapp_sent": [row["whatsapp_sent"] for row in board.days],
-                "email_sent": [row["email_sent"] for row in board.days],
-                "labels": {
-                    "day": str(_("day")),
-                    "whatsapp_sent": str(_("WhatsApp sent")),
-                    "email_sent": str(_("emails sent")),
-                },
-            },
-        }
-        return TemplateResponse(request, "admin/crm/organization/dashboard.html", context)
+        return view(self, request, organization)
+
+
+# A page of one organization that an app adds to the organization's admin (the campaigns app's
+# dashboard): called with the admin, the request and an organization the user may view.
+OrganizationPage = Callable[[OrganizationAdmin, HttpRequest, Organization], HttpResponse]
+_organization_pages: dict[str, tuple[str, str, OrganizationPage]] = {}
+
+
+def register_organization_page(route: str, *, name: str) -> Callable[[OrganizationPage], OrganizationPage]:
+    """Mount the decorated view at /admin/crm/organization/<pk>/<route> as `admin:<name>`; the
+    platform checks the organization's scope and the view permission before calling it. Apps
+    register from their AppConfig.ready (before the URLconf is first read)."""
+
+    def decorator(view: OrganizationPage) -> OrganizationPage:
+        _organization_pages[name] = (route, name, view)
+        return view
+
+    return decorator
 
 
 @admin.register(Store)

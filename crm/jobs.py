@@ -173,7 +173,7 @@ def _job_options(
     return options
 
 
-def enqueue(
+def enqueue(  # noqa: C901
     func: str | Callable[..., Any],
     *,
     queue: str,

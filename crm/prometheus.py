@@ -3,8 +3,10 @@
 Workers and services run in many processes, so nothing is counted in process memory: every
 worker adds each job's outcome and duration to Redis hashes (`record_job`, in the round trip it
 already makes to go idle) and services add their own counts with `count`. A scrape reads those
-hashes, the queues, the breakers and three cheap aggregates from the database, in a few round
-trips whatever the number of jobs, messages or items behind them.
+hashes and the queues, in a few round trips whatever the number of jobs behind them, then asks each
+app's collector for its own families (campaign messages, the runner's breakers and DLQ): apps
+register them with `register_collector` and their counters with `register_counter` from their
+AppConfig.ready, so the platform imports no app.
 
 Access: with METRICS_TOKEN set, only `Authorization: Bearer <token>`; without it, only requests
 made straight from loopback (a request relayed by a proxy on the same machine is not local).
@@ -16,11 +18,10 @@ import hmac
 import ipaddress
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 
 from django.conf import settings
 from django.db import DatabaseError
-from django.db.models import Sum
 from django.http import HttpRequest, HttpResponse
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
@@ -54,26 +55,25 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 OUTCOMES = ("succeeded", "failed", "retry-scheduled", "deferred")
 
 # The services' counters: name -> (help, label names, label values always shown, even at 0).
-COUNTERS: dict[str, tuple[str, tuple[str, ...], tuple[tuple[str, ...], ...]]] = {
-    "erp_sync_rows": (
-        "ERP records synced (upserted, an unchanged one included), by kind.",
-        ("kind",),
-        (("customers",), ("sales",)),
-    ),
-}
-MESSAGE_STATUSES = (
-    "sent",
-    "delivered",
-    "read",
-    "failed",
-    "skipped",
-    "opened",
-    "clicked",
-    "bounced",
-    "blocked",
-    "unknown",
-)
-CIRCUIT_STATES = {"closed": 0, "half": 1, "open": 2}
+COUNTERS: dict[str, tuple[str, tuple[str, ...], tuple[tuple[str, ...], ...]]] = {}
+# An app's metric families, read at scrape time with the scrape's Redis connection.
+AppCollector = Callable[[Redis], Iterable[Metric]]
+_collectors: dict[str, AppCollector] = {}
+
+
+def register_counter(
+    name: str, doc: str, *, labels: tuple[str, ...], always: tuple[tuple[str, ...], ...] = ()
+) -> None:
+    """Declare a service counter `crm_<name>_total` for `count`; `always` lists the label values
+    shown even before anything was counted (at 0)."""
+    COUNTERS[name] = (doc, labels, always)
+
+
+def register_collector(name: str, collector: AppCollector) -> None:
+    """Add an app's metric families to /metrics (registering a name again replaces it). Collectors
+    run in registration order after the platform's own families; a RedisError or DatabaseError
+    fails the scrape (503)."""
+    _collectors[name] = collector
 
 
 # --- the writing side (workers and services) ---------------------------------------------------
@@ -97,7 +97,7 @@ def count(name: str, n: int = 1, **labels: str) -> None:
     """Add n to a service counter shown on /metrics (one round trip; call it once per page or batch,
     not per row). A Redis failure only loses the count: it never fails the caller."""
     if name not in COUNTERS:
-        raise ValueError(f"unknown counter {name!r}; add it to crm.prometheus.COUNTERS")
+        raise ValueError(f"unknown counter {name!r}; register it with crm.prometheus.register_counter")
     if not n:
         return
     field = name + "|" + ",".join(f"{k}={labels[k]}" for k in sorted(labels))
@@ -128,9 +128,8 @@ class PlatformCollector(Collector):
         yield from self._jobs({_text(k): _text(v) for k, v in job_hash.items()})
         yield from self._counters({_text(k): int(v) for k, v in counters.items()})
         yield from self._workers_and_ages(connection, sorted(_text(k) for k in worker_keys))
-        yield from self._messages()
-        yield from self._circuits(connection)
-        yield self._dlq()
+        for collector in _collectors.values():
+            yield from collector(connection)
 
     @staticmethod
     def _queues() -> Iterator[Metric]:
@@ -205,55 +204,6 @@ class PlatformCollector(Collector):
         for name, age in ages.items():
             oldest.add_metric([name], round(age, 3))
         yield oldest
-
-    @staticmethod
-    def _messages() -> Iterator[Metric]:
-        from campaigns.models import CampaignMetric
-
-        # One row per campaign (not per message): a GROUP BY over the campaigns' counters.
-        rows = (
-            CampaignMetric.objects.order_by()
-            .values("campaign__channel")
-            .annotate(**{status: Sum(status) for status in MESSAGE_STATUSES})
-        )
-        # A gauge, not a counter: a retry of failed messages lowers failed and deleting a campaign
-        # lowers them all, which a counter must never do (Prometheus would read a reset).
-        family = GaugeMetricFamily(
-            "crm_messages",
-            "Campaign messages by channel and status now: the sum of the campaigns' counters.",
-            labels=["channel", "status"],
-        )
-        for row in rows:
-            for status in MESSAGE_STATUSES:
-                family.add_metric([row["campaign__channel"], status], row[status] or 0)
-        yield family
-
-    @staticmethod
-    def _circuits(connection: Redis) -> Iterator[Metric]:
-        from integrations.runner.resilience import snapshot
-        from runner.models import IntegrationType
-
-        family = GaugeMetricFamily(
-            "crm_circuit_state",
-            "Integration runner circuit breaker: 0 closed, 1 half-open, 2 open.",
-            labels=["integration"],
-        )
-        keys = list(
-            IntegrationType.objects.order_by("integration_key").values_list("integration_key", flat=True)
-        )
-        # The dashboard's read (Redis's clock; an open circuit past its time reads half-open).
-        breakers = snapshot(connection, integration_keys=keys, handler_ids=[], organization_ids=[]).breakers
-        for key in keys:
-            family.add_metric([key], CIRCUIT_STATES.get(breakers[key].state, 0))
-        yield family
-
-    @staticmethod
-    def _dlq() -> Metric:
-        from runner.models import ExecutionItem
-
-        # dlq_at is set with the failure and cleared by a replay: counted on its partial index.
-        n = ExecutionItem.objects.filter(dlq_at__isnull=False).count()
-        return GaugeMetricFamily("crm_runner_dlq_items", "Runner items in the DLQ (not replayed).", value=n)
 
 
 REGISTRY = CollectorRegistry(auto_describe=False)

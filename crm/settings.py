@@ -106,6 +106,7 @@ INSTALLED_APPS = [
     "erp",
     "surveys",
     "runner",
+    "project",  # the composition root: urls, `demo`, `up`
 ]
 
 MIDDLEWARE = [
@@ -128,7 +129,7 @@ INTAKE_MIDDLEWARE = [
     "crm.intake.DatabaseUnavailableMiddleware",
 ]
 
-ROOT_URLCONF = "crm.urls"
+ROOT_URLCONF = "project.urls"
 WSGI_APPLICATION = "crm.wsgi.application"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

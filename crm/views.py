@@ -80,7 +80,7 @@ def healthz(request: HttpRequest) -> JsonResponse:
 
 @never_cache
 def metrics(request: HttpRequest) -> JsonResponse:
-    """{queue: {waiting, active, failed, completed, delayed}} — platform operators only (crm.urls)."""
+    """{queue: {waiting, active, failed, completed, delayed}} — platform operators only (project.urls)."""
     try:
         return JsonResponse(stats.queue_stats())
     except RedisError as exc:
@@ -89,7 +89,7 @@ def metrics(request: HttpRequest) -> JsonResponse:
 
 @never_cache
 def schedules(request: HttpRequest) -> HttpResponse:
-    """The cron table with each entry's next run; POST name=… runs one now (operators only: crm.urls)."""
+    """The cron table with each entry's next run; POST name=… runs one now (operators only: project.urls)."""
     if request.method == "POST":
         name = request.POST.get("name", "")
         if name not in cron.cron_table():

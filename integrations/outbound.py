@@ -16,7 +16,8 @@ addresses checked are the addresses connected to: httpx requests go to the addre
 check), aiohttp's connector resolves through `GuardedResolver`. A name whose answer changes
 between a check and a connection (DNS rebinding) cannot pass public and connect private. An
 origin an operator named on the command line (`demo --graph-url/--erp-url`, the sandboxes of
-`up`) is trusted in every mode (`trust_origin`).
+`up`) is trusted in every mode (`trust_origin`); the integrations app keeps those origins in its
+TrustedOrigin table and hands this module the store (`use_trusted_origin_store`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from django.conf import settings
@@ -68,6 +70,23 @@ _trusted: tuple[float, frozenset[str]] = (0.0, frozenset())
 _trusted_lock = threading.Lock()
 
 
+@dataclass(frozen=True)
+class TrustedOriginStore:
+    load: Callable[[], Iterable[str]]  # every trusted origin
+    add: Callable[[str], None]  # keep one more (safe to repeat)
+
+
+_store: TrustedOriginStore | None = None
+
+
+def use_trusted_origin_store(store: TrustedOriginStore) -> None:
+    """Where trusted origins are kept (IntegrationsConfig.ready: the TrustedOrigin table). Until
+    then no origin is trusted."""
+    global _store, _trusted
+    with _trusted_lock:
+        _store, _trusted = store, (0.0, frozenset())
+
+
 def _origin(url: str) -> str:
     parts = urlsplit(url.strip())
     host = (parts.hostname or "").lower()
@@ -81,9 +100,9 @@ def _origin(url: str) -> str:
 def trust_origin(url: str) -> None:
     """Allow `url`'s origin (scheme, host, port) whatever it resolves to: an operator's explicit
     choice on the command line. Kept in the database (integrations.TrustedOrigin)."""
-    from integrations.models import TrustedOrigin
-
-    TrustedOrigin.objects.get_or_create(origin=_origin(url))
+    if _store is None:
+        raise RuntimeError("no trusted origin store: the integrations app is not installed")
+    _store.add(_origin(url))
     global _trusted
     with _trusted_lock:
         _trusted = (0.0, frozenset())
@@ -95,9 +114,7 @@ def trusted_origins() -> frozenset[str]:
         loaded_at, origins = _trusted
         if time.monotonic() - loaded_at < CACHE_SECONDS and loaded_at:
             return origins
-    from integrations.models import TrustedOrigin
-
-    origins = frozenset(TrustedOrigin.objects.values_list("origin", flat=True))
+    origins = frozenset(_store.load()) if _store is not None else frozenset()
     with _trusted_lock:
         _trusted = (time.monotonic(), origins)
     return origins

@@ -19,10 +19,9 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 from django.views.decorators.http import require_POST
 
-from crm import jobs, tenancy
+from crm import jobs, resilience, tenancy
 from crm.tenancy import TenantAdmin
 from integrations.admin import https_urls, write_only_input
-from integrations.runner import resilience
 from runner import dashboard, services
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
 

@@ -8,6 +8,6 @@ class RunnerConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from runner import cache, services  # noqa: F401  (signals; the recoverer)
+        from runner import cache, metrics, services  # noqa: F401  (signals; /metrics; the recoverer)
 
         cache.connect_signals()

@@ -6,7 +6,7 @@ import os
 
 from django.conf import settings
 
-from integrations.runner.resilience import BreakerPolicy
+from crm.resilience import BreakerPolicy
 
 DEFAULTS: dict[str, float] = {
     "RUNNER_BREAKER_FAILURES": 5,

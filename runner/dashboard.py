@@ -16,9 +16,8 @@ from django.db.models import Case, Count, F, IntegerField, Q, Sum, Value, When
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from crm import jobs
+from crm import jobs, resilience
 from crm.models import Organization
-from integrations.runner import resilience
 from runner.models import DEFAULT_TENANT_LIMIT, Execution, ExecutionItem, Handler, IntegrationType
 
 RECENT = 20

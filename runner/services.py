@@ -20,10 +20,10 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from crm import bulk, inbox, jobs, queues, recovery
+from crm.resilience import Gate
 from integrations.errors import IntegrationError
 from integrations.runner import client
 from integrations.runner.contract import ItemIn, ItemOutcome, RunIn
-from integrations.runner.resilience import Gate
 from runner import cache, conf, demo
 from runner.models import (
     EVENT_ID_MAX,
@@ -691,7 +691,7 @@ def _call_python(path: str, items: list[ItemIn], batch: bool) -> list[ItemOutcom
     return outcomes
 
 
-def items_process(
+def items_process(  # noqa: C901
     *,
     execution_id: int,
     item_ids: list[int],

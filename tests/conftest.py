@@ -257,7 +257,7 @@ def web_server(transactional_db) -> Iterator[str]:
     """The production web server (gunicorn, as `manage.py up` runs it) on a free port, serving this
     test's database and Redis; yields its base URL. For tests of load, where Django's test server
     (one thread per connection, resets under a burst) would be what fails."""
-    from crm.management.commands.up import manage_gunicorn
+    from project.management.commands.up import manage_gunicorn
 
     port = free_port()
     base = f"http://127.0.0.1:{port}"

@@ -193,7 +193,7 @@ class PostmarkSandbox(ThreadedAppServer):
             await asyncio.sleep(self._latency_ms / 1000)
         return response
 
-    def _answer(self, token: str, data: Any) -> web.Response:
+    def _answer(self, token: str, data: Any) -> web.Response:  # noqa: C901
         state = self._state
         recipients, bad_recipient = _addresses(data.get("To", "")) if isinstance(data, dict) else ([], None)
         for rule in state.failures:

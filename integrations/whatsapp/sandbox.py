@@ -299,7 +299,7 @@ class SandboxConfig:
         return data
 
 
-def _check_config_value(key: str, value: Any) -> Any:
+def _check_config_value(key: str, value: Any) -> Any:  # noqa: C901
     """Return ``value`` normalised for config ``key``; raises ValueError if it has the wrong type."""
     if key == "latency_ms":
         if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:

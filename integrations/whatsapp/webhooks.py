@@ -152,7 +152,7 @@ def _preference(raw: Any, where: str, phone_number_id: str) -> PreferenceEvent |
     raise ValueError(f"{where}: unknown preference value {value!r}")
 
 
-def parse(payload: Any) -> WebhookBatch:
+def parse(payload: Any) -> WebhookBatch:  # noqa: C901
     """The status and marketing-preference events of one webhook POST; ValueError says what is malformed."""
     if not isinstance(payload, dict):
         raise ValueError("the payload must be a JSON object")

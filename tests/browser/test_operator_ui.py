@@ -98,6 +98,7 @@ def _sales_after(stack: Stack, campaign_id: int) -> int:
     assert store is not None
     messages = WhatsappMessage.objects.filter(campaign_id=campaign_id, sent_at__isnull=False)[:2]
     for i, message in enumerate(messages):
+        assert message.sent_at is not None
         Sale.objects.create(
             organization_id=stack.ids["organization"],
             store=store,

@@ -148,7 +148,7 @@ class Web:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, *, ready_status: int = 404) -> None:
-        from crm.management.commands.up import manage_gunicorn
+        from project.management.commands.up import manage_gunicorn
 
         self.proc = subprocess.Popen(
             [*manage_gunicorn(), "--bind", f"127.0.0.1:{self.port}", "--backlog", "2048"],

@@ -19,9 +19,9 @@ from campaigns.models import CampaignMetric
 from crm import jobs, prometheus, stats
 from crm.logfmt import JsonFormatter
 from crm.models import Organization
+from crm.resilience import BreakerPolicy, Gate
 from erp import services as erp_services
 from integrations.millennium.sandbox import MillenniumSandbox
-from integrations.runner.resilience import BreakerPolicy, Gate
 from runner import services as runner_services
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType
 from tests.campaigns import conftest as campaign_world
@@ -132,6 +132,26 @@ def test_queue_gauges_agree_with_queue_stats_and_live_workers_are_counted(client
     worker_process("--queues", "maintenance")
     wait_for(lambda: value(scrape(client), "crm_workers") == 1, timeout=60, what="the worker to register")
     assert value(scrape(client), "crm_queue_jobs", queue="email-send", state="waiting") == 2
+
+
+def test_the_apps_families_follow_the_platforms_in_registration_order(client):
+    """crm imports no app: campaigns, the ERP and the runner register theirs, and /metrics reads
+    as it did when crm/prometheus.py collected them itself."""
+    response = client.get("/metrics")
+    families = [(f.name, f.type) for f in text_string_to_metric_families(response.content.decode())]
+    assert families == [
+        ("crm_queue_jobs", "gauge"),
+        ("crm_jobs", "counter"),
+        ("crm_job_duration_seconds", "histogram"),
+        ("crm_erp_sync_rows", "counter"),
+        ("crm_workers", "gauge"),
+        ("crm_oldest_waiting_seconds", "gauge"),
+        ("crm_messages", "gauge"),
+        ("crm_circuit_state", "gauge"),
+        ("crm_runner_dlq_items", "gauge"),
+    ]
+    with pytest.raises(ValueError, match="unknown counter"):
+        prometheus.count("not_registered")
 
 
 def test_a_token_is_required_once_set_and_compared_whole(client, settings):

@@ -8,7 +8,7 @@ import socket
 import pytest
 from django.core.management.base import CommandError
 
-from crm.management.commands.up import _check_port
+from project.management.commands.up import _check_port
 
 
 def _listener() -> socket.socket:

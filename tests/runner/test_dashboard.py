@@ -7,10 +7,9 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
-from crm import jobs
+from crm import jobs, resilience
 from crm.models import Organization
-from integrations.runner import resilience
-from integrations.runner.resilience import Admission
+from crm.resilience import Admission
 from runner import cache, conf, services
 from runner.models import Execution, Handler, IntegrationType, RunnerSettings
 

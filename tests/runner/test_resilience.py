@@ -4,9 +4,8 @@ import threading
 import time
 from typing import Any
 
-from crm import jobs
-from integrations.runner import resilience
-from integrations.runner.resilience import BreakerPolicy, Gate
+from crm import jobs, resilience
+from crm.resilience import BreakerPolicy, Gate
 from runner import cache, services, tasks
 from runner.models import ExecutionItem, Handler, RunnerSettings
 from tests.runner.conftest import processed

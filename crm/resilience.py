@@ -1,4 +1,4 @@
-"""Redis-side resilience of the integration runner, in two scripts (one round trip each per job):
+"""Resilience primitives on Redis (the integration runner's), in two scripts (one round trip each per job):
 
 `admit` decides, atomically and with Redis's clock, whether a job may call its handler now:
 circuit breaker per integration (closed / open / half-open with a bounded number of probes),

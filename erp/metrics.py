@@ -1,0 +1,12 @@
+"""The ERP syncs' counter on /metrics (registered with crm.prometheus by ErpConfig.ready)."""
+
+from __future__ import annotations
+
+from crm import prometheus
+
+prometheus.register_counter(
+    "erp_sync_rows",
+    "ERP records synced (upserted, an unchanged one included), by kind.",
+    labels=("kind",),
+    always=(("customers",), ("sales",)),
+)
