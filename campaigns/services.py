@@ -20,6 +20,7 @@ from campaigns.models import (
     CampaignMetric,
     Channel,
     EmailMessage,
+    Sender,
     WhatsappMessage,
 )
 from crm import bulk, jobs, promote, queues, recovery
@@ -261,8 +262,33 @@ _FANOUT_ROWS = (
     "SELECT campaign.id, campaign.organization_id, page.customer_id, "
     "(%s + row_number() OVER (ORDER BY page.customer_id) - 1) / %s, "
     "rtrim(translate(encode(uuid_send(gen_random_uuid()), 'base64'), '+/', '-_'), '='), "
-    "%s::timestamptz FROM page CROSS JOIN campaign"
+    "%s::timestamptz{number} FROM page CROSS JOIN campaign{sender}"
 )
+
+
+def _sender_sql(campaign: Campaign) -> tuple[str, str]:
+    """The WhatsApp number each message goes from: (its column, what to join for it).
+
+    From the customer's store (Campaign.sender): the store of the customer's latest sale (one
+    index probe of sale_customer_sold_at per customer), its number when it has one of the
+    organization's, else the campaign's."""
+    if campaign.channel == Channel.EMAIL:
+        return "", ""
+    if campaign.sender != Sender.STORE:
+        return ", campaign.whatsapp_number_id", ""
+    from crm.models import Sale, Store
+    from integrations.models import WhatsappNumber
+
+    quote = connection.ops.quote_name
+    sale, store, number = (quote(m._meta.db_table) for m in (Sale, Store, WhatsappNumber))
+    join = (
+        " LEFT JOIN LATERAL ("  # noqa: S608 - table names from the models' metadata
+        f"SELECT sn.id AS number_id FROM {sale} sa JOIN {store} st ON st.id = sa.store_id "
+        f"LEFT JOIN {number} sn ON sn.id = st.whatsapp_number_id AND sn.organization_id = st.organization_id "
+        "WHERE sa.customer_id = page.customer_id ORDER BY sa.sold_at DESC, sa.id DESC LIMIT 1"
+        ") AS latest ON true"
+    )
+    return ", COALESCE(latest.number_id, campaign.whatsapp_number_id)", join
 
 
 def _fanout_page(
@@ -289,14 +315,17 @@ def _insert_page(
     campaign: Campaign, model: type[Message], page: QuerySet, *, first: int, size: int, ignore: bool
 ) -> tuple[int, int, bool] | None:
     audience, audience_params = page.query.get_compiler(connection=connection).as_sql()
-    insert, defaults = bulk.insert_select(model, _FANOUT_FIELDS, _FANOUT_ROWS, ignore_conflicts=ignore)
+    number, sender = _sender_sql(campaign)
+    fields = (*_FANOUT_FIELDS, "whatsapp_number_id") if number else _FANOUT_FIELDS
+    rows = _FANOUT_ROWS.format(number=number, sender=sender)
+    insert, defaults = bulk.insert_select(model, fields, rows, ignore_conflicts=ignore)
     # The campaign's row FOR KEY SHARE, what the foreign key's check would take on every row, once:
     # it cannot be deleted while the page is written (models.MESSAGE_FKS, campaign_deleting).
     # The audience's SQL from its queryset, the INSERT's from the model's metadata: values are
     # parameters. Per page, not per run: each page commits on its own.
     sql = (
-        f"WITH campaign AS (SELECT id, organization_id FROM {Campaign._meta.db_table} "  # noqa: S608
-        "WHERE id = %s FOR KEY SHARE), "
+        f"WITH campaign AS (SELECT id, organization_id, whatsapp_number_id "  # noqa: S608
+        f"FROM {Campaign._meta.db_table} WHERE id = %s FOR KEY SHARE), "
         f"page (customer_id) AS MATERIALIZED ({audience}), "
         f"written AS ({insert} RETURNING 1) "
         "SELECT (SELECT count(*) FROM campaign), (SELECT count(*) FROM page), "
@@ -607,6 +636,7 @@ _COPIED_FIELDS = (
     "organization_id",
     "channel",
     "whatsapp_number_id",
+    "sender",
     "template_name",
     "template_language",
     "template_category",
