@@ -255,21 +255,22 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
     outcomes: list[_Outcome] = []
     pace_wait: float | None = None
     if lanes:
+        horizon = _pace_horizon(lanes)
         try:
             for lane in lanes:
-                _prepare(lane)
+                _prepare(lane, within=horizon)
         except Exception:
             # Nothing was sent yet: give the claims back (attempt not spent) and let RQ retry.
             _release(ids)
             raise
-        # A number's messages beyond the next WHATSAPP_PACE_WINDOW seconds of its pacing wait in the
-        # database, not in a sleeping worker: the job sends the others' and comes back for them.
+        # A number's messages beyond the horizon of its pacing wait in the database, not in a
+        # sleeping worker: the job sends the others' and comes back for them.
         held: list[WhatsappMessage] = []
         for lane in lanes:
             booked = lane.slots.booked(len(lane.items))
             held += [m for m, _ in lane.items[booked:]]
             if booked < len(lane.items):
-                wait = max(0.5, lane.slots.free_in - settings.WHATSAPP_PACE_WINDOW)
+                wait = max(0.5, lane.slots.free_in - horizon)
                 pace_wait = wait if pace_wait is None else min(pace_wait, wait)
             lane.items = lane.items[:booked]
         if held:
@@ -332,16 +333,26 @@ def _store_names(numbers: dict[int, WhatsappNumber]) -> dict[int, str]:
     return names
 
 
-def _prepare(lane: _Lane) -> None:
+def _pace_horizon(lanes: list[_Lane]) -> float:
+    """How far ahead each number books its pacing slots: WHATSAPP_PACE_WINDOW; when paced numbers
+    share the batch, about the time the quickest of them needs (1 s at least), so that a slow one
+    does not keep the job, and with it the others' next messages, waiting."""
+    window = float(settings.WHATSAPP_PACE_WINDOW)
+    needs = [
+        len(lane.items) / lane.number.messages_per_second for lane in lanes if lane.number.messages_per_second
+    ]
+    if len(needs) < 2:
+        return window
+    return min(window, max(1.0, min(needs)))
+
+
+def _prepare(lane: _Lane, *, within: float) -> None:
     """Credentials (fresh from the database, decrypted in memory only), client and pacing slots."""
     number = lane.number
     lane.token = number.get_access_token()
     lane.client = _graph_client(number.graph_url or settings.WHATSAPP_GRAPH_URL)
     lane.slots = ratelimit.reserve(
-        f"wa:{number.pk}",
-        len(lane.items),
-        number.messages_per_second,
-        within=settings.WHATSAPP_PACE_WINDOW,
+        f"wa:{number.pk}", len(lane.items), number.messages_per_second, within=within
     )
 
 
