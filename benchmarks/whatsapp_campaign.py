@@ -20,6 +20,11 @@ database is flushed.
    message, peak worker memory; then a naive baseline in the same run (one RQ job and one
    blocking request per message on RQ's default forking worker) on a smaller campaign.
    --latencies '' skips this part.
+3. With --store-numbers N (N > 0): the same campaign twice more in the same run, at the first
+   latency, with every number paced at --rate (each number's tier; default 80/s): once from the
+   campaign's single number, once from each customer's store number (N stores, each with its own
+   number, every customer's latest sale at one of them, --store-rates giving each store number's
+   tier in turn). Prints each number's sends/s (first to last send it made) and the total.
 """
 
 from __future__ import annotations
@@ -48,7 +53,7 @@ from django.utils import timezone  # noqa: E402
 
 from benchmarks.common import ensure_database  # noqa: E402
 from campaigns import services  # noqa: E402
-from campaigns.models import Campaign, WhatsappMessage  # noqa: E402
+from campaigns.models import Campaign, Sender, WhatsappMessage  # noqa: E402
 from crm import bulk, jobs  # noqa: E402
 from crm.models import Customer, JobRun, Organization, Store  # noqa: E402
 from integrations.models import WhatsappNumber  # noqa: E402
@@ -56,6 +61,10 @@ from integrations.whatsapp.sandbox import SandboxServer  # noqa: E402
 
 PHONE_NUMBER_ID = "199999999999999"
 TOKEN = "bench-token"  # noqa: S105 - the sandbox's
+
+
+def store_phone_number_id(i: int) -> str:
+    return f"1999999999{i:05d}"
 
 
 def ensure_world(n: int, sandbox_url: str) -> Organization:
@@ -86,6 +95,46 @@ def ensure_world(n: int, sandbox_url: str) -> Organization:
     number.set_access_token(TOKEN)
     number.save()
     return org
+
+
+def ensure_store_numbers(org: Organization, sandbox_url: str, rates: list[int]) -> list[WhatsappNumber]:
+    """len(rates) stores, each with its own number at its rate, and one sale per customer (its
+    store in turn): the world of a campaign sent from the customers' stores."""
+    from decimal import Decimal
+
+    from crm.models import Sale
+
+    numbers = []
+    for i, rate in enumerate(rates):
+        store, _ = Store.objects.get_or_create(
+            organization=org, erp_code=f"S{i:03d}", defaults={"name": f"Loja {i}"}
+        )
+        number = WhatsappNumber.objects.filter(
+            phone_number_id=store_phone_number_id(i)
+        ).first() or WhatsappNumber(phone_number_id=store_phone_number_id(i))
+        number.organization, number.store = org, store
+        number.display_phone_number = f"+55119300{i:05d}"
+        number.graph_url, number.messages_per_second = sandbox_url, rate
+        number.paused_at, number.paused_reason = None, ""
+        number.set_access_token(TOKEN)
+        number.save()
+        Store.objects.filter(pk=store.pk).update(whatsapp_number=number)
+        numbers.append(number)
+    stores = [n.store_id for n in numbers]
+    # Read before the COPY: copy_rows streams on this connection, which nothing may query meanwhile.
+    customers = list(Customer.objects.filter(organization=org).order_by("pk").values_list("pk", flat=True))
+    Sale.objects.filter(organization=org, erp_id__startswith="BS").exclude(store_id__in=stores).delete()
+    added = bulk.copy_rows(
+        Sale,
+        ["organization_id", "store_id", "customer_id", "erp_id", "total", "sold_at"],
+        (
+            (org.pk, stores[i % len(stores)], pk, f"BS{pk}", Decimal("99.90"), timezone.now())
+            for i, pk in enumerate(customers)
+        ),
+        ignore_conflicts=True,
+    )
+    bulk.analyze_if_grown(Sale, added)
+    return numbers
 
 
 def _delete_campaigns(org: Organization) -> None:
@@ -203,7 +252,15 @@ def run_fanout(org: Organization, *, n: int, batch: int) -> dict:
 
 
 def run_campaign(
-    org: Organization, sandbox: SandboxServer, *, n: int, latency: int, rate: int, processes: int, batch: int
+    org: Organization,
+    sandbox: SandboxServer,
+    *,
+    n: int,
+    latency: int,
+    rate: int,
+    processes: int,
+    batch: int,
+    sender: str = Sender.CAMPAIGN,
 ) -> dict:
     WhatsappNumber.objects.filter(phone_number_id=PHONE_NUMBER_ID).update(messages_per_second=rate)
     sandbox.reset()
@@ -212,8 +269,9 @@ def run_campaign(
     redis.flushdb()
     campaign = Campaign.objects.create(
         organization=org,
-        name=f"bench {n} @ {latency}ms",
+        name=f"bench {n} @ {latency}ms from {sender}",
         whatsapp_number=WhatsappNumber.objects.get(phone_number_id=PHONE_NUMBER_ID),
+        sender=sender,
         template_name="bench",
         template_variables=["first_name"],
     )
@@ -267,6 +325,7 @@ def run_campaign(
     stats = sandbox.stats()
     sustained = 0.8 * n / (marks["p0.9"] - marks["p0.1"]) if "p0.9" in marks and "p0.1" in marks else 0.0
     return {
+        "per_number": _per_number(sandbox.messages()),
         "sent": sent,
         "accepted": stats["accepted"],
         "by_recipient_max": stats["by_recipient_max"],
@@ -276,6 +335,53 @@ def run_campaign(
         "queries_per_message": int(redis.get("crm:stats:db_queries") or 0) / max(n, 1),
         "peak_worker_mb": memory,
     }
+
+
+def _per_number(received: list[dict]) -> dict[str, tuple[int, float]]:
+    """phone_number_id -> (sends, sends/s between its first and its last send)."""
+    from datetime import datetime
+
+    times: dict[str, list[datetime]] = {}
+    for m in received:
+        times.setdefault(m["phone_number_id"], []).append(datetime.fromisoformat(m["received_at"]))
+    out = {}
+    for number, at in sorted(times.items()):
+        span = (max(at) - min(at)).total_seconds()
+        out[number] = (len(at), (len(at) - 1) / span if span > 0 else 0.0)
+    return out
+
+
+def run_store_numbers(
+    org: Organization, sandbox: SandboxServer, args: argparse.Namespace, latency: int
+) -> None:
+    """The campaign from its one number, then from N store numbers, each paced at its tier."""
+    tiers = [int(x) for x in args.store_rates.split(",")] if args.store_rates else [args.rate or 80]
+    rates = [tiers[i % len(tiers)] for i in range(args.store_numbers)]
+    ensure_store_numbers(org, sandbox.url, rates)
+    single_rate = args.rate or 80
+    print(
+        f"{args.recipients} recipients, {args.processes} worker processes, batch {args.batch}, "
+        f"latency {latency} ms, every number paced at its tier"
+    )
+    for sender, label in ((Sender.CAMPAIGN, f"one number at {single_rate}/s"), (Sender.STORE, None)):
+        r = run_campaign(
+            org,
+            sandbox,
+            n=args.recipients,
+            latency=latency,
+            rate=single_rate,
+            processes=args.processes,
+            batch=args.batch,
+            sender=sender,
+        )
+        label = label or f"{args.store_numbers} store numbers at {'/'.join(map(str, tiers))}/s"
+        print(
+            f"  from {label}: total {r['total_s']:.1f} s, sustained {r['sustained']:.0f} sends/s, "
+            f"sent {r['sent']}, max sends to one recipient {r['by_recipient_max']}"
+        )
+        for number, (count, per_s) in r["per_number"].items():
+            tier = single_rate if number == PHONE_NUMBER_ID else rates[int(number[-5:])]
+            print(f"    {number} (tier {tier}/s): {count} sends, {per_s:.1f} sends/s")
 
 
 def run_baseline(org: Organization, sandbox: SandboxServer, *, n: int, latency: int, processes: int) -> float:
@@ -339,6 +445,22 @@ def main() -> None:
         "--baseline", type=int, default=2000, help="recipients of the naive baseline (0 = skip)"
     )
     parser.add_argument(
+        "--store-numbers",
+        type=int,
+        default=0,
+        help="also compare the campaign from one number with it from N store numbers (0 = skip)",
+    )
+    parser.add_argument(
+        "--skip-single",
+        action="store_true",
+        help="with --store-numbers: only that comparison (not part 2's runs per latency)",
+    )
+    parser.add_argument(
+        "--store-rates",
+        default="",
+        help="the store numbers' tiers (sends/s), comma-separated, given in turn (default: --rate or 80)",
+    )
+    parser.add_argument(
         "--fanout-sizes",
         default="",
         help="audience sizes of the fan-out alone, comma-separated (default: --recipients; 0 = skip)",
@@ -363,6 +485,17 @@ def main() -> None:
         if not latencies:
             return
         org = ensure_world(args.recipients, sandbox.url)
+        if args.store_numbers:
+            numbers = {
+                PHONE_NUMBER_ID: TOKEN,
+                **{store_phone_number_id(i): TOKEN for i in range(args.store_numbers)},
+            }
+            with SandboxServer(host="127.0.0.1", port=0, numbers=numbers) as stores_sandbox:
+                org = ensure_world(args.recipients, stores_sandbox.url)
+                run_store_numbers(org, stores_sandbox, args, latencies[0])
+            org = ensure_world(args.recipients, sandbox.url)
+            if args.skip_single:
+                return
         print(
             f"{args.recipients} recipients, {args.processes} worker processes, batch {args.batch}, "
             f"pacing {'off' if not args.rate else f'{args.rate}/s'}"

@@ -110,6 +110,7 @@ class CampaignAdmin(TenantAdmin):
             {
                 "fields": (
                     "whatsapp_number",
+                    "sender",
                     "template_name",
                     "template_language",
                     "template_category",

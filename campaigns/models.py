@@ -28,6 +28,13 @@ class Channel(models.TextChoices):
     EMAIL = "email", _("email")
 
 
+class Sender(models.TextChoices):
+    """Which number a WhatsApp campaign's message is sent from."""
+
+    CAMPAIGN = "campaign", _("the campaign's number")
+    STORE = "store", _("the customer's store number")
+
+
 class BodyFormat(models.TextChoices):
     MJML = "mjml", _("MJML")
     HTML = "html", _("HTML")
@@ -62,6 +69,17 @@ class Campaign(models.Model):
         blank=True,
         related_name="campaigns",
         verbose_name=_("WhatsApp number"),
+    )
+    sender = models.CharField(
+        _("send from"),
+        max_length=10,
+        choices=Sender.choices,
+        default=Sender.CAMPAIGN,
+        help_text=_(
+            "The customer's store number: each message goes from the WhatsApp number of the store of "
+            "the customer's latest sale, or from the number above when that store has none (or the "
+            "customer has no sale). Chosen when the campaign starts."
+        ),
     )
     template_name = models.CharField(_("template name"), max_length=512, blank=True, default="")
     template_language = models.CharField(_("template language"), max_length=10, default="pt_BR")
@@ -281,6 +299,20 @@ class WhatsappMessage(models.Model):
         on_delete=models.CASCADE,
         related_name="whatsapp_messages",
         verbose_name=_("customer"),
+        db_index=False,
+        db_constraint=False,
+    )
+    # The number it is sent from, chosen by the fan-out (Campaign.sender). No constraint, no index
+    # (see MESSAGE_FKS): nothing looks messages up by number, and a number deleted meanwhile is
+    # replaced by the campaign's own (PROTECTed) one at send time. Empty on rows older than the
+    # choice: the campaign's number.
+    whatsapp_number = models.ForeignKey(
+        "integrations.WhatsappNumber",
+        on_delete=models.DO_NOTHING,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("sent from"),
         db_index=False,
         db_constraint=False,
     )

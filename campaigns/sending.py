@@ -18,23 +18,23 @@ import functools
 import logging
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 import phonenumbers
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from campaigns import caps, links, services
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from crm import aio, bulk, ratelimit
 from crm.jobs import Defer
-from crm.models import Customer, OptOutSource, Organization
+from crm.models import Customer, OptOutSource, Organization, Store
 from crm.names import first_name
 from integrations import http
-from integrations.models import WhatsappPrice
+from integrations.models import WhatsappNumber, WhatsappPrice
 from integrations.whatsapp.client import GraphClient, SendResult, TemplateMessage, UrlButton
 from integrations.whatsapp.errors import Action
 from integrations.whatsapp.parameters import template_text
@@ -116,15 +116,28 @@ def _link(kind: str, message: WhatsappMessage) -> str:
 class _Outcome:
     message: WhatsappMessage
     result: SendResult
+    number_id: int
 
 
-def _claim(campaign_id: int, batch: int) -> list[int]:
+@dataclass
+class _Lane:
+    """One sending number's share of a batch: its credentials, its pacing slots, its messages."""
+
+    number: WhatsappNumber
+    items: list[tuple[WhatsappMessage, TemplateMessage]]
+    token: str = ""
+    client: GraphClient | None = None
+    slots: ratelimit.Slots = field(default_factory=lambda: ratelimit.Slots(0.0, 0.0))
+
+
+def _claim(campaign_id: int, batch: int, *, paused: Q | None = None) -> list[int]:
     with transaction.atomic():
-        ids = list(
-            WhatsappMessage.objects.select_for_update(skip_locked=True)
-            .filter(campaign_id=campaign_id, batch=batch, status=Status.QUEUED)
-            .values_list("id", flat=True)
+        queued = WhatsappMessage.objects.select_for_update(skip_locked=True).filter(
+            campaign_id=campaign_id, batch=batch, status=Status.QUEUED
         )
+        if paused is not None:
+            queued = queued.exclude(paused)
+        ids = list(queued.values_list("id", flat=True))
         if ids:
             WhatsappMessage.objects.filter(id__in=ids).update(
                 status=Status.SENDING, attempts=F("attempts") + 1, sending_at=timezone.now()
@@ -132,27 +145,52 @@ def _claim(campaign_id: int, batch: int) -> list[int]:
     return ids
 
 
-async def _send_all(
-    client: GraphClient,
-    *,
-    phone_number_id: str,
-    token: str,
-    items: list[tuple[WhatsappMessage, TemplateMessage]],
-    slots: ratelimit.Slots,
-) -> list[_Outcome]:
+def _release(ids: list[int]) -> None:
+    """Claimed messages that were not handed to Meta go back to QUEUED, their attempt not spent."""
+    if ids:
+        WhatsappMessage.objects.filter(id__in=ids, status=Status.SENDING).update(
+            status=Status.QUEUED, sending_at=None, attempts=F("attempts") - 1
+        )
+
+
+def paused_numbers(*, organization_id: int) -> dict[int, str]:
+    """The organization's WhatsApp numbers Meta refused (WhatsappNumber.paused_at): id -> reason."""
+    return dict(
+        WhatsappNumber.objects.filter(organization_id=organization_id, paused_at__isnull=False).values_list(
+            "pk", "paused_reason"
+        )
+    )
+
+
+def _of_paused(campaign: Campaign, paused: dict[int, str]) -> Q | None:
+    """The messages that would go from a paused number (no number of their own: the campaign's)."""
+    if not paused:
+        return None
+    of_paused = Q(whatsapp_number_id__in=list(paused))
+    if campaign.whatsapp_number_id in paused:
+        of_paused |= Q(whatsapp_number_id__isnull=True)
+    return of_paused
+
+
+async def _send_all(lanes: list[_Lane]) -> list[_Outcome]:
+    """Every lane's messages concurrently, each lane on its own number's slots: a slow number's
+    pacing never holds up another's sends."""
     loop = asyncio.get_running_loop()
     started = loop.time()
 
-    async def one(i: int, message: WhatsappMessage, payload: TemplateMessage) -> _Outcome:
-        wait = slots.offset(i) - (loop.time() - started)
+    async def one(lane: _Lane, i: int, message: WhatsappMessage, payload: TemplateMessage) -> _Outcome:
+        wait = lane.slots.offset(i) - (loop.time() - started)
         if wait > 0:
             await asyncio.sleep(wait)
-        return _Outcome(
-            message,
-            await client.send_template(phone_number_id=phone_number_id, access_token=token, message=payload),
+        assert lane.client is not None
+        result = await lane.client.send_template(
+            phone_number_id=lane.number.phone_number_id, access_token=lane.token, message=payload
         )
+        return _Outcome(message, result, lane.number.pk)
 
-    return list(await asyncio.gather(*(one(i, m, p) for i, (m, p) in enumerate(items))))
+    return list(
+        await asyncio.gather(*(one(lane, i, m, p) for lane in lanes for i, (m, p) in enumerate(lane.items)))
+    )
 
 
 _clients: dict[tuple[int, str], GraphClient] = {}
@@ -190,7 +228,8 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
     """Send every still-queued message of one batch. Returns counts by outcome.
 
     Raises Defer (no attempt spent) while the campaign is paused, the organization's sending is
-    paused, or messages wait for a retry or a throttle to pass.
+    paused, messages wait for their paused number, for their number's pacing (beyond
+    WHATSAPP_PACE_WINDOW), or for a retry or a throttle to pass.
     """
     campaign = Campaign.objects.select_related(
         "organization", "whatsapp_number", "whatsapp_number__store"
@@ -199,24 +238,136 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
     if not services.batch_may_send(campaign=campaign, batch=batch):
         return {}
 
-    ids = _claim(campaign_id, batch)
+    paused = paused_numbers(organization_id=org.pk)
+    of_paused = _of_paused(campaign, paused)
+    ids = _claim(campaign_id, batch, paused=of_paused)
     if not ids:
+        _defer_while_paused(campaign_id, batch, of_paused, paused)
         services.campaign_complete_if_done(campaign_id=campaign_id)
         return {}
-    now = timezone.now()
     messages = list(WhatsappMessage.objects.filter(id__in=ids).select_related("customer").order_by("id"))
     services.skip_without_customer(model=WhatsappMessage, campaign_id=campaign_id, ids=ids, found=messages)
-    customer_ids = [m.customer_id for m in messages]
+    numbers = _senders(campaign, messages)
+    skipped, lanes = _eligible(campaign, org, messages, numbers)
     counts: Counter[str] = Counter()
+
+    outcomes: list[_Outcome] = []
+    pace_wait: float | None = None
+    if lanes:
+        horizon = _pace_horizon(lanes)
+        try:
+            for lane in lanes:
+                _prepare(lane, within=horizon)
+        except Exception:
+            # Nothing was sent yet: give the claims back (attempt not spent) and let RQ retry.
+            _release(ids)
+            raise
+        # A number's messages beyond the horizon of its pacing wait in the database, not in a
+        # sleeping worker: the job sends the others' and comes back for them.
+        held: list[WhatsappMessage] = []
+        for lane in lanes:
+            booked = lane.slots.booked(len(lane.items))
+            held += [m for m, _ in lane.items[booked:]]
+            if booked < len(lane.items):
+                wait = max(0.5, lane.slots.free_in - horizon)
+                pace_wait = wait if pace_wait is None else min(pace_wait, wait)
+            lane.items = lane.items[:booked]
+        if held:
+            _release([m.pk for m in held])
+            gone = {m.pk for m in held}
+            messages = [m for m in messages if m.pk not in gone]
+            lanes = [lane for lane in lanes if lane.items]
+        started = time.monotonic()
+        outcomes = aio.run(_send_all(lanes))
+        for lane in lanes:
+            lane.token = ""
+        logger.info(
+            "batch %s/%s: %s sends from %s number(s) in %.2fs",
+            campaign_id,
+            batch,
+            len(outcomes),
+            len(lanes),
+            time.monotonic() - started,
+            extra={"campaign_id": campaign_id, "organization_id": org.pk},
+        )
+    retry_in = _record(campaign, messages, skipped, outcomes, counts)
+    delays = [d for d in (retry_in, pace_wait) if d is not None]
+    if delays:
+        raise Defer(min(delays), "messages wait for a retry, a throttle or their number's pacing")
+    _defer_while_paused(campaign_id, batch, of_paused, paused)
+    services.campaign_complete_if_done(campaign_id=campaign_id)
+    return dict(counts)
+
+
+def _defer_while_paused(campaign_id: int, batch: int, of_paused: Q | None, paused: dict[int, str]) -> None:
+    """Raise Defer while messages of this batch wait for a paused number (an operator resumes it)."""
+    if of_paused is None:
+        return
+    queued = WhatsappMessage.objects.filter(campaign_id=campaign_id, batch=batch, status=Status.QUEUED)
+    if queued.filter(of_paused).exists():
+        reasons = "; ".join(sorted(set(paused.values())))[:200]
+        raise Defer(PAUSED_DELAY * 2, f"WhatsApp number paused: {reasons}")
+
+
+def _senders(campaign: Campaign, messages: list[WhatsappMessage]) -> dict[int, WhatsappNumber]:
+    """The numbers the messages go from, by id. A message without one (older than the choice), or
+    whose number was deleted since the fan-out, goes from the campaign's number."""
+    own = campaign.whatsapp_number
+    assert own is not None
+    wanted = {m.whatsapp_number_id for m in messages} - {None, own.pk}
+    numbers = {own.pk: own, **WhatsappNumber.objects.select_related("store").in_bulk(list(wanted))}
+    for m in messages:
+        if m.whatsapp_number_id not in numbers:
+            m.whatsapp_number_id = own.pk
+    return numbers
+
+
+def _store_names(numbers: dict[int, WhatsappNumber]) -> dict[int, str]:
+    """{{store_name}} by sending number: its own store, else the first store that sends from it."""
+    names = {pk: n.store.name for pk, n in numbers.items() if n.store}
+    others = [pk for pk in numbers if pk not in names]
+    if others:
+        sending = Store.objects.filter(whatsapp_number_id__in=others).order_by("-pk")
+        names.update(sending.values_list("whatsapp_number_id", "name"))  # the lowest pk comes last
+    return names
+
+
+def _pace_horizon(lanes: list[_Lane]) -> float:
+    """How far ahead each number books its pacing slots: WHATSAPP_PACE_WINDOW; when paced numbers
+    share the batch, about the time the quickest of them needs (1 s at least), so that a slow one
+    does not keep the job, and with it the others' next messages, waiting."""
+    window = float(settings.WHATSAPP_PACE_WINDOW)
+    needs = [
+        len(lane.items) / lane.number.messages_per_second for lane in lanes if lane.number.messages_per_second
+    ]
+    if len(needs) < 2:
+        return window
+    return min(window, max(1.0, min(needs)))
+
+
+def _prepare(lane: _Lane, *, within: float) -> None:
+    """Credentials (fresh from the database, decrypted in memory only), client and pacing slots."""
+    number = lane.number
+    lane.token = number.get_access_token()
+    lane.client = _graph_client(number.graph_url or settings.WHATSAPP_GRAPH_URL)
+    lane.slots = ratelimit.reserve(
+        f"wa:{number.pk}", len(lane.items), number.messages_per_second, within=within
+    )
+
+
+def _eligible(
+    campaign: Campaign, org: Organization, messages: list[WhatsappMessage], numbers: dict[int, WhatsappNumber]
+) -> tuple[dict[int, str], list[_Lane]]:
+    """The seed's checks in bulk: (messages skipped with their reason, the rest by sending number)."""
+    now = timezone.now()
+    customer_ids = [m.customer_id for m in messages]
     skipped: dict[int, str] = {}
 
     # 4, 5. the contact caps (campaigns.caps): time has passed since the fan-out applied them
     capped = caps.skip_reasons(campaign=campaign, customer_ids=customer_ids, now=now)
 
-    number = campaign.whatsapp_number
-    assert number is not None
-    store_name = number.store.name if number.store else ""
-    items: list[tuple[WhatsappMessage, TemplateMessage]] = []
+    store_names = _store_names(numbers)
+    lanes: dict[int, _Lane] = {}
     for m in messages:
         customer = m.customer
         if not customer.can_receive_whatsapp:
@@ -231,7 +382,11 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
             skipped[m.pk] = capped[m.customer_id]
             continue
         # 6: each value as Meta takes it (folded white space, its length limit), then none empty
-        body = template_values(customer=customer, sources=campaign.template_variables, store_name=store_name)
+        number_id = m.whatsapp_number_id
+        assert number_id is not None  # _senders gave every message one
+        body = template_values(
+            customer=customer, sources=campaign.template_variables, store_name=store_names.get(number_id, "")
+        )
         empty = [i + 1 for i, v in enumerate(body) if not v]
         if empty:
             skipped[m.pk] = (
@@ -243,7 +398,8 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
             buttons.append(UrlButton(campaign.redirect_button_index, _link("r", m)))
         if campaign.unsubscribe_button_index is not None:
             buttons.append(UrlButton(campaign.unsubscribe_button_index, _link("u", m)))
-        items.append(
+        lane = lanes.get(number_id) or lanes.setdefault(number_id, _Lane(numbers[number_id], []))
+        lane.items.append(
             (
                 m,
                 TemplateMessage(
@@ -257,44 +413,7 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
                 ),
             )
         )
-
-    outcomes: list[_Outcome] = []
-    if items:
-        try:
-            token = number.get_access_token()  # 1: fresh, decrypted in memory only
-            base_url = number.graph_url or settings.WHATSAPP_GRAPH_URL
-            client = _graph_client(base_url)
-            slots = ratelimit.reserve(f"wa:{number.pk}", len(items), number.messages_per_second)
-        except Exception:
-            # Nothing was sent yet: give the claims back (attempt not spent) and let RQ retry.
-            WhatsappMessage.objects.filter(id__in=ids, status=Status.SENDING).update(
-                status=Status.QUEUED, sending_at=None, attempts=F("attempts") - 1
-            )
-            raise
-        started = time.monotonic()
-        outcomes = aio.run(
-            _send_all(
-                client,
-                phone_number_id=number.phone_number_id,
-                token=token,
-                items=items,
-                slots=slots,
-            )
-        )
-        del token
-        logger.info(
-            "batch %s/%s: %s sends in %.2fs",
-            campaign_id,
-            batch,
-            len(items),
-            time.monotonic() - started,
-            extra={"campaign_id": campaign_id, "organization_id": org.pk},
-        )
-    retry_in = _record(campaign, messages, skipped, outcomes, counts)
-    if retry_in is not None:
-        raise Defer(retry_in, "messages wait for a retry")
-    services.campaign_complete_if_done(campaign_id=campaign_id)
-    return dict(counts)
+    return skipped, list(lanes.values())
 
 
 def _record(
@@ -316,6 +435,7 @@ def _record(
     opt_outs: list[int] = []
     stop_campaign: str | None = None
     stop_org: str | None = None
+    pause_numbers: dict[int, str] = {}  # number id -> Meta's reason
     cost = Decimal("0")
     for o in outcomes:
         m, r = o.message, o.result
@@ -342,6 +462,9 @@ def _record(
         elif action == Action.STOP_ORGANIZATION:
             requeue_free.append(m.pk)
             stop_org = str(r.error)
+        elif action == Action.PAUSE_NUMBER:
+            requeue_free.append(m.pk)
+            pause_numbers[o.number_id] = str(r.error)
         else:
             if action == Action.OPT_OUT:
                 opt_outs.append(m.customer_id)
@@ -422,6 +545,10 @@ def _record(
             Organization.objects.filter(pk=campaign.organization_id, whatsapp_paused_at__isnull=True).update(
                 whatsapp_paused_at=now, whatsapp_paused_reason=stop_org
             )
+        for number_id, reason in pause_numbers.items():
+            WhatsappNumber.objects.filter(pk=number_id, paused_at__isnull=True).update(
+                paused_at=now, paused_reason=reason[:2000]
+            )
     if sent:
         # 11: fire-and-forget. The mirror is its own job; nothing in enqueueing it (Redis down, a
         # bug) may fail a batch whose sends are already recorded, so any error is logged and dropped.
@@ -445,6 +572,13 @@ def _record(
         retry=len(requeue_spent),
         throttled=len(requeue_free),
     )
+    for number_id, reason in pause_numbers.items():
+        logger.error(
+            "WhatsApp number %s paused: %s",
+            number_id,
+            reason,
+            extra={"organization_id": campaign.organization_id, "campaign_id": campaign.pk},
+        )
     if stop_org:
         logger.error(
             "organization %s: WhatsApp sending paused: %s",
@@ -452,6 +586,7 @@ def _record(
             stop_org,
             extra={"organization_id": campaign.organization_id},
         )
+    if stop_org or pause_numbers:
         return PAUSED_DELAY * 2
     if requeue_free:
         return THROTTLE_DELAY

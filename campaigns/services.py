@@ -20,6 +20,7 @@ from campaigns.models import (
     CampaignMetric,
     Channel,
     EmailMessage,
+    Sender,
     WhatsappMessage,
 )
 from crm import bulk, jobs, promote, queues, recovery
@@ -275,8 +276,33 @@ _FANOUT_ROWS = (
     "rtrim(translate(encode(uuid_send(gen_random_uuid()), 'base64'), '+/', '-_'), '='), "
     "%s::timestamptz, "
     "CASE WHEN capped.reason IS NULL THEN 'queued' ELSE 'skipped' END, "
-    "coalesce(capped.reason, '') FROM capped CROSS JOIN campaign"
+    "coalesce(capped.reason, ''){number} FROM capped CROSS JOIN campaign{sender}"
 )
+
+
+def _sender_sql(campaign: Campaign) -> tuple[str, str]:
+    """The WhatsApp number each message goes from: (its column, what to join for it).
+
+    From the customer's store (Campaign.sender): the store of the customer's latest sale (one
+    index probe of sale_customer_sold_at per customer), its number when it has one of the
+    organization's, else the campaign's."""
+    if campaign.channel == Channel.EMAIL:
+        return "", ""
+    if campaign.sender != Sender.STORE:
+        return ", campaign.whatsapp_number_id", ""
+    from crm.models import Sale, Store
+    from integrations.models import WhatsappNumber
+
+    quote = connection.ops.quote_name
+    sale, store, number = (quote(m._meta.db_table) for m in (Sale, Store, WhatsappNumber))
+    join = (
+        " LEFT JOIN LATERAL ("  # noqa: S608 - table names from the models' metadata
+        f"SELECT sn.id AS number_id FROM {sale} sa JOIN {store} st ON st.id = sa.store_id "
+        f"LEFT JOIN {number} sn ON sn.id = st.whatsapp_number_id AND sn.organization_id = st.organization_id "
+        "WHERE sa.customer_id = capped.customer_id ORDER BY sa.sold_at DESC, sa.id DESC LIMIT 1"
+        ") AS latest ON true"
+    )
+    return ", COALESCE(latest.number_id, campaign.whatsapp_number_id)", join
 
 
 def _fanout_page(
@@ -305,7 +331,10 @@ def _insert_page(
     campaign: Campaign, model: type[Message], page: QuerySet, *, first: int, size: int, ignore: bool
 ) -> tuple[int, int, int, bool] | None:
     audience, audience_params = page.query.get_compiler(connection=connection).as_sql()
-    insert, defaults = bulk.insert_select(model, _FANOUT_FIELDS, _FANOUT_ROWS, ignore_conflicts=ignore)
+    number, sender = _sender_sql(campaign)
+    fields = (*_FANOUT_FIELDS, "whatsapp_number_id") if number else _FANOUT_FIELDS
+    rows = _FANOUT_ROWS.format(number=number, sender=sender)
+    insert, defaults = bulk.insert_select(model, fields, rows, ignore_conflicts=ignore)
     now = timezone.now()
     reason, reason_params = caps.skip_reason_sql(campaign=campaign, customer="page.customer_id", now=now)
     # The campaign's row FOR KEY SHARE, what the foreign key's check would take on every row, once:
@@ -314,8 +343,8 @@ def _insert_page(
     # parameters. Per page, not per run: each page commits on its own, with the count of the
     # recipients it skipped (only the rows it wrote: a re-run counts none twice).
     sql = (
-        f"WITH campaign AS (SELECT id, organization_id FROM {Campaign._meta.db_table} "  # noqa: S608
-        "WHERE id = %s FOR KEY SHARE), "
+        f"WITH campaign AS (SELECT id, organization_id, whatsapp_number_id "  # noqa: S608
+        f"FROM {Campaign._meta.db_table} WHERE id = %s FOR KEY SHARE), "
         f"page (customer_id) AS MATERIALIZED ({audience}), "
         f"capped AS MATERIALIZED (SELECT page.customer_id, {reason} AS reason FROM page), "
         f"written AS ({insert} RETURNING status), "
@@ -642,6 +671,7 @@ _COPIED_FIELDS = (
     "organization_id",
     "channel",
     "whatsapp_number_id",
+    "sender",
     "template_name",
     "template_language",
     "template_category",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 from django.db.models.functions import Now
@@ -183,6 +184,19 @@ class Store(models.Model):
     )
     erp_code = models.CharField(_("ERP code"), max_length=40)
     name = models.CharField(_("name"), max_length=200)
+    # By name, not import: the numbers are integrations' models, and integrations imports this module.
+    whatsapp_number = models.ForeignKey(
+        "integrations.WhatsappNumber",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="sending_stores",
+        verbose_name=_("WhatsApp number"),
+        help_text=_(
+            "The number this store's customers get campaigns from when a campaign sends from the "
+            "customer's store (the store of their latest sale). Empty: the campaign's own number."
+        ),
+    )
     created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
 
     class Meta:
@@ -195,6 +209,14 @@ class Store(models.Model):
 
     def __str__(self) -> str:
         return f"{self.erp_code} · {self.name}"
+
+    def clean(self) -> None:
+        super().clean()
+        number = self.whatsapp_number
+        if number is not None and self.organization_id and number.organization_id != self.organization_id:
+            raise ValidationError(
+                {"whatsapp_number": _("The WhatsApp number belongs to another organization.")}
+            )
 
 
 class OptOutSource(models.TextChoices):

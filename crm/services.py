@@ -94,7 +94,36 @@ def demo_load(
             )
         if progress:
             progress(len(rows))
+    demo_sales(org=org, customers=customers)
     return org
+
+
+def demo_sales(*, org: Organization, customers: int) -> None:
+    """One past sale per demo customer, at the stores in turn (so a campaign sent from the customer's
+    store has stores to pick); bulk, so no survey is scheduled. Safe to run twice."""
+    from datetime import timedelta
+    from decimal import Decimal
+
+    from crm.models import Sale
+
+    stores = list(Store.objects.filter(organization=org).order_by("erp_code"))
+    by_erp_id = dict(
+        Customer.objects.filter(organization=org, erp_id__startswith="DEMO-").values_list("erp_id", "pk")
+    )
+    now = timezone.now()
+    sales = [
+        Sale(
+            organization=org,
+            store=stores[i % len(stores)],
+            customer_id=by_erp_id[f"DEMO-{i:07d}"],
+            erp_id=f"DEMO-S{i:07d}",
+            total=Decimal(100 + i % 400) + Decimal("0.90"),
+            sold_at=now - timedelta(days=1 + i % 60),
+        )
+        for i in range(customers)
+        if f"DEMO-{i:07d}" in by_erp_id
+    ]
+    Sale.objects.bulk_create(sales, ignore_conflicts=True, batch_size=2000)
 
 
 def customer_signup(

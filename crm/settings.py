@@ -239,6 +239,9 @@ WHATSAPP_PRICING_URL = env.str("WHATSAPP_PRICING_URL", default="")
 # Messages per send job, and HTTP requests one worker process keeps in flight.
 WHATSAPP_BATCH_SIZE = env.int("WHATSAPP_BATCH_SIZE", default=500)
 WHATSAPP_MAX_IN_FLIGHT = env.int("WHATSAPP_MAX_IN_FLIGHT", default=500)
+# A send job books each number's pacing slots this many seconds ahead at most; the rest of that
+# number's messages wait for the job's next run, so a slow number never keeps a worker asleep.
+WHATSAPP_PACE_WINDOW = env.float("WHATSAPP_PACE_WINDOW", default=10.0)
 # A message claimed this long ago with no outcome is settled by the reconciliation job.
 WHATSAPP_IN_FLIGHT_TIMEOUT = env.int("WHATSAPP_IN_FLIGHT_TIMEOUT", default=600)
 

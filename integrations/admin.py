@@ -84,17 +84,41 @@ class WhatsappNumberForm(WriteOnlySecretForm):
             "business_account_id",
             "graph_url",
             "messages_per_second",
+            "paused_at",
+            "paused_reason",
         ]
+        help_texts = {
+            "paused_at": _(
+                "Set when Meta refuses this number (its token, registration, display name, quality): "
+                "only its messages wait. Fix the cause, then clear both fields and save, or use the "
+                "action 'Resume sending': waiting campaigns go on within a minute."
+            )
+        }
 
 
 @admin.register(WhatsappNumber)
 class WhatsappNumberAdmin(TenantAdmin):
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     form = WhatsappNumberForm
-    list_display = ("display_phone_number", "phone_number_id", "organization", "store", "messages_per_second")
+    list_display = (
+        "display_phone_number",
+        "phone_number_id",
+        "organization",
+        "store",
+        "messages_per_second",
+        "paused_at",
+    )
     list_select_related = ("organization", "store")
     list_filter = ("organization",)
     search_fields = ("display_phone_number", "phone_number_id")
+    actions = ["resume_sending"]
+
+    @admin.action(description=_("Resume sending from the selected numbers"), permissions=["change"])
+    def resume_sending(self, request, queryset) -> None:
+        from integrations.services import whatsapp_numbers_resume
+
+        resumed = whatsapp_numbers_resume(numbers=queryset)
+        self.message_user(request, _("%(n)s number(s) resumed.") % {"n": resumed}, messages.SUCCESS)
 
 
 @admin.register(WhatsappPrice)

@@ -169,9 +169,9 @@ def surveys_dispatch(*, limit: int = 5000) -> int:
 @recovery.gives_up(SEND_FUNC)
 def _send_given_up(kwargs: dict, reason: str, error: BaseException | None) -> None:
     """A survey whose send cannot succeed is FAILED with the reason (never sent later)."""
-    Survey.objects.filter(
-        pk=kwargs["survey_id"], status__in=[Status.SCHEDULED, Status.SENDING]
-    ).update(status=Status.FAILED, reason=reason)
+    Survey.objects.filter(pk=kwargs["survey_id"], status__in=[Status.SCHEDULED, Status.SENDING]).update(
+        status=Status.FAILED, reason=reason
+    )
 
 
 @recovery.register("post-sale-surveys")
@@ -489,9 +489,14 @@ def _send_email(survey: Survey) -> str:  # noqa: C901
 
 
 def _whatsapp_number(survey: Survey) -> WhatsappNumber | None:
-    """The number of the sale's store, else the organization's first one."""
+    """The number the sale's store sends from (Store.whatsapp_number), else one of its own, else the
+    organization's first one."""
     numbers = list(WhatsappNumber.objects.filter(organization_id=survey.organization_id).order_by("pk"))
-    return next((n for n in numbers if n.store_id == survey.store_id), numbers[0] if numbers else None)
+    sending = survey.store.whatsapp_number_id if survey.store_id else None
+    return next(
+        (n for n in numbers if n.pk == sending),
+        next((n for n in numbers if n.store_id == survey.store_id), numbers[0] if numbers else None),
+    )
 
 
 def _send_whatsapp(survey: Survey) -> str:
@@ -504,6 +509,9 @@ def _send_whatsapp(survey: Survey) -> str:
             "the organization has no WhatsApp survey template" if not template else "no WhatsApp number",
         )
         return "failed"
+    if number.paused_at:
+        _release(survey)
+        raise Defer(PAUSED_DELAY, f"WhatsApp number paused: {number.paused_reason}")
     phone = normalize_phone(survey.customer.phone)
     assert phone is not None  # checked by _skip_reason
     try:
@@ -547,6 +555,13 @@ def _send_whatsapp(survey: Survey) -> str:
         )
         _release(survey)
         raise Defer(PAUSED_DELAY, f"WhatsApp sending paused: {text}")
+    if result.action == Action.PAUSE_NUMBER:
+        WhatsappNumber.objects.filter(pk=number.pk, paused_at__isnull=True).update(
+            paused_at=timezone.now(), paused_reason=text[:2000]
+        )
+        logger.error("WhatsApp number %s paused: %s", number.pk, text, extra={"organization_id": org.pk})
+        _release(survey)
+        raise Defer(PAUSED_DELAY, f"WhatsApp number paused: {text}")
     if result.action == Action.RETRY:
         if _retry_or_fail(survey, text):
             raise SurveyRetry(text)

@@ -84,8 +84,12 @@ def build_payload(message: TemplateMessage) -> dict:
 
 
 def _error_from(status: int, data: object) -> IntegrationError:
-    body = (data.get("error") if isinstance(data, dict) else None) or {}
-    code = body.get("code") if isinstance(body.get("code"), int) else None
+    # Whatever came back: a body that is not Graph's error shape is an error without a code.
+    body = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(body, dict):
+        body = {}
+    raw_code = body.get("code")
+    code = raw_code if isinstance(raw_code, int) and not isinstance(raw_code, bool) else None
     error_data = body.get("error_data")
     details = error_data.get("details", "") if isinstance(error_data, dict) else ""
     action = classify(code=code, status=status)

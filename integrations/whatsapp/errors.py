@@ -11,7 +11,10 @@ class Action(StrEnum):
     DROP_RECIPIENT = "drop_recipient"  # never retry this recipient
     OPT_OUT = "opt_out"  # never retry, and record the customer's opt-out
     STOP_CAMPAIGN = "stop_campaign"  # the template/campaign itself is broken
-    STOP_ORGANIZATION = "stop_organization"  # credentials/account: stop all of the organization's sends
+    # The business account itself (locked, unpaid, restricted): stop all of the organization's sends.
+    STOP_ORGANIZATION = "stop_organization"
+    # One sending number (its token, registration, display name, quality): stop that number's sends only.
+    PAUSE_NUMBER = "pause_number"
 
 
 _BY_CODE: dict[int, Action] = {
@@ -31,12 +34,25 @@ _BY_CODE: dict[int, Action] = {
     # still got through), and a text too long once the values are in. That message fails; the rest go.
     132018: Action.DROP_RECIPIENT,
     132005: Action.DROP_RECIPIENT,
-    190: Action.STOP_ORGANIZATION,  # access token expired/invalid
-    131031: Action.STOP_ORGANIZATION,  # business account locked
-    131042: Action.STOP_ORGANIZATION,  # payment issue
-    368: Action.STOP_ORGANIZATION,  # temporarily blocked for policy violations
-    131048: Action.STOP_ORGANIZATION,  # spam rate limit hit
+    # Meta's error codes reference (developers.facebook.com/docs/whatsapp/cloud-api/support/error-codes)
+    # says which object each one is about. The WhatsApp Business Account (WABA) and its payment
+    # method are shared by all of an organization's numbers:
+    131031: Action.STOP_ORGANIZATION,  # business account locked (restricted or disabled)
+    131042: Action.STOP_ORGANIZATION,  # business eligibility: payment method issue
+    368: Action.STOP_ORGANIZATION,  # WABA temporarily blocked for policy violations
+    # One phone number: its access token is stored per number (WhatsappNumber), so a token error names
+    # the number whose token to replace; the others, and the number's quality, are the number's own.
+    0: Action.PAUSE_NUMBER,  # AuthException
+    3: Action.PAUSE_NUMBER,  # capability or permissions issue of the token
+    10: Action.PAUSE_NUMBER,  # permission denied
+    190: Action.PAUSE_NUMBER,  # access token expired/invalid
+    33: Action.PAUSE_NUMBER,  # the business phone number has been deleted
+    131037: Action.PAUSE_NUMBER,  # the number needs display name approval before it can send
+    131045: Action.PAUSE_NUMBER,  # incorrect certificate (registration)
+    131048: Action.PAUSE_NUMBER,  # spam rate limit: restrictions on messages from this phone number
+    133010: Action.PAUSE_NUMBER,  # phone number not registered on the platform
 }
+_PERMISSION_CODES = range(200, 300)  # Graph's API permission errors (of the number's token)
 
 
 def classify(*, code: int | None, status: int | None, timeout: bool = False) -> Action:
@@ -45,6 +61,8 @@ def classify(*, code: int | None, status: int | None, timeout: bool = False) -> 
         return Action.RETRY
     if code is not None and code in _BY_CODE:
         return _BY_CODE[code]
+    if code in _PERMISSION_CODES:
+        return Action.PAUSE_NUMBER
     if status is not None and (status >= 500 or status == 429):
         return Action.RETRY
     if code in (1, 2):  # Graph's "unknown"/"service unavailable"

@@ -250,13 +250,15 @@ def test_a_broken_template_stops_the_campaign(wa, sandbox, run_jobs, settings):
     assert sandbox.messages() == []
 
 
-def test_an_expired_token_pauses_the_organization_and_loses_no_message(wa, sandbox, run_jobs):
+def test_a_locked_business_account_pauses_the_organization_and_loses_no_message(wa, sandbox, run_jobs):
     wa["customers"](4)
-    sandbox.add_rule(to="*", code=190)
+    sandbox.add_rule(to="*", code=131031)
     campaign = services.campaign_start(campaign=wa["campaign"]())
     run_jobs(settle=1)
     org = Organization.objects.get(pk=wa["org"].pk)
-    assert org.whatsapp_paused_at is not None and "190" in org.whatsapp_paused_reason
+    assert org.whatsapp_paused_at is not None and "131031" in org.whatsapp_paused_reason
+    wa["number"].refresh_from_db()
+    assert wa["number"].paused_at is None  # the account, not the number
     assert _statuses(campaign) == {"queued": 4}
     assert set(WhatsappMessage.objects.values_list("attempts", flat=True)) == {0}
     assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENDING
@@ -388,10 +390,10 @@ def test_in_flight_messages_of_a_dead_worker_are_settled_not_resent(wa, sandbox,
 
 
 def test_campaign_commands(transactional_db, run_jobs, english):
-    from integrations.services import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_ID
+    from integrations.services import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
     from integrations.whatsapp.sandbox import SandboxServer
 
-    with SandboxServer(numbers={DEMO_PHONE_NUMBER_ID: DEMO_ACCESS_TOKEN}) as sandbox:
+    with SandboxServer(numbers=dict.fromkeys(DEMO_PHONE_NUMBER_IDS, DEMO_ACCESS_TOKEN)) as sandbox:
         _run_commands(sandbox, run_jobs)
 
 

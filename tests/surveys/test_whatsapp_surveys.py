@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from crm import jobs, queues
 from crm.models import Organization
+from integrations.models import WhatsappNumber
 from integrations.whatsapp.sandbox import SandboxServer
 from surveys import links, services
 from surveys.models import Survey
@@ -111,7 +112,7 @@ def test_the_cool_down_counts_surveys_of_either_channel(whatsapp_shop: Shop, met
     assert meta.messages() == []
 
 
-def test_an_expired_token_pauses_the_organization_s_whatsapp_and_keeps_the_survey(
+def test_an_expired_token_pauses_the_number_and_keeps_the_survey(
     whatsapp_shop: Shop, meta: SandboxServer, run_jobs
 ):
     meta.add_rule(to="*", code=190)
@@ -120,7 +121,26 @@ def test_an_expired_token_pauses_the_organization_s_whatsapp_and_keeps_the_surve
     _send_due(run_jobs)
 
     org = Organization.objects.get(pk=whatsapp_shop.org.pk)
-    assert org.whatsapp_paused_at is not None and "190" in org.whatsapp_paused_reason
+    assert org.whatsapp_paused_at is None  # the token is the number's own
+    # The survey's store (Centro) has no number: it went from the organization's first one, alone paused.
+    paused = dict(
+        WhatsappNumber.objects.filter(organization=org).values_list("phone_number_id", "paused_reason")
+    )
+    assert "190" in paused[ORG_NUMBER_ID] and paused[PHONE_NUMBER_ID] == ""
+    assert (reload(survey).status, reload(survey).attempts) == (S.SCHEDULED, 0)
+    assert meta.messages() == []
+
+
+def test_a_locked_business_account_pauses_the_organization_s_whatsapp_and_keeps_the_survey(
+    whatsapp_shop: Shop, meta: SandboxServer, run_jobs
+):
+    meta.add_rule(to="*", code=131031)
+    survey = whatsapp_shop.due_survey(whatsapp_shop.ana)
+
+    _send_due(run_jobs)
+
+    org = Organization.objects.get(pk=whatsapp_shop.org.pk)
+    assert org.whatsapp_paused_at is not None and "131031" in org.whatsapp_paused_reason
     assert (reload(survey).status, reload(survey).attempts) == (S.SCHEDULED, 0)
     assert meta.messages() == []
 

@@ -5,10 +5,11 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 
-from campaigns.models import BodyFormat, Campaign, Channel
+from campaigns.models import BodyFormat, Campaign, Channel, Sender
 from crm import cli
 from crm.models import Organization
 from crm.services import DEMO_SLUG
+from integrations.services import DEMO_PHONE_NUMBER_ID
 
 DEMO_EMAIL_SUBJECT = "{{ first_name }}, ofertas da semana na {{ store_name }}"
 DEMO_EMAIL_BODY = """<mjml>
@@ -47,6 +48,13 @@ class Command(cli.CrmCommand):
         parser.add_argument(
             "--name", default="Campanha demo", help="the campaign's name (default: Campanha demo)"
         )
+        parser.add_argument(
+            "--sender",
+            choices=[s.value for s in Sender],
+            default=Sender.CAMPAIGN,
+            help="WhatsApp: send from the campaign's number (default) or from each customer's store "
+            "number (the store of their latest sale)",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         org = Organization.objects.filter(slug=DEMO_SLUG).first()
@@ -67,7 +75,7 @@ class Command(cli.CrmCommand):
             )
             self.stdout.write(str(campaign.pk))
             return
-        number = org.whatsapp_numbers.first()
+        number = org.whatsapp_numbers.filter(phone_number_id=DEMO_PHONE_NUMBER_ID).first()
         if number is None:
             raise CommandError(
                 _("the demo organization has no WhatsApp number: run `manage.py demo --graph-url URL`")
@@ -77,6 +85,7 @@ class Command(cli.CrmCommand):
             name=options["name"],
             channel=Channel.WHATSAPP,
             whatsapp_number=number,
+            sender=options["sender"],
             template_name="promo_demo",
             template_language="pt_BR",
             template_variables=["first_name"],

@@ -1,0 +1,222 @@
+"""WhatsApp campaigns sent from each customer's store number: real PostgreSQL, Redis, workers, HTTP."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from datetime import timedelta
+from decimal import Decimal
+from io import StringIO
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.utils import timezone
+
+from campaigns import sending, services
+from campaigns.models import Campaign, Sender, WhatsappMessage
+from crm import jobs, ratelimit
+from crm.models import Customer, Organization, Sale, Store
+from integrations.models import WhatsappNumber
+from integrations.services import whatsapp_numbers_resume
+from integrations.whatsapp.sandbox import SandboxServer
+from tests.campaigns.conftest import PHONE_NUMBER_ID, TOKEN
+
+S = WhatsappMessage.Status
+SHOPPING_ID, ONLINE_ID = "109876543211", "109876543212"
+
+
+@pytest.fixture
+def sandbox() -> Iterator[SandboxServer]:
+    """The Meta sandbox knowing the campaign's number and two store numbers (the same token)."""
+    numbers = {PHONE_NUMBER_ID: TOKEN, SHOPPING_ID: TOKEN, ONLINE_ID: TOKEN}
+    with SandboxServer(host="127.0.0.1", port=0, numbers=numbers) as server:
+        yield server
+
+
+@pytest.fixture
+def stores(wa, sandbox) -> dict:
+    """Centro (no number of its own), Shopping and Online (each its number), and a sale helper."""
+    org = wa["org"]
+
+    def number(phone_number_id: str, display: str) -> WhatsappNumber:
+        n = WhatsappNumber(
+            organization=org,
+            display_phone_number=display,
+            phone_number_id=phone_number_id,
+            graph_url=sandbox.url,
+            messages_per_second=0,
+        )
+        n.set_access_token(TOKEN)
+        n.save()
+        return n
+
+    shopping_number = number(SHOPPING_ID, "+5511940000001")
+    online_number = number(ONLINE_ID, "+5511940000002")
+    shopping = Store.objects.create(
+        organization=org, erp_code="002", name="Shopping", whatsapp_number=shopping_number
+    )
+    online = Store.objects.create(
+        organization=org, erp_code="003", name="Online", whatsapp_number=online_number
+    )
+    sequence = iter(range(1, 10_000))
+
+    def sale(customer: Customer, store: Store, days_ago: int) -> Sale:
+        return Sale.objects.create(
+            organization=org,
+            store=store,
+            customer=customer,
+            erp_id=f"S{next(sequence)}",
+            total=Decimal("99.90"),
+            sold_at=timezone.now() - timedelta(days=days_ago),
+        )
+
+    return {
+        "centro": wa["store"],
+        "shopping": shopping,
+        "online": online,
+        "shopping_number": shopping_number,
+        "online_number": online_number,
+        "sale": sale,
+    }
+
+
+def _sent_from(sandbox: SandboxServer) -> dict[str, str]:
+    """Recipient digits -> the phone_number_id Meta received the message on."""
+    return {m["to"]: m["phone_number_id"] for m in sandbox.messages()}
+
+
+def _digits(customer: Customer) -> str:
+    return customer.phone.lstrip("+")
+
+
+def test_each_message_goes_from_the_store_of_the_customer_s_latest_sale(wa, stores, sandbox, run_jobs):
+    moved, centro_only, never_bought, online_only = wa["customers"](4)
+    stores["sale"](moved, stores["online"], days_ago=30)
+    stores["sale"](moved, stores["shopping"], days_ago=2)  # the latest: Shopping
+    stores["sale"](centro_only, stores["centro"], days_ago=1)  # Centro has no number of its own
+    stores["sale"](online_only, stores["online"], days_ago=5)
+    campaign = services.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
+    run_jobs()
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.SENT
+    assert _sent_from(sandbox) == {
+        _digits(moved): SHOPPING_ID,
+        _digits(centro_only): PHONE_NUMBER_ID,  # the store has no number: the campaign's
+        _digits(never_bought): PHONE_NUMBER_ID,  # no sale: the campaign's
+        _digits(online_only): ONLINE_ID,
+    }
+    stored = dict(
+        WhatsappMessage.objects.filter(campaign=campaign).values_list("customer_id", "whatsapp_number_id")
+    )
+    assert stored == {
+        moved.pk: stores["shopping_number"].pk,
+        centro_only.pk: wa["number"].pk,
+        never_bought.pk: wa["number"].pk,
+        online_only.pk: stores["online_number"].pk,
+    }
+
+
+def test_the_campaign_sender_ignores_the_stores(wa, stores, sandbox, run_jobs):
+    people = wa["customers"](3)
+    for person in people:
+        stores["sale"](person, stores["shopping"], days_ago=1)
+    services.campaign_start(campaign=wa["campaign"]())  # sender: the campaign (the default)
+    run_jobs()
+    assert set(_sent_from(sandbox).values()) == {PHONE_NUMBER_ID}
+
+
+def test_a_batch_sends_each_number_s_messages_at_that_number_s_pace_and_never_sleeps_for_long(
+    wa, stores, sandbox, settings
+):
+    settings.WHATSAPP_PACE_WINDOW = 2
+    slow, busy = stores["shopping_number"], stores["online_number"]
+    WhatsappNumber.objects.filter(pk__in=[slow.pk, busy.pk]).update(messages_per_second=1)
+    people = wa["customers"](12)
+    for person in people[:5]:
+        stores["sale"](person, stores["shopping"], days_ago=1)
+    for person in people[5:8]:
+        stores["sale"](person, stores["online"], days_ago=1)
+    campaign = services.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
+    services.campaign_fanout(campaign_id=campaign.pk)
+    assert set(WhatsappMessage.objects.filter(campaign=campaign).values_list("batch", flat=True)) == {0}
+    ratelimit.reserve(f"wa:{busy.pk}", 100, 1)  # another campaign booked its next 100 seconds
+
+    with pytest.raises(jobs.Defer):
+        sending.whatsapp_send_batch(campaign_id=campaign.pk, batch=0)
+
+    rows = WhatsappMessage.objects.filter(campaign=campaign)
+    # The campaign's number (unpaced): all 4 sent. The slow one (1/s): the 3 slots of the next
+    # 2 seconds, the other 2 back in the queue. The busy one: none, all back. No attempt spent.
+    assert rows.filter(whatsapp_number=wa["number"], status=S.SENT).count() == 4
+    assert sorted(rows.filter(whatsapp_number=slow).values_list("status", flat=True)) == sorted(
+        [S.SENT] * 3 + [S.QUEUED] * 2
+    )
+    assert set(rows.filter(whatsapp_number=busy).values_list("status", flat=True)) == {S.QUEUED}
+    assert set(rows.filter(status=S.QUEUED).values_list("attempts", flat=True)) == {0}
+    assert sorted(_sent_from(sandbox).values()) == sorted([PHONE_NUMBER_ID] * 4 + [SHOPPING_ID] * 3)
+
+
+def test_a_number_meta_refuses_pauses_only_its_own_messages_until_resumed(wa, stores, sandbox, run_jobs):
+    people = wa["customers"](6)
+    shopping_people = people[:3]
+    for person in shopping_people:
+        stores["sale"](person, stores["shopping"], days_ago=1)
+        # Meta answers every send from this number with "spam rate limit hit" (the number's quality).
+        sandbox.add_rule(to=_digits(person), code=131048)
+    campaign = services.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
+    run_jobs(settle=1)
+
+    number = WhatsappNumber.objects.get(pk=stores["shopping_number"].pk)
+    assert number.paused_at is not None and "131048" in number.paused_reason
+    org = Organization.objects.get(pk=wa["org"].pk)
+    assert org.whatsapp_paused_at is None  # the other numbers go on
+    rows = WhatsappMessage.objects.filter(campaign=campaign)
+    assert set(rows.filter(whatsapp_number=number).values_list("status", "attempts")) == {(S.QUEUED, 0)}
+    assert rows.exclude(whatsapp_number=number).filter(status=S.SENT).count() == 3
+    assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENDING
+    assert set(_sent_from(sandbox).values()) == {PHONE_NUMBER_ID}
+    # While paused, its batch claims nothing and waits (no attempt spent, nothing sent).
+    batch = rows.filter(whatsapp_number=number).values_list("batch", flat=True).first()
+    with pytest.raises(jobs.Defer, match="131048"):
+        sending.whatsapp_send_batch(campaign_id=campaign.pk, batch=batch)
+    assert set(rows.filter(whatsapp_number=number).values_list("status", "attempts")) == {(S.QUEUED, 0)}
+
+    sandbox.clear_rules()  # the operator fixed the cause, then resumes the number
+    assert whatsapp_numbers_resume(numbers=WhatsappNumber.objects.filter(pk=number.pk)) == 1
+    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    run_jobs()
+    assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT
+    assert set(rows.values_list("status", flat=True)) == {S.SENT}
+    assert sorted(_sent_from(sandbox).values()) == sorted([PHONE_NUMBER_ID] * 3 + [SHOPPING_ID] * 3)
+    assert sandbox.stats()["by_recipient_max"] == 1
+
+
+def test_a_store_cannot_send_from_another_organization_s_number(wa, stores):
+    other = Organization.objects.create(name="Outra", slug="outra")
+    store = Store(organization=other, erp_code="X1", name="X", whatsapp_number=stores["online_number"])
+    with pytest.raises(ValidationError, match="another organization"):
+        store.full_clean()
+
+
+def test_demo_campaign_sends_from_the_demo_stores_numbers(transactional_db, run_jobs, english):
+    from integrations.services import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
+
+    numbers = dict.fromkeys(DEMO_PHONE_NUMBER_IDS, DEMO_ACCESS_TOKEN)
+    with SandboxServer(numbers=numbers) as sandbox:
+        call_command("demo", customers=6, graph_url=sandbox.url, stdout=StringIO())
+        out = StringIO()
+        call_command("demo_campaign", "--channel", "whatsapp", "--sender", "store", stdout=out)
+        campaign = Campaign.objects.get(pk=int(out.getvalue().strip()))
+        assert campaign.sender == Sender.STORE
+        services.campaign_start(campaign=campaign)
+        run_jobs()
+        sent = _sent_from(sandbox)
+    assert len(sent) == 6
+    expected = {
+        c.phone.lstrip("+"): c.sales.get().store.whatsapp_number.phone_number_id
+        for c in Customer.objects.filter(organization=campaign.organization)
+    }
+    assert sent == expected and set(sent.values()) == set(DEMO_PHONE_NUMBER_IDS)
+    out = StringIO()
+    call_command("demo_campaign", "--channel", "whatsapp", stdout=out)
+    assert Campaign.objects.get(pk=int(out.getvalue().strip())).sender == Sender.CAMPAIGN
