@@ -196,7 +196,7 @@ def test_a_hard_bounce_suppresses_the_address_for_future_campaigns(em, smtp, run
 SPAMHAUS = "5.7.1 Service unavailable; client host [203.0.113.9] blocked using Spamhaus"
 
 
-def test_a_policy_block_is_recorded_apart_and_never_suppresses_the_address(em, smtp, run_jobs):
+def test_a_policy_block_is_recorded_apart_and_never_suppresses_the_address(em, smtp, run_jobs, english):
     from django.contrib.auth.models import User
 
     at_rcpt, at_data, dead, _fine = em["customers"](4)
