@@ -64,7 +64,8 @@ def _campaign_reaches_100_percent(page: Page, stack: Stack) -> None:
     assert _path(page.url) == "/admin/"
 
     org_id = stack.ids["organization"]
-    number_id = stack.orm.run(lambda: WhatsappNumber.objects.get(organization_id=org_id).pk)
+    numbers = WhatsappNumber.objects.filter(organization_id=org_id).order_by("pk")  # store 001's first
+    number_id = stack.orm.run(lambda: numbers.values_list("pk", flat=True).first())
     page.goto("/admin/campaigns/campaign/add/")
     page.select_option("select[name=organization]", str(org_id))
     page.fill("input[name=name]", "Ofertas de inverno")

@@ -57,7 +57,7 @@ def _two_campaigns(stack: Stack) -> tuple[int, int]:
         campaign=Campaign.objects.create(
             organization_id=org_id,
             name="Liquidação de verão",
-            whatsapp_number=WhatsappNumber.objects.get(organization_id=org_id),
+            whatsapp_number=WhatsappNumber.objects.filter(organization_id=org_id).order_by("pk").first(),
             template_name="promo_verao",
             template_variables=["first_name"],
         )
@@ -178,6 +178,14 @@ def test_a_new_operator_reads_the_pages_right(stack: Stack, new_page: Callable[.
     page.select_option("select[name=channel]", "whatsapp")
     expect(page.locator("fieldset.channel-email")).to_be_hidden()
     expect(page.locator("fieldset.channel-whatsapp")).to_be_visible()
+    # A WhatsApp campaign sends from its own number or from each customer's store number.
+    sender = page.locator("select[name=sender]")
+    expect(sender).to_be_visible()
+    values = sender.locator("option").evaluate_all("os => os.map(o => o.value)")
+    assert sorted(values) == ["campaign", "store"]
+    sender.select_option("store")
+    sender.scroll_into_view_if_needed()
+    screenshot(page, "ui-campaign-sender")
 
     # The organization's 30 days: cumulative "Reached", money, today's bars.
     page.goto(f"/admin/crm/organization/{org_id}/dashboard/")
