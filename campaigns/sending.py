@@ -12,16 +12,12 @@ a retry, a second worker or a re-run after a crash only ever sees the ones still
 from __future__ import annotations
 
 import asyncio
-import atexit
-import contextlib
-import functools
 import logging
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal
 
-import phonenumbers
 from django.conf import settings
 from django.db import transaction
 from django.db.models import F, Q
@@ -33,11 +29,12 @@ from crm import aio, bulk, ratelimit
 from crm.jobs import Defer
 from crm.models import Customer, OptOutSource, Organization, Store
 from crm.names import first_name
-from integrations import http
+from integrations.clients import graph_client
 from integrations.models import WhatsappNumber, WhatsappPrice
 from integrations.whatsapp.client import GraphClient, SendResult, TemplateMessage, UrlButton
 from integrations.whatsapp.errors import Action
 from integrations.whatsapp.parameters import template_text
+from integrations.whatsapp.phones import normalize_phone, phone_region
 
 logger = logging.getLogger(__name__)
 
@@ -46,45 +43,6 @@ ATTEMPTS = 2  # the seed: 2 attempts, exponential backoff from 1 s
 RETRY_BACKOFF = 1.0
 THROTTLE_DELAY = 5.0
 PAUSED_DELAY = services.PAUSED_DELAY
-
-
-def normalize_phone(raw: str) -> str | None:
-    """E.164 for a Brazilian-first customer base: 55 added when missing; a mobile without its ninth
-    digit (old 8-digit form) gets it. None when it cannot be a valid number."""
-    digits = "".join(ch for ch in raw if ch.isdigit())
-    if not digits:
-        return None
-    international = raw.strip().startswith("+") or (digits.startswith("55") and len(digits) >= 12)
-    candidate = "+" + digits if international else "+55" + digits
-    try:
-        parsed = phonenumbers.parse(candidate)
-    except phonenumbers.NumberParseException:
-        return None
-    national = str(parsed.national_number)
-    if parsed.country_code == 55 and len(national) == 10 and national[2] in "6789":
-        # 8-digit mobile from before 2016: add the ninth digit
-        parsed = phonenumbers.parse(f"+55{national[:2]}9{national[2:]}")
-    if not phonenumbers.is_valid_number(parsed):
-        return None
-    return phonenumbers.format_number(parsed, phonenumbers.PhoneNumberFormat.E164)
-
-
-@functools.lru_cache(maxsize=4096)
-def _region_of_prefix(prefix: str) -> str | None:
-    region = phonenumbers.region_code_for_country_code(int(prefix))
-    return None if region == phonenumbers.UNKNOWN_REGION else region
-
-
-def phone_region(e164: str) -> str:
-    """The ISO country of an E.164 number from its calling code ("*" when shared or unknown).
-
-    Calling codes are prefix-free (1 to 3 digits), so no full parse is needed for pricing."""
-    digits = e164.lstrip("+")
-    for size in (1, 2, 3):
-        region = _region_of_prefix(digits[:size])
-        if region:
-            return region if region != "001" else "*"
-    return "*"
 
 
 def _variable(customer: Customer, source: str, store_name: str) -> str:
@@ -191,33 +149,6 @@ async def _send_all(lanes: list[_Lane]) -> list[_Outcome]:
     return list(
         await asyncio.gather(*(one(lane, i, m, p) for lane in lanes for i, (m, p) in enumerate(lane.items)))
     )
-
-
-_clients: dict[tuple[int, str], GraphClient] = {}
-
-
-@atexit.register
-def _close_clients() -> None:
-    for client in _clients.values():
-        with contextlib.suppress(Exception):  # the loop may already be gone at exit
-            aio.run(client.session.close(), timeout=2)
-    _clients.clear()
-
-
-def _graph_client(base_url: str) -> GraphClient:
-    """One client (and keep-alive pool) per process and Graph base URL, on the process's loop."""
-    key = (id(aio.loop()), base_url)
-    if key not in _clients:
-
-        async def make() -> GraphClient:
-            return GraphClient(
-                session=http.async_session(max_connections=settings.WHATSAPP_MAX_IN_FLIGHT),
-                base_url=base_url,
-                version=settings.WHATSAPP_GRAPH_VERSION,
-            )
-
-        _clients[key] = aio.run(make())
-    return _clients[key]
 
 
 def _prices(category: str) -> dict[str, Decimal]:
@@ -349,7 +280,7 @@ def _prepare(lane: _Lane, *, within: float) -> None:
     """Credentials (fresh from the database, decrypted in memory only), client and pacing slots."""
     number = lane.number
     lane.token = number.get_access_token()
-    lane.client = _graph_client(number.graph_url or settings.WHATSAPP_GRAPH_URL)
+    lane.client = graph_client(number.graph_url or settings.WHATSAPP_GRAPH_URL)
     lane.slots = ratelimit.reserve(
         f"wa:{number.pk}", len(lane.items), number.messages_per_second, within=within
     )

@@ -23,10 +23,10 @@ from django.utils import timezone
 
 from campaigns import services
 from campaigns.models import OUTCOME_UNKNOWN, CampaignMetric, WhatsappMessage
-from campaigns.sending import phone_region
 from crm import bulk
 from crm.models import Customer, OptOutSource
 from integrations.models import WhatsappNumber, WhatsappPrice
+from integrations.whatsapp.phones import phone_region
 from integrations.whatsapp.pricing import rate_category
 from integrations.whatsapp.webhooks import PreferenceEvent, StatusEvent
 

@@ -25,15 +25,16 @@ from django.template.loader import render_to_string
 from django.utils import timezone, translation
 
 from campaigns.models import EmailSuppression
-from campaigns.sending import _graph_client, normalize_phone
 from crm import aio, jobs, queues, ratelimit, recovery
 from crm.jobs import Defer
 from crm.models import Customer, OptOutSource, Organization, Sale
 from crm.names import first_name
+from integrations.clients import graph_client
 from integrations.email.bounces import Failure, SmtpFailure
 from integrations.models import EmailSettings, WhatsappNumber
 from integrations.whatsapp.client import TemplateMessage, UrlButton
 from integrations.whatsapp.errors import Action
+from integrations.whatsapp.phones import normalize_phone
 from surveys import links
 from surveys.models import COMMENT_MAX, OUTCOME_UNKNOWN, SCORE_MAX, SCORE_MIN, Survey
 
@@ -516,7 +517,7 @@ def _send_whatsapp(survey: Survey) -> str:
     assert phone is not None  # checked by _skip_reason
     try:
         token = number.get_access_token()  # fresh, decrypted in memory only
-        client = _graph_client(number.graph_url or settings.WHATSAPP_GRAPH_URL)
+        client = graph_client(number.graph_url or settings.WHATSAPP_GRAPH_URL)
         _wait_for_slot(f"wa:{number.pk}", number.messages_per_second, survey)
     except Defer:
         raise

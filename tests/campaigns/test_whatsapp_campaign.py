@@ -13,10 +13,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from campaigns import caps, sending, services
+from campaigns import caps, services
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from crm import jobs, recovery
 from crm.models import Organization
+from integrations.whatsapp import phones
 from tests.campaigns.conftest import TOKEN
 from tests.conftest import redis_keys_holding, wait_for
 
@@ -428,7 +429,7 @@ def _run_commands(sandbox, run_jobs):
     ],
 )
 def test_phone_numbers_become_e164_the_brazilian_way(raw, e164):
-    assert sending.normalize_phone(raw) == e164
+    assert phones.normalize_phone(raw) == e164
 
 
 def test_a_token_under_a_retired_key_stops_the_campaign_for_good(wa, sandbox, run_jobs, settings):

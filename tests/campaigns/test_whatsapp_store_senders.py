@@ -191,7 +191,7 @@ def test_a_number_meta_refuses_pauses_only_its_own_messages_until_resumed(wa, st
     assert sandbox.stats()["by_recipient_max"] == 1
 
 
-def test_a_store_cannot_send_from_another_organization_s_number(wa, stores):
+def test_a_store_cannot_send_from_another_organization_s_number(wa, stores, english):
     other = Organization.objects.create(name="Outra", slug="outra")
     store = Store(organization=other, erp_code="X1", name="X", whatsapp_number=stores["online_number"])
     with pytest.raises(ValidationError, match="another organization"):
