@@ -87,7 +87,9 @@ def build_payload(message: TemplateMessage) -> dict:
 
 
 def _error_from(status: int, data: object, retry_after: float | None = None) -> IntegrationError:
-    body = (data.get("error") if isinstance(data, dict) else None) or {}
+    body = data.get("error") if isinstance(data, dict) else None
+    if not isinstance(body, dict):  # not Graph's error object: a proxy's or a load balancer's answer
+        body = {}
     code = body.get("code") if isinstance(body.get("code"), int) else None
     error_data = body.get("error_data")
     details = error_data.get("details", "") if isinstance(error_data, dict) else ""
