@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from email.message import EmailMessage as MimeMessage
 
 import aiohttp
 import httpx
@@ -13,6 +14,8 @@ from aiohttp import web
 
 from integrations import http
 from integrations.chatwoot.client import ChatwootClient
+from integrations.email import esp
+from integrations.email.bounces import Failure
 from integrations.errors import IntegrationError
 from integrations.millennium.client import MillenniumClient
 from integrations.runner import client as runner_client
@@ -160,3 +163,36 @@ def test_a_connection_never_made_is_retryable_and_not_delivered():
         url, [ItemIn(item_id=1, execution_id=1, external_id="e1", payload={}, attempt=1)]
     )
     assert outcome.retryable and outcome.error.startswith("unreachable")
+
+
+def _esp(url: str, *, timeout: float = 5.0) -> esp.EspResult:
+    message = MimeMessage()
+    message["From"], message["To"], message["Subject"] = "ofertas@loja.example.com.br", "c@example.com", "Oi"
+    message.set_content("Olá")
+    return esp.send(provider="postmark", api_key="token", api_url=url + "/", message=message, timeout=timeout)
+
+
+@pytest.mark.parametrize("status", [408, 425, 429, 503])
+def test_the_esp_path_follows_the_same_rule(server, status):
+    server.status, server.headers, server.body = (
+        status,
+        {"Retry-After": "7"},
+        {"ErrorCode": 1, "Message": "later"},
+    )
+    result = _esp(server.url)
+    assert result.transient.startswith(str(status)) and result.retry_after == 7.0
+    assert not (result.failure or result.unknown or result.sent)
+
+    server.status = 422
+    result = _esp(server.url)
+    assert result.failure is not None and result.failure.kind is Failure.SENDER
+    assert not (result.transient or result.unknown) and result.retry_after is None
+
+
+def test_the_esp_path_tells_a_request_never_sent_from_one_unanswered(server):
+    result = _esp(_closed_port_url())
+    assert result.transient and not (result.unknown or result.failure)
+    server.delay = 3.0
+    result = _esp(server.url, timeout=0.3)
+    assert result.unknown.startswith("Postmark: no answer after the request was sent")
+    assert not (result.transient or result.failure)
