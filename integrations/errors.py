@@ -8,7 +8,10 @@ class IntegrationError(Exception):
 
     retryable: the same call may succeed later (timeouts, 5xx, throttling);
     code: the provider's own error code (Meta's Graph code, an SMTP reply code...);
-    status: the HTTP status, when there was one.
+    status: the HTTP status, when there was one;
+    retry_after: seconds the provider asked to wait first (Retry-After, integrations.retry), if any;
+    maybe_delivered: no answer came back to a request that went out: it may have taken effect, so a
+    resend may act twice (integrations.retry.Verdict.MAYBE_DELIVERED).
     """
 
     def __init__(
@@ -19,6 +22,8 @@ class IntegrationError(Exception):
         code: int | None = None,
         status: int | None = None,
         details: str = "",
+        retry_after: float | None = None,
+        maybe_delivered: bool = False,
     ) -> None:
         super().__init__(message)
         self.message = message
@@ -26,6 +31,8 @@ class IntegrationError(Exception):
         self.code = code
         self.status = status
         self.details = details
+        self.retry_after = retry_after
+        self.maybe_delivered = maybe_delivered
 
     def __str__(self) -> str:
         parts = [self.message]

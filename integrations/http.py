@@ -3,7 +3,9 @@
 `client()` (httpx) for ordinary calls; `async_session()` (aiohttp) where one process keeps
 hundreds of requests in flight (WhatsApp sends).
 
-A retried POST can send a message twice, so retries are the job's decision, never the client's.
+A retried POST can send a message twice, so retries are the job's decision, never the client's;
+what a failure means (retry, maybe delivered, permanent; Retry-After) is integrations.retry's rule,
+and `no_answer_error`/`status_error` turn it into the IntegrationError the httpx clients raise.
 Every request is checked against integrations.outbound first (no loopback, private or link-local
 address unless the deployment allows it or an operator trusted the origin): OutboundURLError.
 """
@@ -20,7 +22,8 @@ import httpx
 from aiohttp.abc import AbstractResolver
 from django.conf import settings
 
-from integrations import outbound
+from integrations import outbound, retry
+from integrations.errors import IntegrationError
 
 USER_AGENT = "crm-queue-platform/0.1"
 # connect, read, write, pool (seconds): a slow provider must never hold a worker forever.
@@ -40,6 +43,33 @@ def client(
         headers={"User-Agent": USER_AGENT, **(headers or {})},
         limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
         transport=GuardedTransport(retries=0),
+    )
+
+
+def no_answer_error(what: str, exc: httpx.HTTPError, *, idempotent: bool) -> IntegrationError:
+    """The IntegrationError of a request that got no answer (integrations.retry decides): retryable
+    unless it can never work; `maybe_delivered` when a non-idempotent request may have taken effect."""
+    decision = retry.for_transport(retry.httpx_transport(exc), idempotent=idempotent)
+    if isinstance(exc, httpx.TimeoutException):
+        message = f"{what}: timed out ({type(exc).__name__})"
+    else:
+        message = f"{what}: {type(exc).__name__}: {exc}"
+    return IntegrationError(
+        message,
+        retryable=decision.verdict is not retry.Verdict.PERMANENT,
+        maybe_delivered=decision.verdict is retry.Verdict.MAYBE_DELIVERED,
+    )
+
+
+def status_error(what: str, response: httpx.Response, *, details: str) -> IntegrationError:
+    """The IntegrationError of an answer that is not a success (integrations.retry decides)."""
+    decision = retry.for_response(response)
+    return IntegrationError(
+        f"{what}: HTTP {response.status_code}",
+        retryable=decision.retryable,
+        status=response.status_code,
+        details=details,
+        retry_after=decision.delay,
     )
 
 

@@ -1,8 +1,11 @@
 """Chatwoot application API (v1) client: plain values in, plain values out.
 
 Only what mirroring a campaign message needs: find or create a contact, find or create its
-conversation in one inbox, and post a message to it. Every failure is an IntegrationError:
-retryable for timeouts, network errors, 5xx and 429; not retryable for any other 4xx.
+conversation in one inbox, and post a message to it. Every failure is an IntegrationError
+classified by integrations.retry: retryable for timeouts, network errors, 408/425/429 and 5xx
+(with the answer's Retry-After); not for any other 4xx or a URL that can never work. A POST that
+went out without an answer is `maybe_delivered` and still retryable: a mirror never reaches the
+customer (an API inbox or a private note), so a duplicate line in Chatwoot beats a lost one.
 """
 
 from __future__ import annotations
@@ -179,19 +182,11 @@ class ChatwootClient:
         what = f"Chatwoot {method} {path}"
         try:
             response = self._http.request(method, self._prefix + path, params=params, json=json)
-        except httpx.TimeoutException as exc:
-            raise IntegrationError(f"{what}: timed out ({type(exc).__name__})", retryable=True) from exc
         except httpx.TransportError as exc:
-            raise IntegrationError(f"{what}: {type(exc).__name__}: {exc}", retryable=True) from exc
+            raise http.no_answer_error(what, exc, idempotent=method == "GET") from exc
         status = response.status_code
         if status >= 400:
-            retryable = status >= 500 or status == 429
-            raise IntegrationError(
-                f"{what}: HTTP {status}",
-                retryable=retryable,
-                status=status,
-                details=_error_text(response),
-            )
+            raise http.status_error(what, response, details=_error_text(response))
         try:
             return response.json()
         except ValueError as exc:

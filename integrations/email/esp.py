@@ -10,10 +10,14 @@ What a failure means, as for SMTP (integrations.email.bounces):
 - the ESP refused or found invalid the recipient -> a hard bounce (``Failure.HARD_BOUNCE``);
 - 401/403, and any other answer of the API (a From address it does not know, a malformed request)
   -> sender-side (``Failure.SENDER``, the ESP's own message verbatim): the organization is paused;
-- 429, 5xx, and a connection that could not be made (refused, DNS, connect timeout, TLS) ->
-  ``transient``: nothing was sent, try again later without spending an attempt and without pausing;
+- 408, 425, 429, 5xx, and a connection that could not be made (refused, DNS, connect timeout, TLS)
+  -> ``transient``: nothing was sent, try again later without spending an attempt and without
+  pausing (after ``retry_after``, the ESP's Retry-After, when it gave one);
 - the request went out but no answer came back (read timeout, connection dropped) -> ``unknown``: the
   ESP may have accepted it, so it must not be sent again (as an SMTP connection lost after DATA).
+
+The HTTP part of that (which statuses, which network failures) is integrations.retry's rule; what
+is left here is the ESP's own: refused recipients, and a 2xx whose answer could not be read.
 """
 
 from __future__ import annotations
@@ -33,8 +37,8 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.mail import EmailMultiAlternatives
 from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
-from urllib3.exceptions import ConnectTimeoutError, MaxRetryError
 
+from integrations import retry
 from integrations.email.bounces import Failure, SmtpFailure
 
 # provider -> (anymail backend, the constructor kwarg that carries the credential)
@@ -57,9 +61,6 @@ _NOT_EXTRA = frozenset(
         "content-type",
         "content-transfer-encoding",
     }
-)
-_BAD_URL = (
-    requests.exceptions.InvalidURL | requests.exceptions.MissingSchema | requests.exceptions.InvalidSchema
 )
 CONNECT_TIMEOUT = 5.0
 # anymail's per-recipient statuses that mean the ESP will not deliver to that address.
@@ -84,6 +85,7 @@ class EspResult:
     failure: SmtpFailure | None = None  # HARD_BOUNCE (the recipient) or SENDER (our account/request)
     transient: str = ""  # nothing was sent; the same call may succeed later
     unknown: str = ""  # the request went out and no answer came back: never send it again
+    retry_after: float | None = None  # with `transient`: seconds the ESP asked to wait (Retry-After)
 
     @property
     def sent(self) -> bool:
@@ -182,19 +184,25 @@ def classify(exc: AnymailError, *, esp_name: str) -> EspResult:
         # Only the recipient's address: one the sender's account cannot use must not bounce everyone.
         return EspResult(failure=SmtpFailure(Failure.HARD_BOUNCE, None, None, f"{esp_name}: {_text(exc)}"))
     if status is None and isinstance(exc, requests.RequestException):
-        if _never_sent(exc):
+        verdict = retry.for_transport(retry.requests_transport(exc), idempotent=False).verdict
+        if verdict is retry.Verdict.RETRY:
             return EspResult(transient=f"{esp_name} API unreachable: {_cause(exc)}")
-        if isinstance(exc, _BAD_URL):
+        if verdict is retry.Verdict.PERMANENT:
             return EspResult(failure=SmtpFailure(Failure.SENDER, None, None, f"{esp_name}: {_cause(exc)}"))
         return EspResult(unknown=f"{esp_name}: no answer after the request was sent: {_cause(exc)}")
     if status is None:
         # Refused by anymail before the API was called (an unsupported feature, a setting).
         return EspResult(failure=SmtpFailure(Failure.SENDER, None, None, f"{esp_name}: {_text(exc)}"))
-    if 200 <= status < 300:
+    response = getattr(exc, "response", None)
+    decision = retry.for_status(status, retry_after_header=_header(response, "Retry-After"))
+    if decision.verdict is retry.Verdict.OK:
         # Accepted, but the answer could not be read: the message may well be on its way.
         return EspResult(unknown=_failure(Failure.SENDER, exc, esp_name, status).message)
-    if status == 429 or status >= 500:
-        return EspResult(transient=f"{status} {_failure(Failure.SENDER, exc, esp_name, status).message}")
+    if decision.retryable:
+        return EspResult(
+            transient=f"{status} {_failure(Failure.SENDER, exc, esp_name, status).message}",
+            retry_after=decision.delay,
+        )
     # 401/403 (the key) and anything else the API refused: our account or our request is at fault.
     return EspResult(failure=_failure(Failure.SENDER, exc, esp_name, status))
 
@@ -206,16 +214,10 @@ def _status_of(exc: AnymailError) -> int | None:
     return status
 
 
-def _never_sent(exc: requests.RequestException) -> bool:
-    """True when the connection was never made, so the ESP cannot have seen the request."""
-    if isinstance(exc, requests.exceptions.ConnectTimeout | requests.exceptions.SSLError):
-        return True
-    if isinstance(exc, requests.exceptions.ConnectionError):
-        cause = exc.__cause__ if exc.__cause__ is not None else exc
-        inner = cause.args[0] if cause.args else None
-        # urllib3's NewConnectionError (refused, DNS) is a ConnectTimeoutError.
-        return isinstance(inner, MaxRetryError) and isinstance(inner.reason, ConnectTimeoutError)
-    return False
+def _header(response: object, name: str) -> str | None:
+    headers = getattr(response, "headers", None)
+    value = headers.get(name) if headers is not None else None
+    return value if isinstance(value, str) else None
 
 
 def _text(exc: BaseException) -> str:

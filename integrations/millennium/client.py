@@ -488,18 +488,11 @@ class MillenniumClient:
         query = {"$format": "json", "$top": str(top), **params}
         try:
             response = self._http.get(path, params=query)
-        except httpx.TimeoutException as exc:
-            raise IntegrationError(f"{what}: timed out ({type(exc).__name__})", retryable=True) from exc
         except httpx.TransportError as exc:
-            raise IntegrationError(f"{what}: {type(exc).__name__}: {exc}", retryable=True) from exc
+            raise http.no_answer_error(what, exc, idempotent=True) from exc
         status = response.status_code
         if status >= 400:
-            raise IntegrationError(
-                f"{what}: HTTP {status}",
-                retryable=status >= 500 or status == 429,
-                status=status,
-                details=response.text[:300],
-            )
+            raise http.status_error(what, response, details=response.text[:300])
         try:
             body = response.json()
         except ValueError as exc:

@@ -1,7 +1,8 @@
 """Client of an HTTP handler (docs/runner-http-contract.md): /process, /process-batch, /produce.
 
 Answers are turned into ItemOutcomes; nothing is retried here (a retried POST can run twice):
-the runner decides from `retryable`.
+the runner decides from `retryable`, which integrations.retry sets. The contract makes `/process`
+idempotent on `item_id`, so a request that went out without an answer is retryable too.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from integrations import http
+from integrations import http, retry
 from integrations.runner.contract import ItemIn, ItemOutcome, ProducedPage
 
 TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=10.0, pool=30.0)
@@ -26,10 +27,6 @@ def _client(base_url: str) -> httpx.Client:
         if c is None:
             c = _clients[base_url] = http.client(base_url=base_url.rstrip("/"), timeout=TIMEOUT)
         return c
-
-
-def _retryable_status(status: int) -> bool:
-    return status in (408, 425, 429) or status >= 500
 
 
 def _error_text(response: httpx.Response) -> str:
@@ -66,13 +63,11 @@ def process(
             response = _post(base_url, "/process-batch", {"items": [i.as_json() for i in items]}, headers)
         else:
             response = _post(base_url, "/process", items[0].as_json(), headers)
-    except httpx.TimeoutException as exc:
-        return _whole_failure(items, retryable=True, error=f"timeout: {exc.__class__.__name__}")
     except httpx.HTTPError as exc:
-        return _whole_failure(items, retryable=True, error=f"unreachable: {exc}")
+        return _whole_failure(items, retryable=_no_answer(exc).retryable, error=_no_answer_text(exc))
     if response.status_code >= 300:
         error = f"HTTP {response.status_code}: {_error_text(response)}"
-        retryable = _retryable_status(response.status_code)
+        retryable = retry.for_response(response).retryable
         if not batch and response.status_code == 422:
             body = _json(response)
             retryable = bool(body.get("retryable", False)) if isinstance(body, dict) else False
@@ -83,6 +78,16 @@ def process(
         result = body.get("result") if isinstance(body, dict) else None
         return [ItemOutcome(items[0].item_id, True, result=result)]
     return _batch_outcomes(items, body)
+
+
+def _no_answer(exc: httpx.HTTPError) -> retry.Decision:
+    return retry.for_transport(retry.httpx_transport(exc), idempotent=True)
+
+
+def _no_answer_text(exc: httpx.HTTPError) -> str:
+    if isinstance(exc, httpx.TimeoutException):
+        return f"timeout: {exc.__class__.__name__}"
+    return f"unreachable: {exc}"
 
 
 def _json(response: httpx.Response) -> Any:
@@ -125,12 +130,14 @@ def produce(
     try:
         response = _post(base_url, "/produce", body, _headers(auth_header, auth_value))
     except httpx.HTTPError as exc:
-        raise IntegrationError(f"produce: {exc}", retryable=True) from exc
+        raise IntegrationError(f"produce: {exc}", retryable=_no_answer(exc).retryable) from exc
     if response.status_code >= 300:
+        decision = retry.for_response(response)
         raise IntegrationError(
             f"produce: HTTP {response.status_code}: {_error_text(response)}",
-            retryable=_retryable_status(response.status_code),
+            retryable=decision.retryable,
             status=response.status_code,
+            retry_after=decision.delay,
         )
     data = _json(response)
     if not isinstance(data, dict) or not isinstance(data.get("items"), list):

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import aiohttp
 
+from integrations import retry
 from integrations.errors import IntegrationError
 from integrations.whatsapp.errors import Action, classify
 from integrations.whatsapp.parameters import template_text
@@ -41,6 +42,8 @@ class SendResult:
     # The request may have reached Meta (it timed out or the connection broke after it was sent):
     # Meta may have accepted it and may still report it.
     maybe_accepted: bool = False
+    # Seconds Meta asked to wait before another try (its Retry-After, bounded), when it said.
+    retry_after: float | None = None
 
     @property
     def ok(self) -> bool:
@@ -83,8 +86,9 @@ def build_payload(message: TemplateMessage) -> dict:
     return payload
 
 
-def _error_from(status: int, data: object) -> IntegrationError:
-    # Whatever came back: a body that is not Graph's error shape is an error without a code.
+def _error_from(status: int, data: object, retry_after: float | None = None) -> IntegrationError:
+    # Whatever came back: a body that is not Graph's error shape (a proxy's or a load balancer's
+    # answer) is an error without a code.
     body = data.get("error") if isinstance(data, dict) else None
     if not isinstance(body, dict):
         body = {}
@@ -99,11 +103,27 @@ def _error_from(status: int, data: object) -> IntegrationError:
         status=status,
         details=str(details),
         retryable=action in (Action.RETRY, Action.THROTTLED),
+        retry_after=retry_after,
     )
 
 
-# Failures that happen before the request is written: Meta cannot have seen it.
-_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError, aiohttp.InvalidURL)
+def _no_answer(exc: Exception) -> SendResult:
+    """A send that got no answer, as integrations.retry classifies it: a send is not idempotent
+    (the Graph API takes no idempotency key), so one that went out is `maybe_accepted`."""
+    decision = retry.for_transport(retry.aiohttp_transport(exc), idempotent=False)
+    if isinstance(exc, TimeoutError):
+        message = f"timeout: {type(exc).__name__}"
+    else:
+        message = f"connection error: {exc}"
+    # A URL that can never work is retried as before (attempts are spent, then it fails): the URL
+    # is the deployment's and the phone number id's, not the recipient's.
+    return SendResult(
+        error=IntegrationError(
+            message, retryable=True, maybe_delivered=decision.verdict is retry.Verdict.MAYBE_DELIVERED
+        ),
+        action=Action.RETRY,
+        maybe_accepted=decision.verdict is retry.Verdict.MAYBE_DELIVERED,
+    )
 
 
 class GraphClient:
@@ -123,22 +143,13 @@ class GraphClient:
                 url, json=build_payload(message), headers={"Authorization": f"Bearer {access_token}"}
             ) as response:
                 status = response.status
+                delay = retry.for_status(status, retry_after_header=response.headers.get("Retry-After")).delay
                 try:
                     data = await response.json(content_type=None)
                 except ValueError:
                     data = None
-        except TimeoutError as exc:
-            return SendResult(
-                error=IntegrationError(f"timeout: {type(exc).__name__}", retryable=True),
-                action=Action.RETRY,
-                maybe_accepted=not isinstance(exc, _NOT_SENT),
-            )
-        except aiohttp.ClientError as exc:
-            return SendResult(
-                error=IntegrationError(f"connection error: {exc}", retryable=True),
-                action=Action.RETRY,
-                maybe_accepted=not isinstance(exc, _NOT_SENT),
-            )
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            return _no_answer(exc)
         if status == 200:
             try:
                 assert isinstance(data, dict)
@@ -148,5 +159,5 @@ class GraphClient:
             except (AssertionError, KeyError, IndexError, TypeError):
                 error = IntegrationError("malformed success response", retryable=False, status=200)
                 return SendResult(error=error, action=Action.DROP_RECIPIENT)
-        error = _error_from(status, data)
-        return SendResult(error=error, action=classify(code=error.code, status=status))
+        error = _error_from(status, data, delay)
+        return SendResult(error=error, action=classify(code=error.code, status=status), retry_after=delay)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import StrEnum
 
+from integrations import retry
+
 
 class Action(StrEnum):
     RETRY = "retry"  # try again soon, spending an attempt
@@ -56,14 +58,15 @@ _PERMISSION_CODES = range(200, 300)  # Graph's API permission errors (of the num
 
 
 def classify(*, code: int | None, status: int | None, timeout: bool = False) -> Action:
-    """The action for an error: by Graph code first, then 5xx/timeouts retry, anything else drops."""
+    """The action for an error: by Graph code first, then what integrations.retry retries (timeouts,
+    408/425/429, 5xx), anything else drops."""
     if timeout:
         return Action.RETRY
     if code is not None and code in _BY_CODE:
         return _BY_CODE[code]
     if code in _PERMISSION_CODES:
         return Action.PAUSE_NUMBER
-    if status is not None and (status >= 500 or status == 429):
+    if status is not None and retry.for_status(status).retryable:
         return Action.RETRY
     if code in (1, 2):  # Graph's "unknown"/"service unavailable"
         return Action.RETRY
