@@ -191,7 +191,7 @@ def test_the_httpx_clients_errors_say_what_the_policy_decided():
 
 def test_meta_codes_come_first_and_the_rest_follows_the_policy():
     assert meta_classify(code=130429, status=400) is Action.THROTTLED
-    assert meta_classify(code=190, status=401) is Action.STOP_ORGANIZATION
+    assert meta_classify(code=190, status=401) is Action.PAUSE_NUMBER  # the token is the number's
     for status in (408, 425, 429, 500, 503):
         assert meta_classify(code=None, status=status) is Action.RETRY
     for status in (400, 404, 422):
