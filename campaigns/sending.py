@@ -367,6 +367,7 @@ def _record(
     stop_campaign: str | None = None
     stop_org: str | None = None
     pause_numbers: dict[int, str] = {}  # number id -> Meta's reason
+    asked = 0.0  # the longest Retry-After Meta (or a proxy in front of it) asked for
     cost = Decimal("0")
     for o in outcomes:
         m, r = o.message, o.result
@@ -378,6 +379,7 @@ def _record(
             sent.append(m)
             continue
         assert r.error is not None
+        asked = max(asked, r.retry_after or 0.0)
         action = r.action
         if r.maybe_accepted and action == Action.RETRY:
             # The request went out and no answer came back (a timeout, a connection broken after
@@ -520,7 +522,7 @@ def _record(
     if stop_org or pause_numbers:
         return PAUSED_DELAY * 2
     if requeue_free:
-        return THROTTLE_DELAY
+        return max(THROTTLE_DELAY, asked)
     if requeue_spent:
-        return RETRY_BACKOFF
+        return max(RETRY_BACKOFF, asked)
     return None

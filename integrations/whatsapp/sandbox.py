@@ -191,6 +191,7 @@ class GraphError(Exception):
         http_status: int | None = None,
         message: str | None = None,
         error_subcode: int | None = None,
+        retry_after: int | None = None,
     ) -> None:
         title, default_details = ERRORS.get(code, ("Unknown error", "The request could not be processed."))
         self.code = code
@@ -199,6 +200,7 @@ class GraphError(Exception):
         self.message = message or (title if code in (1, 2, 190) else f"(#{code}) {title}")
         self.details = default_details if details is None else details
         self.error_subcode = error_subcode
+        self.retry_after = retry_after
         super().__init__(self.message)
 
     def body(self) -> dict[str, Any]:
@@ -217,6 +219,8 @@ class GraphError(Exception):
         headers = {"x-fb-trace-id": body["error"]["fbtrace_id"]}
         if self.code == 190:
             headers["WWW-Authenticate"] = f'OAuth "Facebook Platform" "invalid_token" "{self.message}"'
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(self.retry_after)
         return _json_response(body, status=self.http_status, headers=headers)
 
 
@@ -230,6 +234,7 @@ class Rule:
     times: int | None = None
     webhook_failure_code: int | None = None
     error_subcode: int | None = None
+    retry_after: int | None = None  # seconds, sent as Retry-After with the error
 
     @property
     def rejects(self) -> bool:
@@ -242,7 +247,9 @@ class Rule:
         if code is None:
             status = self.http_status or 500
             code = 2 if status >= 500 else {401: 190, 429: 130429}.get(status, 100)
-        return GraphError(code, http_status=self.http_status, error_subcode=self.error_subcode)
+        return GraphError(
+            code, http_status=self.http_status, error_subcode=self.error_subcode, retry_after=self.retry_after
+        )
 
     @classmethod
     def parse(cls, data: Mapping[str, Any]) -> Rule:
@@ -254,7 +261,7 @@ class Rule:
         if not isinstance(to, str) or not (to == "*" or TO_RE.fullmatch(to)):
             raise ValueError('"to" must be "*" or a phone number of 8-15 digits')
         values: dict[str, int | None] = {}
-        for name in ("code", "http_status", "times", "webhook_failure_code", "error_subcode"):
+        for name in ("code", "http_status", "times", "webhook_failure_code", "error_subcode", "retry_after"):
             value = data.get(name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ValueError(f'"{name}" must be an integer or null')
@@ -264,6 +271,8 @@ class Rule:
             raise ValueError('"http_status" must be an HTTP error status (400-599)')
         if times is not None and times < 1:
             raise ValueError('"times" must be 1 or more, or null for every send')
+        if values["retry_after"] is not None and values["retry_after"] < 0:
+            raise ValueError('"retry_after" must be 0 or more seconds')
         if values["code"] is None and status is None and values["webhook_failure_code"] is None:
             raise ValueError('a rule needs "code", "http_status" or "webhook_failure_code"')
         return cls(to=to.lstrip("+"), **values)
@@ -565,6 +574,7 @@ class SandboxServer(ThreadedAppServer):
         times: int | None = None,
         webhook_failure_code: int | None = None,
         error_subcode: int | None = None,
+        retry_after: int | None = None,
     ) -> dict[str, Any]:
         """Script failures for ``to`` (or ``"*"``); returns the stored rule. ``times=None`` = always."""
         rule = Rule.parse(
@@ -575,6 +585,7 @@ class SandboxServer(ThreadedAppServer):
                 "times": times,
                 "webhook_failure_code": webhook_failure_code,
                 "error_subcode": error_subcode,
+                "retry_after": retry_after,
             }
         )
         return self._on_loop(lambda: self._add_rule(rule))

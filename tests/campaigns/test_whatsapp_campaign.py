@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from datetime import timedelta
 from decimal import Decimal
 from io import StringIO
@@ -481,3 +482,22 @@ def test_a_batch_given_up_fails_its_messages_and_the_campaign_completes(wa, sand
     assert CampaignMetric.objects.get(campaign=campaign).failed == 3
     assert campaign.status == Campaign.Status.SENT
     assert sum(recovery.recover().values()) == 0
+
+
+def test_a_throttle_waits_as_long_as_meta_asks_in_retry_after(wa, sandbox, run_jobs):
+    """Meta (or the proxy in front of it) answers 429 with Retry-After: the batch comes back no
+    sooner than asked (not the default 5 s), without spending an attempt."""
+    from rq.registry import ScheduledJobRegistry
+
+    from crm import jobs
+
+    person = wa["customers"](1)[0]
+    sandbox.add_rule(to=person.phone.lstrip("+"), code=130429, times=1, retry_after=120)
+    services.campaign_start(campaign=wa["campaign"]())
+    before = time.time()
+    run_jobs(settle=3)
+    msg = WhatsappMessage.objects.get(customer=person)
+    assert (msg.status, msg.attempts) == (S.QUEUED, 0)
+    registry = ScheduledJobRegistry(queue=jobs.get_queue("whatsapp-send"))
+    due = [registry.get_scheduled_time(job_id).timestamp() for job_id in registry.get_job_ids()]
+    assert len(due) == 1 and due[0] >= before + 110, [d - before for d in due]
