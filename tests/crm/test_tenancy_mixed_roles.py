@@ -36,7 +36,13 @@ def _campaign_form(organization: Organization, name: str) -> dict[str, str]:
     }
 
 
-REQUIRED_WITH_DEFAULTS = ("template_language", "template_category", "email_body_format", "recurrence_misfire")
+REQUIRED_WITH_DEFAULTS = (
+    "template_language",
+    "template_category",
+    "email_body_format",
+    "recurrence_misfire",
+    "sender",
+)
 
 
 def test_a_new_campaign_cannot_be_put_in_an_organization_the_user_only_views(mixed):

@@ -252,7 +252,7 @@ def test_a_late_retry_of_an_older_days_full_sync_leaves_the_newer_one_alone(erp)
     assert (connection.customers_full_day, connection.customers_full_cursor) == (today, 10_000)
 
 
-def test_each_synced_page_of_sales_is_attributed_to_the_campaigns_that_reached_its_customers(erp):
+def test_each_synced_page_of_sales_is_attributed_to_the_campaigns_that_reached_its_customers(erp, english):
     from campaigns.models import (
         Campaign,
         CampaignRevenue,
