@@ -1,20 +1,28 @@
 """Sending one batch of campaign emails: the seed's email-send job, for many messages at once.
 
-1 settings read fresh, password decrypted in memory only · 2 timeouts 15 s / 15 s / 30 s
-(integrations.email.smtp) · 3 List-Unsubscribe (https one-click + mailto) and
-List-Unsubscribe-Post · 4 SENT, metrics sent+1 and delivered+1 · 5 failures classified
-(integrations.email.bounces): hard bounces suppress the address, soft ones are retried, policy blocks
-(5.7.x, blocklists) are BLOCKED and never suppress, sender-side failures pause the organization's
-email and leave the recipients untouched · 6 3 attempts,
-exponential from 60 s; completion check · 7 the organization's rate enforced by a limiter in Redis
-(crm.ratelimit) shared by every worker, and one SMTP connection per process reused across messages
-and jobs (integrations.email.pool) · 8 exactly once: messages are claimed (QUEUED -> SENDING) a few
-at a time before they are handed to the server, so a retry, a second worker or a re-run after a
-crash only ever sees the ones still QUEUED; a connection that breaks after the hand-over leaves the
-message FAILED with "outcome unknown", never sent again · 9 or through the organization's ESP
-(EmailSettings.provider, integrations.email.esp with django-anymail): the same claims, limiter and
-outcomes, the ESP's message id stored for its tracking webhooks (campaigns.esp_tracking); an ESP that
-cannot take messages now (429, 5xx, unreachable) releases them and defers the batch, unpaused.
+`email_send_batch` claims a few messages at a time and runs each chunk through named steps:
+`chunk_eligible` (who may receive it now: consent, suppression, contact caps checked again, a valid
+address), `chunk_send` (no transaction open), `chunk_classify` (the outcomes into a `ChunkPlan`,
+pure) and `chunk_apply` (one transaction, metrics with F()). What it guarantees:
+
+- Settings are read fresh in the job, the password or API key decrypted in memory only; timeouts
+  15 s / 15 s / 30 s (integrations.email.smtp); List-Unsubscribe (https one-click + mailto) and
+  List-Unsubscribe-Post.
+- Sent: SENT, metrics sent+1 and delivered+1. Failures are classified (integrations.email.bounces):
+  hard bounces suppress the address, soft ones are retried (3 attempts, exponential from 60 s),
+  policy blocks (5.7.x, blocklists) are BLOCKED and never suppress, sender-side failures pause the
+  organization's email and leave the recipients untouched. The last chunk checks for completion.
+- The organization's rate is enforced by a limiter in Redis (crm.ratelimit) shared by every worker,
+  and a process's SMTP connections (up to EMAIL_CONNECTIONS) are reused across messages and jobs
+  (integrations.email.pool).
+- Exactly once: messages are claimed (QUEUED -> SENDING) a few at a time before they are handed to
+  the server, so a retry, a second worker or a re-run after a crash only ever sees the ones still
+  QUEUED; a connection that breaks after the hand-over leaves the message FAILED with "outcome
+  unknown", never sent again.
+- Or through the organization's ESP (EmailSettings.provider, integrations.email.esp with
+  django-anymail): the same claims, limiter and outcomes, the ESP's message id stored for its
+  tracking webhooks (campaigns.esp_tracking); an ESP that cannot take messages now (429, 5xx,
+  unreachable) releases them and defers the batch, unpaused.
 """
 
 from __future__ import annotations
@@ -28,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from email.headerregistry import Address
 from email.message import EmailMessage as MimeMessage
 from email.utils import format_datetime, make_msgid
@@ -211,7 +219,9 @@ def deliver(
 
 
 @dataclass
-class _Chunk:
+class ChunkPlan:
+    """What a chunk's outcomes call for: the messages by the state they are written in."""
+
     sent: list[EmailMessage] = field(default_factory=list)
     bounced: list[EmailMessage] = field(default_factory=list)
     blocked: list[EmailMessage] = field(default_factory=list)  # refused by policy: the address is kept
@@ -273,7 +283,7 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
     org: Organization = campaign.organization
     if not services.batch_may_send(campaign=campaign, batch=batch):
         return {}
-    email_settings = EmailSettings.objects.filter(organization_id=org.pk).first()  # 1: fresh
+    email_settings = EmailSettings.objects.filter(organization_id=org.pk).first()  # read fresh
     if email_settings is None:
         pause_organization_email(organization_id=org.pk, reason="no email settings")
         raise Defer(PAUSED_DELAY * 2, "organization has no email settings")
@@ -294,7 +304,7 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         if not ids:
             break
         chunk = _send_chunk(campaign, org, email_settings, server, compiled, store_name, ids, per_second)
-        _record(campaign, chunk, counts)
+        chunk_apply(campaign, chunk, counts)
         if chunk.sender_failure:
             pause_organization_email(organization_id=org.pk, reason=chunk.sender_failure)
             raise Defer(PAUSED_DELAY * 2, f"email sending paused: {chunk.sender_failure}")
@@ -320,52 +330,91 @@ def _send_chunk(
     store_name: str,
     ids: list[int],
     per_second: float,
-) -> _Chunk:
-    chunk = _Chunk()
+) -> ChunkPlan:
+    """The claimed messages `ids` sent, their outcomes classified into the plan `chunk_apply` writes:
+    eligibility (skips decided before any send), send (no transaction open), classify."""
+    ready, skipped = chunk_eligible(campaign=campaign, ids=ids)
+    if not ready:
+        return ChunkPlan(skipped=skipped)
+    outcomes = chunk_send(
+        ready,
+        org=org,
+        email_settings=email_settings,
+        server=server,
+        compiled=compiled,
+        store_name=store_name,
+        per_second=per_second,
+    )
+    plan = chunk_classify(ready, outcomes, now=timezone.now())
+    plan.skipped.extend(skipped)
+    return plan
+
+
+def chunk_eligible(*, campaign: Campaign, ids: list[int]) -> tuple[list[EmailMessage], list[EmailMessage]]:
+    """The claimed messages split into those to send and those to skip (with their error_reason):
+    opted out or without consent, suppressed, over a contact cap (checked again now, at send time)
+    or with an invalid address. A message whose customer is gone is skipped on the spot."""
     messages = list(EmailMessage.objects.filter(id__in=ids).select_related("customer").order_by("id"))
     services.skip_without_customer(model=EmailMessage, campaign_id=campaign.pk, ids=ids, found=messages)
     addresses = {m.customer.email.strip().lower() for m in messages}
     suppressed = set(
-        EmailSuppression.objects.filter(organization_id=org.pk, email__in=addresses).values_list(
-            "email", flat=True
-        )
+        EmailSuppression.objects.filter(
+            organization_id=campaign.organization_id, email__in=addresses
+        ).values_list("email", flat=True)
     )
     capped = caps.skip_reasons(
         campaign=campaign, customer_ids=[m.customer_id for m in messages], now=timezone.now()
     )
     ready: list[EmailMessage] = []
+    skipped: list[EmailMessage] = []
     for m in messages:
-        customer = m.customer
-        m.email = customer.email.strip()
-        reason = ""
-        if not customer.can_receive_email:
-            reason = "customer opted out or has no consent"
-        elif m.email.lower() in suppressed:
-            reason = "address suppressed (an earlier hard bounce or complaint)"
-        elif m.customer_id in capped:
-            reason = capped[m.customer_id]
-        else:
-            try:
-                validate_email(m.email)
-            except ValidationError:
-                reason = f"invalid address {m.email!r}"
+        m.email = m.customer.email.strip()
+        reason = _skip_reason(m, suppressed=suppressed, capped=capped)
         if reason:
             m.error_reason = reason
-            chunk.skipped.append(m)
+            skipped.append(m)
         else:
             ready.append(m)
-    if not ready:
-        return chunk
+    return ready, skipped
 
-    stop = threading.Event()  # the server refused the account, or the ESP is down: send no more
+
+def _skip_reason(m: EmailMessage, *, suppressed: set[str], capped: dict[int, str]) -> str:
+    if not m.customer.can_receive_email:
+        return "customer opted out or has no consent"
+    if m.email.lower() in suppressed:
+        return "address suppressed (an earlier hard bounce or complaint)"
+    if m.customer_id in capped:
+        return capped[m.customer_id]
+    try:
+        validate_email(m.email)
+    except ValidationError:
+        return f"invalid address {m.email!r}"
+    return ""
+
+
+def chunk_send(
+    ready: list[EmailMessage],
+    *,
+    org: Organization,
+    email_settings: EmailSettings,
+    server: SmtpServer | esp.EspAccount,
+    compiled: email_render.CompiledEmail,
+    store_name: str,
+    per_second: float,
+) -> list[Delivery | None]:
+    """Hand `ready` to the server, up to EMAIL_CONNECTIONS at once, each on its own pooled connection
+    (an SMTP session carries one message at a time and waits a round trip per command), at the
+    organization's rate. One outcome per message, None for one not handed over: the server refused
+    the account or the ESP cannot take messages now, and no more are sent. No database here."""
+    stop = threading.Event()
 
     def send(m: EmailMessage) -> Delivery | None:
         """In a sender thread: render and build the message, check a connection out (opening and
         logging in when needed), then book the next slot of the organization's schedule, wait for
-        it and hand the message over (no database here). The slot is booked only when the message
-        can go the moment it comes, so connecting never eats into the schedule (a late first
-        message would let the next ones bunch up behind it) and a slow sender never leaves slots
-        behind that another would catch up on in a burst."""
+        it and hand the message over. The slot is booked only when the message can go the moment
+        it comes, so connecting never eats into the schedule (a late first message would let the
+        next ones bunch up behind it) and a slow sender never leaves slots behind that another
+        would catch up on in a burst."""
         if stop.is_set():
             return None
         unsubscribe_url = links.link_url("u", m)
@@ -384,53 +433,65 @@ def _send_chunk(
         )
 
         def on_time() -> bool:
-            slot = ratelimit.reserve(f"email:{org.pk}", 1, per_second)  # 7: shared by every worker
+            # The organization's rate, in Redis: shared by every worker and process.
+            slot = ratelimit.reserve(f"email:{org.pk}", 1, per_second)
             if slot.start > 0:
                 stop.wait(slot.start)
             return not stop.is_set()
 
         outcome = deliver(server, lambda: message, ready=on_time)
-        if outcome is not None and (
-            outcome.transient or (outcome.failure is not None and outcome.failure.kind is Failure.SENDER)
-        ):
+        if outcome is not None and _stops_sending(outcome):
             stop.set()
         return outcome
 
-    # Up to EMAIL_CONNECTIONS messages in flight at once, each on its own pooled connection: an
-    # SMTP session carries one message at a time and waits a round trip per command.
-    outcomes = list(_senders().map(send, ready))
-    now = timezone.now()
+    return list(_senders().map(send, ready))
+
+
+def _stops_sending(outcome: Delivery) -> bool:
+    return bool(outcome.transient) or (outcome.failure is not None and outcome.failure.kind is Failure.SENDER)
+
+
+def chunk_classify(ready: list[EmailMessage], outcomes: list[Delivery | None], *, now: datetime) -> ChunkPlan:
+    """The plan for the messages handed to `chunk_send` and its outcomes, one per message. Pure: it
+    sets the fields each message will be written with and groups them; nothing is saved."""
+    plan = ChunkPlan()
     for m, outcome in zip(ready, outcomes, strict=True):
         if outcome is None:
-            chunk.release.append(m.pk)
+            plan.release.append(m.pk)
         elif outcome.unknown:
             m.error_reason, m.failed_at = OUTCOME_UNKNOWN, now
-            chunk.failed.append(m)
+            plan.failed.append(m)
         elif outcome.transient:
-            chunk.transient = outcome.transient
-            chunk.release.append(m.pk)
+            plan.transient = outcome.transient
+            plan.release.append(m.pk)
         elif outcome.failure is None:
             m.status, m.smtp_reply, m.sent_at = Status.SENT, outcome.reply[:2000], now
             m.esp_message_id = outcome.message_id or None
-            chunk.sent.append(m)
-        elif outcome.failure.kind is Failure.SENDER:
-            chunk.sender_failure = chunk.sender_failure or _describe(outcome.failure)
-            chunk.release.append(m.pk)
-        elif outcome.failure.kind is Failure.BLOCKED:
-            m.bounce_message, m.failed_at = _describe(outcome.failure), now
-            chunk.blocked.append(m)
-        elif outcome.failure.kind is Failure.SOFT_BOUNCE and m.attempts < ATTEMPTS:
-            m.bounce_message = _describe(outcome.failure)
-            chunk.retry.append(m)
+            plan.sent.append(m)
         else:
-            m.bounce_type = (
-                BounceType.HARD if outcome.failure.kind is Failure.HARD_BOUNCE else BounceType.SOFT
-            )
-            m.bounce_message, m.failed_at = _describe(outcome.failure), now
-            chunk.bounced.append(m)
-            if m.bounce_type == BounceType.HARD:
-                chunk.suppress.append((m.email.lower(), m.bounce_message))
-    return chunk
+            _classify_failure(plan, m, outcome.failure, now=now)
+    return plan
+
+
+def _classify_failure(plan: ChunkPlan, m: EmailMessage, failure: SmtpFailure, *, now: datetime) -> None:
+    """A refusal: the sender's own (the account: the message is released, the organization paused),
+    a policy block (the address is kept), a soft bounce with attempts left (retried), else a bounce
+    (a hard one suppresses the address)."""
+    if failure.kind is Failure.SENDER:
+        plan.sender_failure = plan.sender_failure or _describe(failure)
+        plan.release.append(m.pk)
+    elif failure.kind is Failure.BLOCKED:
+        m.bounce_message, m.failed_at = _describe(failure), now
+        plan.blocked.append(m)
+    elif failure.kind is Failure.SOFT_BOUNCE and m.attempts < ATTEMPTS:
+        m.bounce_message = _describe(failure)
+        plan.retry.append(m)
+    else:
+        m.bounce_type = BounceType.HARD if failure.kind is Failure.HARD_BOUNCE else BounceType.SOFT
+        m.bounce_message, m.failed_at = _describe(failure), now
+        plan.bounced.append(m)
+        if m.bounce_type == BounceType.HARD:
+            plan.suppress.append((m.email.lower(), m.bounce_message))
 
 
 def _describe(failure: SmtpFailure) -> str:
@@ -438,8 +499,9 @@ def _describe(failure: SmtpFailure) -> str:
     return " ".join(p for p in parts if p)[:2000]
 
 
-def _record(campaign: Campaign, chunk: _Chunk, counts: Counter[str]) -> None:
-    """Write the chunk's outcomes in a few bulk statements (only over rows still SENDING)."""
+def chunk_apply(campaign: Campaign, chunk: ChunkPlan, counts: Counter[str]) -> None:
+    """Write the plan in one transaction, a few bulk statements (only over rows still SENDING), the
+    campaign's metrics with F(); then apply ESP events that came before the commit, and count."""
     guard = {"status": Status.SENDING}
     for m in chunk.failed:
         m.status = Status.FAILED

@@ -20,7 +20,7 @@ from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from crm import bulk, inbox, jobs, queues, recovery
-from crm.resilience import Gate
+from crm.resilience import Admission, BreakerPolicy, Gate
 from integrations.errors import IntegrationError
 from integrations.runner import client
 from integrations.runner.contract import ItemIn, ItemOutcome, RunIn
@@ -35,6 +35,7 @@ from runner.models import (
     Trigger,
     WebhookEvent,
 )
+from runner.plan import ItemsPlan, items_classify
 
 logger = logging.getLogger(__name__)
 
@@ -691,7 +692,7 @@ def _call_python(path: str, items: list[ItemIn], batch: bool) -> list[ItemOutcom
     return outcomes
 
 
-def items_process(  # noqa: C901
+def items_process(
     *,
     execution_id: int,
     item_ids: list[int],
@@ -721,11 +722,68 @@ def items_process(  # noqa: C901
             return "nothing to claim"
     g = gate()
     policy = conf.breaker_policy()
+    admission = _admit(
+        g,
+        policy,
+        integration_key=integration_key,
+        handler=handler,
+        tenant=tenant,
+        organization_id=organization_id,
+        n=len(item_ids),
+        batch=batch,
+    )
+    plan: ItemsPlan | None = None
+    try:
+        items = items_claim(
+            item_ids=item_ids,
+            limit=None if batch else admission.count,
+            execution_id=execution_id,
+            direction=direction,
+            integration_key=integration_key,
+            handler_key=handler_key,
+            organization_id=organization_id,
+        )
+        if not items:
+            return "nothing to claim"
+        outcomes = items_send(handler=handler, items=items, batch=batch)
+        plan = items_classify(items=items, outcomes=outcomes, max_attempts=MAX_ATTEMPTS)
+        items_apply(execution_id=execution_id, plan=plan)
+    finally:
+        g.finish(
+            admission,
+            integration_key=integration_key,
+            handler_id=handler["id"],
+            outcome=plan.breaker_outcome if plan else "none",
+            policy=policy,
+        )
+    if plan.retry_attempt:
+        raise jobs.Defer(conf.get("RUNNER_RETRY_BACKOFF") * 2 ** (plan.retry_attempt - 1), "retry")
+    if plan.released:
+        raise jobs.Defer(conf.get("RUNNER_RETRY_BACKOFF"), "rest of the group")
+    if not batch and admission.count < len(item_ids):
+        # The items partial admission left out wait in this same job.
+        raise jobs.Defer(max(admission.wait, 0.5), "rest of the group")
+    return "done"
+
+
+def _admit(
+    g: Gate,
+    policy: BreakerPolicy,
+    *,
+    integration_key: str,
+    handler: dict[str, Any],
+    tenant: dict[str, Any],
+    organization_id: int,
+    n: int,
+    batch: bool,
+) -> Admission:
+    """Admission for `n` items (a group may get fewer) by the breaker, the handler's concurrency and
+    rate and the tenant's window; raises Defer when none is admitted."""
     admission = g.admit(
         integration_key=integration_key,
         handler_id=handler["id"],
         organization_id=organization_id,
-        n=len(item_ids),
+        n=n,
         tenant_limit=tenant["rate_limit_per_minute"],
         handler_limit=handler["rate_limit_per_minute"],
         concurrency=handler["concurrency"],
@@ -736,57 +794,49 @@ def items_process(  # noqa: C901
     if not admission.admitted:
         wait = conf.get("RUNNER_TENANT_DEFER") if admission.reason == "tenant rate limit" else admission.wait
         raise jobs.Defer(wait, admission.reason)
-    outcome = "none"
-    retry_attempt = 0
-    rest = 0.0  # seconds the items of the group not done in this run wait (0: none left)
-    try:
-        now = timezone.now()
-        claimed = _claim(item_ids, now, None if batch else admission.count)
-        if not claimed:
-            return "nothing to claim"
-        items = [
-            ItemIn(
-                item_id=i,
-                execution_id=execution_id,
-                external_id=ext,
-                payload=payload,
-                attempt=attempts,
-                direction=direction,
-                integration_key=integration_key,
-                handler_key=handler_key,
-                organization_id=organization_id,
-            )
-            for i, ext, payload, attempts in claimed
-        ]
-        call = _caller(handler, batch)
-        if batch:
-            outcomes = call(items)
-        else:
-            outcomes = []
-            for item in items:
-                outcomes.extend(call([item]))
-                if outcomes[-1].systemic:
-                    break  # an outage: do not call on for the rest of the group
-        released = [i.item_id for i in items[len(outcomes) :]]
-        outcome = "failure" if any(o.systemic for o in outcomes) else "success"
-        retry_attempt = _record(execution_id, {i.item_id: i.attempt for i in items}, outcomes, released)
-        if released:
-            rest = conf.get("RUNNER_RETRY_BACKOFF")
-        elif not batch and admission.count < len(item_ids):
-            rest = max(admission.wait, 0.5)
-    finally:
-        g.finish(
-            admission,
+    return admission
+
+
+def items_claim(
+    *,
+    item_ids: list[int],
+    limit: int | None,
+    execution_id: int,
+    direction: str,
+    integration_key: str,
+    handler_key: str,
+    organization_id: int,
+) -> list[ItemIn]:
+    """Claim the first `limit` of `item_ids` still to do (all when None) and return them as the
+    handler's input, attempt counted; an item another job holds is left out."""
+    return [
+        ItemIn(
+            item_id=i,
+            execution_id=execution_id,
+            external_id=ext,
+            payload=payload,
+            attempt=attempts,
+            direction=direction,
             integration_key=integration_key,
-            handler_id=handler["id"],
-            outcome=outcome,
-            policy=policy,
+            handler_key=handler_key,
+            organization_id=organization_id,
         )
-    if retry_attempt:
-        raise jobs.Defer(conf.get("RUNNER_RETRY_BACKOFF") * 2 ** (retry_attempt - 1), "retry")
-    if rest:
-        raise jobs.Defer(rest, "rest of the group")
-    return "done"
+        for i, ext, payload, attempts in _claim(item_ids, timezone.now(), limit)
+    ]
+
+
+def items_send(*, handler: dict[str, Any], items: list[ItemIn], batch: bool) -> list[ItemOutcome]:
+    """Call the handler, outside any transaction: once for a batch, else item by item, stopping
+    after the first systemic failure (an outage: the rest of the group is not called)."""
+    call = _caller(handler, batch)
+    if batch:
+        return list(call(items))
+    outcomes: list[ItemOutcome] = []
+    for item in items:
+        outcomes.extend(call([item]))
+        if outcomes[-1].systemic:
+            break
+    return outcomes
 
 
 def _caller(handler: dict[str, Any], batch: bool) -> Any:
@@ -801,52 +851,30 @@ def _caller(handler: dict[str, Any], batch: bool) -> Any:
     )
 
 
-def _record(
-    execution_id: int,
-    attempts: dict[int, int],
-    outcomes: list[ItemOutcome],
-    released: list[int] | None = None,
-) -> int:
-    """Write the outcomes and the fan-in counters in one transaction; returns the attempt to back
-    off from when some items are to be retried (0: none). `released`: claimed but not called (the
-    group stopped early): back to pending with the claim's attempt given back."""
+def items_apply(*, execution_id: int, plan: ItemsPlan) -> None:
+    """Write `plan` and the fan-in counters in one transaction. Only items still running change, and
+    the counters add what the updates changed, so a plan applied twice counts once."""
     now = timezone.now()
-    ok = [o for o in outcomes if o.ok]
-    final = [o for o in outcomes if not o.ok and (not o.retryable or attempts[o.item_id] >= MAX_ATTEMPTS)]
-    retry = [o for o in outcomes if not o.ok and o.retryable and attempts[o.item_id] < MAX_ATTEMPTS]
     running = ExecutionItem.objects.filter(status=ExecutionItem.Status.RUNNING)
+    done = {"status": ExecutionItem.Status.SUCCEEDED, "finished_at": now, "last_error": ""}
     with transaction.atomic():
         succeeded = failed = 0
-        plain = [o.item_id for o in ok if o.result is None]
-        if plain:
-            succeeded += running.filter(id__in=plain).update(
-                status=ExecutionItem.Status.SUCCEEDED, finished_at=now, last_error=""
-            )
-        for o in ok:
-            if o.result is not None:
-                succeeded += running.filter(id=o.item_id).update(
-                    status=ExecutionItem.Status.SUCCEEDED, finished_at=now, last_error="", result=o.result
-                )
-        for error, ids in _by_error(final).items():
+        if plan.succeeded:
+            succeeded += running.filter(id__in=plan.succeeded).update(**done)
+        for item_id, result in plan.succeeded_with_result:
+            succeeded += running.filter(id=item_id).update(**done, result=result)
+        for error, ids in plan.dlq.items():
             failed += running.filter(id__in=ids).update(
                 status=ExecutionItem.Status.FAILED, finished_at=now, dlq_at=now, last_error=error
             )
-        for error, ids in _by_error(retry).items():
+        for error, ids in plan.retry.items():
             running.filter(id__in=ids).update(status=ExecutionItem.Status.PENDING, last_error=error)
-        if released:
-            running.filter(id__in=released).update(
+        if plan.released:
+            running.filter(id__in=plan.released).update(
                 status=ExecutionItem.Status.PENDING, attempts=F("attempts") - 1
             )
         if succeeded or failed:
             _settle(execution_id, succeeded=succeeded, failed=failed)
-    return min((attempts[o.item_id] for o in retry), default=0)
-
-
-def _by_error(outcomes: Iterable[ItemOutcome]) -> dict[str, list[int]]:
-    groups: dict[str, list[int]] = defaultdict(list)
-    for o in outcomes:
-        groups[o.error[:10_000] or "error"].append(o.item_id)
-    return groups
 
 
 def _cancel_items(execution_id: int, item_ids: list[int], *, reason: str) -> str:
