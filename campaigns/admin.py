@@ -291,7 +291,10 @@ class CampaignAdmin(TenantAdmin):
             '<tr><th>{}</th><td data-field="eta_seconds">{}</td></tr></table></div>',
             "../status/",
             "" if data["sending_paused"] else mark_safe(" hidden"),
-            _("The organization's sending on this channel is paused (fix it on the organization's page):"),
+            _(
+                "Sending is paused (fix the cause, then resume it on the organization's page or, for a "
+                "WhatsApp number, with the WhatsApp numbers' action 'Resume sending'):"
+            ),
             data["sending_paused"],
             data["progress"],
             _("Processed:"),

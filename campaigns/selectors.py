@@ -24,6 +24,7 @@ from campaigns.models import (
 )
 from crm.models import Customer, Sale
 from crm.money import format_money
+from integrations.models import WhatsappNumber
 
 COUNT_KEYS = (
     "queued",
@@ -135,12 +136,41 @@ def campaign_attribution(*, campaign_id: int) -> CampaignAttribution:
 
 
 def sending_paused(*, campaign: Campaign) -> str:
-    """Why the organization's sending on the campaign's channel is paused (its provider or mail
-    server refused the account), or "" when it is not."""
+    """Why the campaign's sending waits, or "" when it does not: the organization's sending on the
+    campaign's channel is paused (its provider or mail server refused the account), or some of its
+    queued messages go from a WhatsApp number Meta refused (each named, with Meta's reason)."""
     org = campaign.organization
     if campaign.channel == Channel.EMAIL:
         return (org.email_paused_reason or "paused") if org.email_paused_at else ""
-    return (org.whatsapp_paused_reason or "paused") if org.whatsapp_paused_at else ""
+    if org.whatsapp_paused_at:
+        return org.whatsapp_paused_reason or "paused"
+    paused = dict(
+        WhatsappNumber.objects.filter(organization_id=org.pk, paused_at__isnull=False).values_list(
+            "pk", "display_phone_number"
+        )
+    )
+    if not paused:
+        return ""
+    waiting = set(
+        WhatsappMessage.objects.filter(
+            campaign_id=campaign.pk, status=WhatsappMessage.Status.QUEUED, whatsapp_number_id__in=list(paused)
+        )
+        .values_list("whatsapp_number_id", flat=True)
+        .distinct()
+    )
+    if (
+        campaign.whatsapp_number_id in paused
+        and WhatsappMessage.objects.filter(
+            campaign_id=campaign.pk, status=WhatsappMessage.Status.QUEUED, whatsapp_number_id__isnull=True
+        ).exists()
+    ):
+        waiting.add(campaign.whatsapp_number_id)
+    reasons = (
+        WhatsappNumber.objects.filter(pk__in=waiting)
+        .order_by("pk")
+        .values_list("display_phone_number", "paused_reason")
+    )
+    return "; ".join(f"{phone}: {reason or 'paused'}" for phone, reason in reasons)
 
 
 def campaign_status(*, campaign: Campaign) -> dict[str, Any]:

@@ -335,7 +335,7 @@ def test_a_sender_side_failure_pauses_the_organization_and_bounces_nobody(
     staff = Client()
     staff.force_login(User.objects.create_user("ops", is_staff=True, is_superuser=True))
     page = staff.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
-    assert "sending on this channel is paused" in page and reason in page
+    assert "Sending is paused" in page and reason in page
 
     # the operator fixes it and clears the pause: the deferred batch goes out
     smtp.reset()

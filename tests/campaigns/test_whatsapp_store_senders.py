@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 from django.utils import timezone
 
-from campaigns import sending, services
+from campaigns import selectors, sending, services
 from campaigns.models import Campaign, Sender, WhatsappMessage
 from crm import jobs, ratelimit
 from crm.models import Customer, Organization, Sale, Store
@@ -180,6 +180,9 @@ def test_a_number_meta_refuses_pauses_only_its_own_messages_until_resumed(wa, st
     with pytest.raises(jobs.Defer, match="131048"):
         sending.whatsapp_send_batch(campaign_id=campaign.pk, batch=batch)
     assert set(rows.filter(whatsapp_number=number).values_list("status", "attempts")) == {(S.QUEUED, 0)}
+    # The campaign's page says which number holds its messages, and why.
+    waiting = selectors.sending_paused(campaign=Campaign.objects.get(pk=campaign.pk))
+    assert waiting.startswith(f"{number.display_phone_number}: ") and "131048" in waiting
 
     sandbox.clear_rules()  # the operator fixed the cause, then resumes the number
     assert whatsapp_numbers_resume(numbers=WhatsappNumber.objects.filter(pk=number.pk)) == 1
@@ -187,6 +190,7 @@ def test_a_number_meta_refuses_pauses_only_its_own_messages_until_resumed(wa, st
     run_jobs()
     assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT
     assert set(rows.values_list("status", flat=True)) == {S.SENT}
+    assert selectors.sending_paused(campaign=Campaign.objects.get(pk=campaign.pk)) == ""
     assert sorted(_sent_from(sandbox).values()) == sorted([PHONE_NUMBER_ID] * 3 + [SHOPPING_ID] * 3)
     assert sandbox.stats()["by_recipient_max"] == 1
 
