@@ -176,6 +176,7 @@ class Delivery:
     unknown: str = ""  # the connection broke after the hand-over
     message_id: str = ""  # the ESP's id for the message (its tracking webhooks name it so)
     transient: str = ""  # the ESP cannot take it now (429, 5xx, unreachable): nothing was sent
+    retry_after: float | None = None  # with `transient`: seconds the ESP asked to wait (Retry-After)
 
 
 def deliver(
@@ -205,6 +206,7 @@ def deliver(
             unknown=result.unknown,
             message_id=result.message_id,
             transient=result.transient,
+            retry_after=result.retry_after,
         )
     try:
         reply = pool.send(server, build, idle_check=settings.EMAIL_CONNECTION_IDLE_CHECK, ready=ready)
@@ -232,6 +234,7 @@ class ChunkPlan:
     suppress: list[tuple[str, str]] = field(default_factory=list)
     sender_failure: str = ""
     transient: str = ""  # the ESP cannot take messages now: the rest are released, the batch deferred
+    retry_after: float = 0.0  # the longest wait the ESP asked for (Retry-After), 0 when none
 
 
 _executor: ThreadPoolExecutor | None = None
@@ -308,8 +311,9 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         if chunk.sender_failure:
             pause_organization_email(organization_id=org.pk, reason=chunk.sender_failure)
             raise Defer(PAUSED_DELAY * 2, f"email sending paused: {chunk.sender_failure}")
-        if chunk.transient:
-            raise Defer(settings.EMAIL_RETRY_BACKOFF, f"email provider unavailable: {chunk.transient}")
+        if chunk.transient:  # no sooner than the ESP asked (Retry-After)
+            wait = max(float(settings.EMAIL_RETRY_BACKOFF), chunk.retry_after)
+            raise Defer(wait, f"email provider unavailable: {chunk.transient}")
         if time.monotonic() - started > JOB_BUDGET:
             raise Defer(0, "yielding the worker; the batch continues")
     next_retry = EmailMessage.objects.filter(
@@ -463,6 +467,7 @@ def chunk_classify(ready: list[EmailMessage], outcomes: list[Delivery | None], *
             plan.failed.append(m)
         elif outcome.transient:
             plan.transient = outcome.transient
+            plan.retry_after = max(plan.retry_after, outcome.retry_after or 0.0)
             plan.release.append(m.pk)
         elif outcome.failure is None:
             m.status, m.smtp_reply, m.sent_at = Status.SENT, outcome.reply[:2000], now

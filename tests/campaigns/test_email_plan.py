@@ -67,3 +67,18 @@ def test_an_unknown_outcome_fails_the_message_and_a_busy_esp_releases_it():
     )
     assert plan.failed == [unknown] and unknown.error_reason == OUTCOME_UNKNOWN
     assert plan.release == [2] and plan.transient == "429"
+
+
+def test_a_busy_esp_s_longest_retry_after_is_what_the_batch_waits_for():
+    first, second, third = _message(1), _message(2), _message(3)
+    plan = chunk_classify(
+        [first, second, third],
+        [
+            Delivery(transient="429", retry_after=30.0),
+            Delivery(transient="429", retry_after=90.0),
+            Delivery(transient="503"),  # no Retry-After
+        ],
+        now=NOW,
+    )
+    assert plan.release == [1, 2, 3] and plan.retry_after == 90.0
+    assert chunk_classify([_message(4)], [Delivery(transient="503")], now=NOW).retry_after == 0.0
