@@ -368,3 +368,43 @@ def test_the_safety_sweep_drains_every_kind_whose_wake_up_was_lost(db, django_ca
     assert result["inbox"] == len(inbox.kinds()) >= 3  # whatsapp, esp, runner.webhook
     queued = get_queue(inbox.queues.INBOX).get_jobs()
     assert sorted(job.kwargs["kind"] for job in queued) == inbox.kinds()
+
+
+def test_a_write_that_fails_in_a_group_commit_fails_alone(transactional_db):
+    """Concurrent request writes share one pipelined transaction; when one statement fails (here a
+    payload PostgreSQL refuses), only its caller gets the error: the others are committed."""
+    import threading
+
+    from django.db import DataError, IntegrityError
+
+    from crm.models import InboxEvent
+
+    table = InboxEvent._meta.db_table
+    sql = (
+        f"INSERT INTO {table} (kind, organization_id, payload, error) VALUES (%s, NULL, %s, '') RETURNING id"  # noqa: S608
+    )
+    payloads = [f'{{"n": {i}}}' for i in range(40)]
+    payloads[17] = None  # payload is NOT NULL: this one statement fails
+    results: dict[int, object] = {}
+    start = threading.Barrier(len(payloads))
+
+    def write(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = inbox.write(sql, ["whatsapp", payloads[i]])
+        except (IntegrityError, DataError) as exc:
+            results[i] = exc
+        finally:
+            from django.db import connection
+
+            connection.close()
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(len(payloads))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert isinstance(results[17], IntegrityError)
+    stored = {i for i, r in results.items() if isinstance(r, tuple)}
+    assert stored == set(range(len(payloads))) - {17}
+    assert InboxEvent.objects.filter(kind="whatsapp").count() == len(payloads) - 1
