@@ -192,6 +192,12 @@ class TenantAdmin(admin.ModelAdmin):
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return scope(super().get_queryset(request), request.user, self.tenant_path)
 
+    def response_action(self, request: HttpRequest, queryset: QuerySet) -> Any:
+        """Every action changes (or deletes, starts, resumes…) the rows it is given: only those of
+        the organizations the user manages, whatever was selected on the list, which also shows
+        those the user only views."""
+        return super().response_action(request, scope(queryset, request.user, self.tenant_path, managed=True))
+
     def scoped(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         """Any queryset of this admin's model limited to the user's organizations (custom views)."""
         return scope(queryset, request.user, self.tenant_path)

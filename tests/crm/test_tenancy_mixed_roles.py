@@ -1,5 +1,5 @@
 """A user who manages one organization and only views another writes into the first only: the
-forms' choices, and the save itself, take the organizations the user manages, not those it sees."""
+forms' choices, the save itself and the actions take the organizations the user manages, not those it sees."""
 
 from __future__ import annotations
 
@@ -85,3 +85,33 @@ def test_a_viewed_organizations_customer_cannot_be_picked_in_a_managed_organizat
     sale(theirs, "S-THEIRS")
     sale(mine, "S-MINE")
     assert list(Sale.objects.values_list("erp_id", "customer_id")) == [("S-MINE", mine.pk)]
+
+
+def test_an_action_runs_only_on_the_rows_of_organizations_the_user_manages(mixed):
+    """The changelist shows A's and B's rows; an action posted with both selected changes A's only
+    (a viewer of B may not resume, start or delete anything of B's)."""
+    from django.utils import timezone
+
+    from integrations.models import WhatsappNumber
+
+    client, a, b = mixed
+    numbers = {
+        org.slug: WhatsappNumber.objects.create(
+            organization=org,
+            phone_number_id=f"pn-{org.slug}",
+            display_phone_number=f"+551190{org.pk:04d}",
+            paused_at=timezone.now(),
+            paused_reason="131048",
+        )
+        for org in (a, b)
+    }
+    page = client.get("/admin/integrations/whatsappnumber/").content.decode()
+    assert "pn-loja-a" in page or numbers["loja-a"].display_phone_number in page
+    client.post(
+        "/admin/integrations/whatsappnumber/",
+        {"action": "resume_sending", "_selected_action": [n.pk for n in numbers.values()], "index": 0},
+    )
+    numbers["loja-a"].refresh_from_db()
+    numbers["loja-b"].refresh_from_db()
+    assert numbers["loja-a"].paused_at is None
+    assert numbers["loja-b"].paused_at is not None and numbers["loja-b"].paused_reason == "131048"
