@@ -62,6 +62,7 @@ from crm import bulk, ratelimit
 from crm.jobs import Defer
 from crm.models import Customer, Organization
 from crm.names import first_name
+from crm.services import organizations_pause
 from integrations.email import esp, pool
 from integrations.email.bounces import Failure, SmtpFailure, classify_exception
 from integrations.email.smtp import OutcomeUnknown, SmtpServer
@@ -150,21 +151,6 @@ def build_message(
     message.set_content(rendered.text)
     message.add_alternative(rendered.html, subtype="html")
     return message
-
-
-def pause_organization_email(*, organization_id: int, reason: str) -> bool:
-    """Stop every email of the organization until an operator clears it; True when this call did."""
-    paused = Organization.objects.filter(pk=organization_id, email_paused_at__isnull=True).update(
-        email_paused_at=timezone.now(), email_paused_reason=reason[:2000]
-    )
-    if paused:
-        logger.error(
-            "organization %s: email sending paused: %s",
-            organization_id,
-            reason,
-            extra={"organization_id": organization_id},
-        )
-    return bool(paused)
 
 
 @dataclass
@@ -288,7 +274,7 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         return {}
     email_settings = EmailSettings.objects.filter(organization_id=org.pk).first()  # read fresh
     if email_settings is None:
-        pause_organization_email(organization_id=org.pk, reason="no email settings")
+        organizations_pause(organization_ids=[org.pk], channel="email", reason="no email settings")
         raise Defer(PAUSED_DELAY * 2, "organization has no email settings")
 
     compiled = compiled_email(campaign)
@@ -309,7 +295,7 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         chunk = _send_chunk(campaign, org, email_settings, server, compiled, store_name, ids, per_second)
         chunk_apply(campaign, chunk, counts)
         if chunk.sender_failure:
-            pause_organization_email(organization_id=org.pk, reason=chunk.sender_failure)
+            organizations_pause(organization_ids=[org.pk], channel="email", reason=chunk.sender_failure)
             raise Defer(PAUSED_DELAY * 2, f"email sending paused: {chunk.sender_failure}")
         if chunk.transient:  # no sooner than the ESP asked (Retry-After)
             wait = max(float(settings.EMAIL_RETRY_BACKOFF), chunk.retry_after)

@@ -35,7 +35,8 @@ from django.utils import timezone
 from campaigns import links
 from campaigns.models import BounceType, CampaignMetric, EmailMessage, EmailSuppression
 from crm import jobs
-from crm.models import Customer, OptOutSource
+from crm.models import OptOutSource
+from crm.services import customers_opt_out
 from integrations.email.bounces import Failure, classify_esp_bounce, esp_event_markers
 
 logger = logging.getLogger(__name__)
@@ -201,17 +202,13 @@ def message_complained(*, message: EmailMessage, detail: str) -> bool:
     """The recipient marked it as spam: suppress the address and opt the customer out of email."""
     with transaction.atomic():
         _suppress(message, EmailSuppression.Reason.COMPLAINT, detail)
-        return customer_email_opt_out(customer_id=message.customer_id)
+        return _customer_opt_out(message)
 
 
-def customer_email_opt_out(*, customer_id: int) -> bool:
-    """Opt the customer out of email, as the ESP reported; an existing opt-out is kept. True if this did."""
-    now = timezone.now()
-    # .update() skips auto_now; whoever syncs on updated_at must see the opt-out.
+def _customer_opt_out(message: EmailMessage) -> bool:
+    """The ESP says the recipient opted out (or complained): out of email, an existing opt-out kept."""
     return bool(
-        Customer.objects.filter(pk=customer_id, email_opted_out_at__isnull=True).update(
-            email_opted_out_at=now, email_opt_out_source=OptOutSource.PROVIDER, updated_at=now
-        )
+        customers_opt_out(customer_ids=[message.customer_id], channel="email", source=OptOutSource.PROVIDER)
     )
 
 
@@ -256,7 +253,7 @@ _HANDLERS: dict[str, Callable[[EmailMessage, AnymailTrackingEvent, str], object]
     EventType.REJECTED: _bounced,
     EventType.DEFERRED: lambda m, e, esp: message_deferred(message=m, detail=_detail(e, esp)),
     EventType.COMPLAINED: lambda m, e, esp: message_complained(message=m, detail=_detail(e, esp)),
-    EventType.UNSUBSCRIBED: lambda m, e, esp: customer_email_opt_out(customer_id=m.customer_id),
+    EventType.UNSUBSCRIBED: lambda m, e, esp: _customer_opt_out(m),
     EventType.OPENED: lambda m, e, esp: links.message_open(message=m),
     EventType.CLICKED: lambda m, e, esp: links.message_click(message=m),
 }

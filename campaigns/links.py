@@ -17,7 +17,8 @@ from django.db.models import F
 from django.utils import timezone
 
 from campaigns.models import CampaignMetric, EmailMessage, WhatsappMessage
-from crm.models import Customer, OptOutSource
+from crm.models import OptOutSource
+from crm.services import SendingChannel, customers_opt_out
 
 KINDS = ("r", "u", "o")  # r: redirect (click tracking), u: unsubscribe, o: open pixel (emails)
 # An email message's signed value starts with this ("~" is never in a token or a signature), so
@@ -105,15 +106,9 @@ def message_unsubscribe(*, message: Message) -> bool:
 
     Safe to run twice: an existing opt-out (its time and source) is kept, never overwritten.
     """
-    now = timezone.now()
-    customers = Customer.objects.filter(pk=message.customer_id)
-    # .update() skips auto_now; whoever syncs on updated_at must see the opt-out.
-    if isinstance(message, EmailMessage):
-        changed = customers.filter(email_opted_out_at__isnull=True).update(
-            email_opted_out_at=now, email_opt_out_source=OptOutSource.UNSUBSCRIBE_LINK, updated_at=now
+    channel: SendingChannel = "email" if isinstance(message, EmailMessage) else "whatsapp"
+    return bool(
+        customers_opt_out(
+            customer_ids=[message.customer_id], channel=channel, source=OptOutSource.UNSUBSCRIBE_LINK
         )
-    else:
-        changed = customers.filter(whatsapp_opted_out_at__isnull=True).update(
-            whatsapp_opted_out_at=now, whatsapp_opt_out_source=OptOutSource.UNSUBSCRIBE_LINK, updated_at=now
-        )
-    return bool(changed)
+    )

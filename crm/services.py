@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import unicodedata
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable
+from datetime import datetime
+from typing import Any, Literal
 
 import phonenumbers
 from django.db import connection, transaction
 from django.utils import timezone
 
-from crm.models import Customer, Organization, Store
+from crm.models import Customer, OptOutSource, Organization, Store
+
+logger = logging.getLogger(__name__)
 
 DEMO_SLUG = "demo"
 DEMO_STORES = [("001", "Centro"), ("002", "Shopping Ibirapuera"), ("003", "Loja online")]
@@ -253,3 +257,71 @@ def login_from_environment(*, prefix: str, default_username: str, superuser: boo
         superuser=superuser,
     )
     return username, password
+
+
+# --- Sending state: an organization's paused channels, a customer's opt-outs ---------------------
+
+SendingChannel = Literal["whatsapp", "email"]
+REASON_MAX = 2000  # a pause reason is cut to this many characters (a provider may echo a page)
+# Each channel's columns: (when, why) of an organization's pause, (when, source) of a customer's opt-out.
+_PAUSE_FIELDS = {
+    "whatsapp": ("whatsapp_paused_at", "whatsapp_paused_reason"),
+    "email": ("email_paused_at", "email_paused_reason"),
+}
+_OPT_OUT_FIELDS = {
+    "whatsapp": ("whatsapp_opted_out_at", "whatsapp_opt_out_source"),
+    "email": ("email_opted_out_at", "email_opt_out_source"),
+}
+_CHANNEL_LABEL = {"whatsapp": "WhatsApp", "email": "email"}
+
+
+def organizations_pause(*, organization_ids: Iterable[int], channel: SendingChannel, reason: str) -> int:
+    """Stop the organizations' sending on `channel` until an operator clears it: the provider refused
+    the account itself (WhatsApp: locked, unpaid; email: login, TLS, relay). An existing pause, its
+    time and reason, is kept. Returns how many this call paused, each logged as an error."""
+    at, why = _PAUSE_FIELDS[channel]
+    paused = 0
+    for organization_id in sorted(set(organization_ids)):  # one, seldom more: a statement and a log each
+        rows = Organization.objects.filter(pk=organization_id, **{f"{at}__isnull": True})
+        if rows.update(**{at: timezone.now(), why: reason[:REASON_MAX]}):
+            paused += 1
+            logger.error(
+                "organization %s: %s sending paused: %s",
+                organization_id,
+                _CHANNEL_LABEL[channel],
+                reason,
+                extra={"organization_id": organization_id},
+            )
+    return paused
+
+
+def organizations_resume(*, organization_ids: Iterable[int], channel: SendingChannel) -> int:
+    """Clear the organizations' pause on `channel` (its cause was fixed); returns how many were paused."""
+    at, why = _PAUSE_FIELDS[channel]
+    paused = Organization.objects.filter(pk__in=organization_ids, **{f"{at}__isnull": False})
+    return paused.update(**{at: None, why: ""})
+
+
+def customers_opt_out(
+    *, customer_ids: Iterable[int], channel: SendingChannel, source: OptOutSource, at: datetime | None = None
+) -> int:
+    """Opt the customers out of `channel`'s marketing as of `at` (now by default), recording where the
+    choice came from. An existing opt-out, its time and source, is kept. Returns how many this call
+    opted out; one statement (`customer_ids` may be a values_list query: it becomes a subquery)."""
+    when, where = _OPT_OUT_FIELDS[channel]
+    now = timezone.now()
+    customers = Customer.objects.filter(pk__in=customer_ids, **{f"{when}__isnull": True})
+    # QuerySet.update skips auto_now: updated_at is set by hand so whoever syncs on it sees the change.
+    return customers.update(**{when: at or now, where: source, "updated_at": now})
+
+
+def customers_opt_out_undo(
+    *, customer_ids: Iterable[int], channel: SendingChannel, sources: Iterable[OptOutSource]
+) -> int:
+    """Undo the customers' opt-out of `channel`, but only one recorded from `sources` (a choice that
+    came from elsewhere stays). Returns how many this call opted back in; one statement."""
+    when, where = _OPT_OUT_FIELDS[channel]
+    customers = Customer.objects.filter(
+        pk__in=customer_ids, **{f"{when}__isnull": False, f"{where}__in": list(sources)}
+    )
+    return customers.update(**{when: None, where: "", "updated_at": timezone.now()})

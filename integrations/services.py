@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
+
 from django.db.models import QuerySet
+from django.utils import timezone
 
 from crm.models import Organization, Store
-from crm.services import DEMO_STORES
+from crm.services import DEMO_STORES, REASON_MAX, organizations_resume
 from integrations.models import EmailSettings, WhatsappNumber, WhatsappPrice
+
+logger = logging.getLogger(__name__)
 
 DEMO_PHONE_NUMBER_ID = "100000000000001"
 DEMO_ACCESS_TOKEN = "demo-access-token"  # noqa: S105 - the sandbox's token, not a real credential
@@ -53,6 +59,24 @@ def _demo_number(organization: Organization, store: Store, index: int, graph_url
     return number
 
 
+def whatsapp_numbers_pause(*, organization_id: int, number_ids: Iterable[int], reason: str) -> int:
+    """Stop the sends of these numbers of the organization until an operator resumes them: Meta
+    refused the number itself (its token, registration, display name, quality); the organization's
+    other numbers go on. An existing pause, its time and reason, is kept. Returns how many this call
+    paused, each logged as an error."""
+    paused = 0
+    for number_id in sorted(set(number_ids)):  # a batch's few numbers: a statement and a log each
+        numbers = WhatsappNumber.objects.filter(
+            organization_id=organization_id, pk=number_id, paused_at__isnull=True
+        )
+        if numbers.update(paused_at=timezone.now(), paused_reason=reason[:REASON_MAX]):
+            paused += 1
+            logger.error(
+                "WhatsApp number %s paused: %s", number_id, reason, extra={"organization_id": organization_id}
+            )
+    return paused
+
+
 def whatsapp_numbers_resume(*, numbers: QuerySet[WhatsappNumber]) -> int:
     """Clear the pause of these numbers (an operator fixed its cause); returns how many were paused.
     Their waiting send batches look again within a minute."""
@@ -79,7 +103,7 @@ def email_settings_demo(*, organization: Organization, host: str, port: int) -> 
         },
     )
     if organization.email_paused_at:
-        Organization.objects.filter(pk=organization.pk).update(email_paused_at=None, email_paused_reason="")
+        organizations_resume(organization_ids=[organization.pk], channel="email")
     return email_settings
 
 

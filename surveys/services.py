@@ -29,9 +29,11 @@ from crm import aio, jobs, queues, ratelimit, recovery
 from crm.jobs import Defer
 from crm.models import Customer, OptOutSource, Organization, Sale
 from crm.names import first_name
+from crm.services import customers_opt_out, organizations_pause
 from integrations.clients import graph_client
 from integrations.email.bounces import Failure, SmtpFailure
 from integrations.models import EmailSettings, WhatsappNumber
+from integrations.services import whatsapp_numbers_pause
 from integrations.whatsapp.client import TemplateMessage, UrlButton
 from integrations.whatsapp.errors import Action
 from integrations.whatsapp.phones import normalize_phone
@@ -419,7 +421,7 @@ def _send_email(survey: Survey) -> str:  # noqa: C901
     try:
         email_settings = EmailSettings.objects.filter(organization_id=org.pk).first()
         if email_settings is None:
-            email_sending.pause_organization_email(organization_id=org.pk, reason="no email settings")
+            organizations_pause(organization_ids=[org.pk], channel="email", reason="no email settings")
             _release(survey)
             raise Defer(PAUSED_DELAY, "organization has no email settings")
         server = email_sending.email_transport(email_settings)  # its SMTP server or its ESP
@@ -465,7 +467,7 @@ def _send_email(survey: Survey) -> str:  # noqa: C901
     text = _describe(failure)
     if failure.kind is Failure.SENDER:
         # Our side is broken (login, relay, TLS): the customer is left alone until an operator fixes it.
-        email_sending.pause_organization_email(organization_id=org.pk, reason=text)
+        organizations_pause(organization_ids=[org.pk], channel="email", reason=text)
         _release(survey)
         raise Defer(PAUSED_DELAY, f"email sending paused: {text}")
     if failure.kind is Failure.SOFT_BOUNCE and _retry_or_fail(survey, f"soft bounce: {text}"):
@@ -548,19 +550,11 @@ def _send_whatsapp(survey: Survey) -> str:
         _release(survey)
         raise Defer(THROTTLE_DELAY, f"WhatsApp throttled: {text}")
     if result.action == Action.STOP_ORGANIZATION:
-        Organization.objects.filter(pk=org.pk, whatsapp_paused_at__isnull=True).update(
-            whatsapp_paused_at=timezone.now(), whatsapp_paused_reason=text[:2000]
-        )
-        logger.error(
-            "organization %s: WhatsApp sending paused: %s", org.pk, text, extra={"organization_id": org.pk}
-        )
+        organizations_pause(organization_ids=[org.pk], channel="whatsapp", reason=text)
         _release(survey)
         raise Defer(PAUSED_DELAY, f"WhatsApp sending paused: {text}")
     if result.action == Action.PAUSE_NUMBER:
-        WhatsappNumber.objects.filter(pk=number.pk, paused_at__isnull=True).update(
-            paused_at=timezone.now(), paused_reason=text[:2000]
-        )
-        logger.error("WhatsApp number %s paused: %s", number.pk, text, extra={"organization_id": org.pk})
+        whatsapp_numbers_pause(organization_id=org.pk, number_ids=[number.pk], reason=text)
         _release(survey)
         raise Defer(PAUSED_DELAY, f"WhatsApp number paused: {text}")
     if result.action == Action.RETRY:
@@ -568,9 +562,6 @@ def _send_whatsapp(survey: Survey) -> str:
             raise SurveyRetry(text)
         return "failed"
     if result.action == Action.OPT_OUT:
-        now = timezone.now()
-        Customer.objects.filter(pk=survey.customer_id, whatsapp_opted_out_at__isnull=True).update(
-            whatsapp_opted_out_at=now, whatsapp_opt_out_source=OptOutSource.PROVIDER, updated_at=now
-        )
+        customers_opt_out(customer_ids=[survey.customer_id], channel="whatsapp", source=OptOutSource.PROVIDER)
     _fail(survey, text)
     return "failed"
