@@ -13,18 +13,18 @@ import logging
 import re
 from collections import Counter, defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.db import transaction
 from django.db.models import F, Q
 from django.db.models.functions import Greatest
-from django.utils import timezone
 
 from campaigns import services
 from campaigns.models import OUTCOME_UNKNOWN, CampaignMetric, WhatsappMessage
 from crm import bulk
 from crm.models import Customer, OptOutSource
+from crm.services import customers_opt_out, customers_opt_out_undo
 from integrations.models import WhatsappNumber, WhatsappPrice
 from integrations.whatsapp.phones import phone_region
 from integrations.whatsapp.pricing import rate_category
@@ -158,7 +158,7 @@ def _priced(message: WhatsappMessage, event: StatusEvent, prices: dict[tuple[str
     return prices.get((category, region), prices.get((category, "*"), Decimal("0")))
 
 
-def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:  # noqa: C901
+def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
     """Apply status events monotonically; returns counts applied/ignored/unknown/settled.
 
     Safe to run twice with the same events (a duplicate changes nothing and counts nothing). Rows
@@ -169,65 +169,101 @@ def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:  # noqa: C90
         return counts
     # Meta batches are not ordered; oldest first makes a failure after a delivery lose, as it should.
     ordered = sorted(events, key=lambda e: e.timestamp)
-    wamids = {e.wamid for e in ordered}
-    ids = {i for i in map(_callback_id, ordered) if i is not None}
     prices = _prices(ordered)
-    tracked: dict[int, _Tracked] = {}
     with transaction.atomic():
-        rows = list(
-            WhatsappMessage.objects.select_for_update()
-            .filter(Q(wamid__in=wamids) | Q(id__in=ids))
-            .order_by("pk")
-        )
-        by_wamid = {m.wamid: m for m in rows if m.wamid}
-        by_id = {m.pk: m for m in rows}
-        for event in ordered:
-            message = by_wamid.get(event.wamid)
-            if message is None:
-                # A message whose worker died (or has not recorded yet) after Meta accepted it
-                # has no wamid: the callback data we sent names it. Never adopt one that has a
-                # wamid of its own.
-                candidate = by_id.get(_callback_id(event) or 0)
-                if candidate is not None and candidate.wamid is None:
-                    message = candidate
-            if message is None:
-                counts["unknown"] += 1
-                continue
-            if message.pk not in tracked:
-                tracked[message.pk] = _Tracked(message, _counted(message), _rank(message) == 0)
-            if not _apply(message, event):
-                counts["ignored"] += 1
-                continue
-            counts["applied"] += 1
-            t = tracked[message.pk]
-            t.changed = True
-            if t.settled and not message.cost:
-                # The send never recorded what Meta charged (its worker died, or it is still
-                # recording: it then keeps this cost, sending._record).
-                t.cost = message.cost = _priced(message, event, prices)
-            by_wamid[event.wamid] = message
-        deltas: dict[int, Counter[str]] = defaultdict(Counter)
-        costs: dict[int, Decimal] = defaultdict(Decimal)
-        dirty: list[WhatsappMessage] = []
-        for t in tracked.values():
-            if not t.changed:
-                continue
-            dirty.append(t.message)
-            after = _counted(t.message)
-            for name, was, now in zip(COUNTERS, t.before, after, strict=True):
-                deltas[t.message.campaign_id][name] += int(now) - int(was)
-            costs[t.message.campaign_id] += t.cost
-            if t.settled and _rank(t.message) != 0:
-                counts["settled"] += 1
-        if dirty:
-            bulk.update_rows(WhatsappMessage, dirty, FIELDS)
-        for campaign_id, delta in deltas.items():
-            _metric_add(campaign_id, delta, costs[campaign_id])
-    for campaign_id in sorted(deltas):
+        by_wamid, by_id = _locked_messages(ordered)
+        tracked = _track(ordered, by_wamid, by_id, prices, counts)
+        changes = _changes(tracked.values())
+        counts["settled"] = changes.settled
+        if changes.dirty:
+            bulk.update_rows(WhatsappMessage, changes.dirty, FIELDS)
+        for campaign_id, delta in changes.deltas.items():
+            _metric_add(campaign_id, delta, changes.costs[campaign_id])
+    for campaign_id in sorted(changes.deltas):
         services.campaign_complete_if_done(campaign_id=campaign_id)
     if counts["settled"]:
         logger.info("status webhooks settled %s in-flight message(s)", counts["settled"])
     return counts
+
+
+def _locked_messages(
+    events: list[StatusEvent],
+) -> tuple[dict[str, WhatsappMessage], dict[int, WhatsappMessage]]:
+    """The messages the events name (by wamid or callback data), locked: (by wamid, by id)."""
+    wamids = {e.wamid for e in events}
+    ids = {i for i in map(_callback_id, events) if i is not None}
+    rows = list(
+        WhatsappMessage.objects.select_for_update().filter(Q(wamid__in=wamids) | Q(id__in=ids)).order_by("pk")
+    )
+    return {m.wamid: m for m in rows if m.wamid}, {m.pk: m for m in rows}
+
+
+def _message_of(
+    event: StatusEvent, by_wamid: dict[str, WhatsappMessage], by_id: dict[int, WhatsappMessage]
+) -> WhatsappMessage | None:
+    """The message the event is about: its wamid's, else the one our callback data names."""
+    message = by_wamid.get(event.wamid)
+    if message is not None:
+        return message
+    # A message whose worker died (or has not recorded yet) after Meta accepted it has no wamid:
+    # the callback data we sent names it. Never adopt one that has a wamid of its own.
+    candidate = by_id.get(_callback_id(event) or 0)
+    return candidate if candidate is not None and candidate.wamid is None else None
+
+
+def _track(
+    events: list[StatusEvent],
+    by_wamid: dict[str, WhatsappMessage],
+    by_id: dict[int, WhatsappMessage],
+    prices: dict[tuple[str, str], Decimal],
+    counts: dict[str, int],
+) -> dict[int, _Tracked]:
+    """Apply the events in order to their messages, in memory; counts applied/ignored/unknown."""
+    tracked: dict[int, _Tracked] = {}
+    for event in events:
+        message = _message_of(event, by_wamid, by_id)
+        if message is None:
+            counts["unknown"] += 1
+            continue
+        if message.pk not in tracked:
+            tracked[message.pk] = _Tracked(message, _counted(message), _rank(message) == 0)
+        if not _apply(message, event):
+            counts["ignored"] += 1
+            continue
+        counts["applied"] += 1
+        t = tracked[message.pk]
+        t.changed = True
+        if t.settled and not message.cost:
+            # The send never recorded what Meta charged (its worker died, or it is still
+            # recording: it then keeps this cost, sending.BatchPlan.reconciled).
+            t.cost = message.cost = _priced(message, event, prices)
+        by_wamid[event.wamid] = message
+    return tracked
+
+
+@dataclass
+class _Changes:
+    """What the applied events change: the rows to write, each campaign's counters and cost."""
+
+    dirty: list[WhatsappMessage] = field(default_factory=list)
+    deltas: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    costs: dict[int, Decimal] = field(default_factory=lambda: defaultdict(Decimal))
+    settled: int = 0  # messages not known to be at Meta that a status placed there
+
+
+def _changes(tracked: Iterable[_Tracked]) -> _Changes:
+    changes = _Changes()
+    for t in tracked:
+        if not t.changed:
+            continue
+        changes.dirty.append(t.message)
+        after = _counted(t.message)
+        for name, was, now in zip(COUNTERS, t.before, after, strict=True):
+            changes.deltas[t.message.campaign_id][name] += int(now) - int(was)
+        changes.costs[t.message.campaign_id] += t.cost
+        if t.settled and _rank(t.message) != 0:
+            changes.settled += 1
+    return changes
 
 
 def _metric_add(campaign_id: int, delta: Counter[str], cost: Decimal) -> None:
@@ -273,21 +309,20 @@ def preferences_apply(*, events: list[PreferenceEvent]) -> int:
             phone_number_id__in={e.phone_number_id for e in latest if e.phone_number_id}
         ).values_list("phone_number_id", "organization_id")
     )
-    # QuerySet.update skips auto_now: updated_at is set by hand so syncs see the change.
     changed = 0
     for event in latest:
         organization_id = owners.get(event.phone_number_id)
         if organization_id is None:
             continue
-        customers = Customer.objects.filter(organization_id=organization_id, phone__in=_phones(event.wa_id))
+        customers = Customer.objects.filter(
+            organization_id=organization_id, phone__in=_phones(event.wa_id)
+        ).values_list("pk", flat=True)
         if event.value == "stop":
-            changed += customers.filter(whatsapp_opted_out_at__isnull=True).update(
-                whatsapp_opted_out_at=event.timestamp,
-                whatsapp_opt_out_source=OptOutSource.REPLY,
-                updated_at=timezone.now(),
+            changed += customers_opt_out(
+                customer_ids=customers, channel="whatsapp", source=OptOutSource.REPLY, at=event.timestamp
             )
         else:
-            changed += customers.filter(
-                whatsapp_opted_out_at__isnull=False, whatsapp_opt_out_source__in=RESUMABLE_SOURCES
-            ).update(whatsapp_opted_out_at=None, whatsapp_opt_out_source="", updated_at=timezone.now())
+            changed += customers_opt_out_undo(
+                customer_ids=customers, channel="whatsapp", sources=RESUMABLE_SOURCES
+            )
     return changed
