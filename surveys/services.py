@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -34,14 +35,19 @@ from integrations.clients import graph_client
 from integrations.email.bounces import Failure, SmtpFailure
 from integrations.models import EmailSettings, WhatsappNumber
 from integrations.services import whatsapp_numbers_pause
-from integrations.whatsapp.client import TemplateMessage, UrlButton
+from integrations.whatsapp.client import SendResult, TemplateMessage, UrlButton
 from integrations.whatsapp.errors import Action
 from integrations.whatsapp.phones import normalize_phone
 from surveys import links
 from surveys.models import COMMENT_MAX, OUTCOME_UNKNOWN, SCORE_MAX, SCORE_MIN, Survey
 
 if TYPE_CHECKING:
+    from email.message import EmailMessage as MimeMessage
+
     from campaigns.email_render import RenderedEmail
+    from campaigns.email_sending import Delivery
+    from integrations.email.esp import EspAccount
+    from integrations.email.smtp import SmtpServer
 
 logger = logging.getLogger(__name__)
 
@@ -313,51 +319,71 @@ def _defer_if_paused(org: Organization, channel: str) -> None:
         raise Defer(PAUSED_DELAY, f"organization's WhatsApp sending paused: {org.whatsapp_paused_reason}")
 
 
-def _skip_reason(survey: Survey, now: datetime) -> str:  # noqa: C901
+def _skip_reason(survey: Survey, now: datetime) -> str:
     """Why this customer must not get this survey, or ""."""
-    customer = survey.customer
-    org = survey.organization
     if survey.channel == Channel.EMAIL:
-        if customer.email_opted_out_at is not None:
-            return "customer opted out of email"
-        if not customer.marketing_consent:
-            return "customer has no marketing consent"
-        address = customer.email.strip()
-        if not address:
-            return "customer has no email address"
-        try:
-            validate_email(address)
-        except ValidationError:
-            return f"invalid email address {address!r}"
-        if EmailSuppression.objects.filter(organization_id=org.pk, email=address.lower()).exists():
-            return "address suppressed (an earlier hard bounce or complaint)"
+        reason = _email_skip_reason(survey)
     else:
-        if customer.whatsapp_opted_out_at is not None:
-            return "customer opted out of WhatsApp"
-        if not customer.marketing_consent:
-            return "customer has no marketing consent"
-        if not customer.phone.strip():
-            return "customer has no phone number"
-        if normalize_phone(customer.phone) is None:
-            return f"invalid phone number {customer.phone!r}"
-    if org.survey_cooldown_days:
-        since = now - timedelta(days=org.survey_cooldown_days)
-        last = (
-            Survey.objects.filter(customer_id=customer.pk)
-            .filter(Q(status__in=Survey.SURVEYED, sent_at__gte=since) | Q(status=Status.SENDING))
-            .exclude(pk=survey.pk)
-            .order_by(F("sent_at").desc(nulls_first=True))
-            .values_list("sent_at", flat=True)[:1]
-        )
-        if last:
-            when = last[0]
-            if when is None:
-                return "another survey is being sent to this customer"
-            return (
-                f"surveyed on {timezone.localtime(when):%Y-%m-%d}, within the "
-                f"{org.survey_cooldown_days}-day cool-down"
-            )
+        reason = _whatsapp_skip_reason(survey.customer)
+    return reason or _cooldown_reason(survey, now)
+
+
+def _email_skip_reason(survey: Survey) -> str:
+    """Consent and a deliverable, unsuppressed address."""
+    customer = survey.customer
+    if customer.email_opted_out_at is not None:
+        return "customer opted out of email"
+    if not customer.marketing_consent:
+        return "customer has no marketing consent"
+    address = customer.email.strip()
+    if not address:
+        return "customer has no email address"
+    try:
+        validate_email(address)
+    except ValidationError:
+        return f"invalid email address {address!r}"
+    if EmailSuppression.objects.filter(
+        organization_id=survey.organization_id, email=address.lower()
+    ).exists():
+        return "address suppressed (an earlier hard bounce or complaint)"
     return ""
+
+
+def _whatsapp_skip_reason(customer: Customer) -> str:
+    """Consent and a valid phone number."""
+    if customer.whatsapp_opted_out_at is not None:
+        return "customer opted out of WhatsApp"
+    if not customer.marketing_consent:
+        return "customer has no marketing consent"
+    if not customer.phone.strip():
+        return "customer has no phone number"
+    if normalize_phone(customer.phone) is None:
+        return f"invalid phone number {customer.phone!r}"
+    return ""
+
+
+def _cooldown_reason(survey: Survey, now: datetime) -> str:
+    """The organization's cool-down: another survey of the customer sent within it, or being sent."""
+    org = survey.organization
+    if not org.survey_cooldown_days:
+        return ""
+    since = now - timedelta(days=org.survey_cooldown_days)
+    last = (
+        Survey.objects.filter(customer_id=survey.customer_id)
+        .filter(Q(status__in=Survey.SURVEYED, sent_at__gte=since) | Q(status=Status.SENDING))
+        .exclude(pk=survey.pk)
+        .order_by(F("sent_at").desc(nulls_first=True))
+        .values_list("sent_at", flat=True)[:1]
+    )
+    if not last:
+        return ""
+    when = last[0]
+    if when is None:
+        return "another survey is being sent to this customer"
+    return (
+        f"surveyed on {timezone.localtime(when):%Y-%m-%d}, within the "
+        f"{org.survey_cooldown_days}-day cool-down"
+    )
 
 
 def _release(survey: Survey) -> None:
@@ -413,46 +439,63 @@ def _describe(failure: SmtpFailure) -> str:
     return " ".join(p for p in parts if p)
 
 
-def _send_email(survey: Survey) -> str:  # noqa: C901
-    from campaigns import email_sending
-
-    org = survey.organization
-    address = survey.customer.email.strip()
+@contextmanager
+def _failed_attempt_on_error(survey: Survey) -> Iterator[None]:
+    """Nothing is handed over in the block: an error there is a failed attempt, retried like any other
+    (FAILED once attempts run out), and raised again. A Defer passes through."""
     try:
-        email_settings = EmailSettings.objects.filter(organization_id=org.pk).first()
-        if email_settings is None:
-            organizations_pause(organization_ids=[org.pk], channel="email", reason="no email settings")
-            _release(survey)
-            raise Defer(PAUSED_DELAY, "organization has no email settings")
-        server = email_sending.email_transport(email_settings)  # its SMTP server or its ESP
-        rendered = render_survey_email(survey)
-        message = email_sending.build_message(
-            email_settings=email_settings,
-            to_name=survey.customer.name,
-            to_address=address,
-            rendered=rendered,
-        )
+        yield
     except Defer:
         raise
     except Exception as exc:
-        # Nothing was handed over: retry like any failed attempt (FAILED once attempts run out).
         _retry_or_fail(survey, f"{type(exc).__name__}: {exc}")
         raise
 
+
+def _send_email(survey: Survey) -> str:
+    """Hand the survey email to the organization's SMTP server or ESP, at its rate; record the outcome."""
+    from campaigns import email_sending
+
+    email_settings, server, message = _email_prepared(survey)
+
     def on_time() -> bool:
         # The slot is taken once the connection is open, so connecting never eats into it.
-        try:
-            _wait_for_slot(f"email:{org.pk}", email_settings.messages_per_minute / 60, survey)
-        except Defer:
-            raise
-        except Exception as exc:
-            _retry_or_fail(survey, f"{type(exc).__name__}: {exc}")
-            raise
+        with _failed_attempt_on_error(survey):
+            key, per_second = f"email:{survey.organization_id}", email_settings.messages_per_minute / 60
+            _wait_for_slot(key, per_second, survey)
         return True
 
     # bulk=False: one message about the customer's purchase, not a broadcast
     outcome = email_sending.deliver(server, lambda: message, bulk=False, ready=on_time)
     assert outcome is not None  # `on_time` never answers no (it raises Defer instead)
+    return _email_outcome(survey, outcome)
+
+
+def _email_prepared(survey: Survey) -> tuple[EmailSettings, SmtpServer | EspAccount, MimeMessage]:
+    """The organization's email settings read fresh, its transport (SMTP server or ESP, credentials
+    decrypted in memory) and the message. Defers, the organization's email paused, without settings."""
+    from campaigns import email_sending
+
+    with _failed_attempt_on_error(survey):
+        email_settings = EmailSettings.objects.filter(organization_id=survey.organization_id).first()
+        if email_settings is None:
+            organizations_pause(
+                organization_ids=[survey.organization_id], channel="email", reason="no email settings"
+            )
+            _release(survey)
+            raise Defer(PAUSED_DELAY, "organization has no email settings")
+        server = email_sending.email_transport(email_settings)
+        message = email_sending.build_message(
+            email_settings=email_settings,
+            to_name=survey.customer.name,
+            to_address=survey.customer.email.strip(),
+            rendered=render_survey_email(survey),
+        )
+    return email_settings, server, message
+
+
+def _email_outcome(survey: Survey, outcome: Delivery) -> str:
+    """Record what the server (or ESP) answered; raises Defer or SurveyRetry when the send waits."""
     if outcome.unknown:
         _fail(survey, f"{OUTCOME_UNKNOWN} ({outcome.unknown})")
         return "failed"
@@ -463,11 +506,14 @@ def _send_email(survey: Survey) -> str:  # noqa: C901
     if outcome.failure is None:
         _mark_sent(survey, outcome.reply)
         return "sent"
-    failure = outcome.failure
+    return _email_refused(survey, outcome.failure)
+
+
+def _email_refused(survey: Survey, failure: SmtpFailure) -> str:
     text = _describe(failure)
     if failure.kind is Failure.SENDER:
         # Our side is broken (login, relay, TLS): the customer is left alone until an operator fixes it.
-        organizations_pause(organization_ids=[org.pk], channel="email", reason=text)
+        organizations_pause(organization_ids=[survey.organization_id], channel="email", reason=text)
         _release(survey)
         raise Defer(PAUSED_DELAY, f"email sending paused: {text}")
     if failure.kind is Failure.SOFT_BOUNCE and _retry_or_fail(survey, f"soft bounce: {text}"):
@@ -480,8 +526,8 @@ def _send_email(survey: Survey) -> str:  # noqa: C901
         EmailSuppression.objects.bulk_create(
             [
                 EmailSuppression(
-                    organization_id=org.pk,
-                    email=address.lower(),
+                    organization_id=survey.organization_id,
+                    email=survey.customer.email.strip().lower(),
                     reason=EmailSuppression.Reason.HARD_BOUNCE,
                     detail=text[:2000],
                 )
@@ -503,8 +549,8 @@ def _whatsapp_number(survey: Survey) -> WhatsappNumber | None:
 
 
 def _send_whatsapp(survey: Survey) -> str:
-    org = survey.organization
-    template = org.survey_whatsapp_template.strip()
+    """Send the survey template from the store's number (at the number's rate) and record Meta's answer."""
+    template = survey.organization.survey_whatsapp_template.strip()
     number = _whatsapp_number(survey)
     if not template or number is None:
         _fail(
@@ -515,19 +561,25 @@ def _send_whatsapp(survey: Survey) -> str:
     if number.paused_at:
         _release(survey)
         raise Defer(PAUSED_DELAY, f"WhatsApp number paused: {number.paused_reason}")
-    phone = normalize_phone(survey.customer.phone)
-    assert phone is not None  # checked by _skip_reason
-    try:
+    with _failed_attempt_on_error(survey):
         token = number.get_access_token()  # fresh, decrypted in memory only
         client = graph_client(number.graph_url or settings.WHATSAPP_GRAPH_URL)
         _wait_for_slot(f"wa:{number.pk}", number.messages_per_second, survey)
-    except Defer:
-        raise
-    except Exception as exc:
-        _retry_or_fail(survey, f"{type(exc).__name__}: {exc}")
-        raise
+    result = aio.run(
+        client.send_template(
+            phone_number_id=number.phone_number_id,
+            access_token=token,
+            message=_survey_template(survey, template),
+        )
+    )
+    del token
+    return _whatsapp_outcome(survey, number, result)
 
-    message = TemplateMessage(
+
+def _survey_template(survey: Survey, template: str) -> TemplateMessage:
+    phone = normalize_phone(survey.customer.phone)
+    assert phone is not None  # checked by _skip_reason
+    return TemplateMessage(
         to=phone.lstrip("+"),
         template=template,
         language=WHATSAPP_LANGUAGE,
@@ -536,10 +588,10 @@ def _send_whatsapp(survey: Survey) -> str:
         buttons=[UrlButton(0, links.survey_path(survey))],
         biz_opaque_callback_data=f"s:{survey.pk}",
     )
-    result = aio.run(
-        client.send_template(phone_number_id=number.phone_number_id, access_token=token, message=message)
-    )
-    del token
+
+
+def _whatsapp_outcome(survey: Survey, number: WhatsappNumber, result: SendResult) -> str:
+    """Record Meta's answer; raises Defer (account, number or rate limit) or SurveyRetry when it waits."""
     if result.ok:
         _mark_sent(survey, result.wamid)
         return "sent"
@@ -550,11 +602,11 @@ def _send_whatsapp(survey: Survey) -> str:
         _release(survey)
         raise Defer(THROTTLE_DELAY, f"WhatsApp throttled: {text}")
     if result.action == Action.STOP_ORGANIZATION:
-        organizations_pause(organization_ids=[org.pk], channel="whatsapp", reason=text)
+        organizations_pause(organization_ids=[survey.organization_id], channel="whatsapp", reason=text)
         _release(survey)
         raise Defer(PAUSED_DELAY, f"WhatsApp sending paused: {text}")
     if result.action == Action.PAUSE_NUMBER:
-        whatsapp_numbers_pause(organization_id=org.pk, number_ids=[number.pk], reason=text)
+        whatsapp_numbers_pause(organization_id=survey.organization_id, number_ids=[number.pk], reason=text)
         _release(survey)
         raise Defer(PAUSED_DELAY, f"WhatsApp number paused: {text}")
     if result.action == Action.RETRY:
