@@ -32,7 +32,7 @@ from campaigns.models import (
     SegmentMovement,
     WhatsappMessage,
 )
-from campaigns.sending import _variable
+from campaigns.sending import template_variable
 from crm import tenancy
 from crm.admin_columns import short_datetime
 from crm.cli import number
@@ -369,7 +369,11 @@ class CampaignAdmin(TenantAdmin):
         customers = selectors.campaign_audience(campaign=obj).order_by("pk")[:5]
         store = obj.whatsapp_number.store.name if obj.whatsapp_number and obj.whatsapp_number.store else ""
         rows = [
-            (c.name, c.phone, " | ".join(_variable(c, s, store) or "∅" for s in obj.template_variables))
+            (
+                c.name,
+                c.phone,
+                " | ".join(template_variable(c, s, store) or "∅" for s in obj.template_variables),
+            )
             for c in customers
         ]
         return format_html(

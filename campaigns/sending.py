@@ -1,12 +1,24 @@
-"""Sending one batch of WhatsApp messages: the seed's 12 steps, for many messages at once.
+"""Sending one batch of WhatsApp messages: the seed's send job, for many messages at once.
 
-1 credentials fresh from the database · 2 phone to E.164 · 3 organization settings · 4 per-customer
-limit · 5 conflict block · 6 template variables as Meta takes them (integrations.whatsapp.parameters:
-no new-line, tab or run of spaces, 132018 prevented) and none empty (131008 prevented) · 7 components ·
-8 Meta Graph call · 9 SENT + metric · 10 cost · 11 Chatwoot mirror (its own job) · 12 completion.
+`whatsapp_send_batch` claims the batch's queued messages and runs them through named steps:
 
-Exactly once: messages are claimed (QUEUED -> SENDING) in the database before Meta is called, so
-a retry, a second worker or a re-run after a crash only ever sees the ones still QUEUED.
+- `batch_eligible`: who may receive it now (consent, a phone in E.164, the contact caps checked
+  again at send time, template values as Meta takes them: integrations.whatsapp.parameters folds
+  new-lines, tabs and runs of spaces (132018 prevented) and none may be empty (131008 prevented)),
+  the rest grouped by the number they go from, each with its template message and URL buttons.
+- `_book_lanes`: each number's credentials, fresh from the database and decrypted in memory only,
+  and its pacing slots; the messages beyond the pacing horizon go back to QUEUED and wait.
+- `batch_send`: the Graph API calls, every number's concurrently, no transaction open.
+- `batch_classify`: Meta's answers into a `BatchPlan`, pure: which messages are sent (and their
+  cost), failed, of unknown outcome, retried or released, which customers opted out, whether the
+  organization or a number is paused and why, how long the batch waits.
+- `batch_apply`: the plan in one transaction of bulk statements, only over rows still SENDING
+  (`BatchPlan.reconciled`), metrics with F(); then the Chatwoot mirror (its own job) and the
+  campaign stopped when its template is broken.
+
+The last run of the batch marks the campaign complete. Exactly once: messages are claimed
+(QUEUED -> SENDING) in the database before Meta is called, so a retry, a second worker or a re-run
+after a crash only ever sees the ones still QUEUED.
 """
 
 from __future__ import annotations
@@ -14,9 +26,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db import transaction
@@ -27,10 +39,12 @@ from campaigns import caps, links, services
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from crm import aio, bulk, ratelimit
 from crm.jobs import Defer
-from crm.models import Customer, OptOutSource, Organization, Store
+from crm.models import Customer, OptOutSource, Store
 from crm.names import first_name
+from crm.services import customers_opt_out, organizations_pause
 from integrations.clients import graph_client
 from integrations.models import WhatsappNumber, WhatsappPrice
+from integrations.services import whatsapp_numbers_pause
 from integrations.whatsapp.client import GraphClient, SendResult, TemplateMessage, UrlButton
 from integrations.whatsapp.errors import Action
 from integrations.whatsapp.parameters import template_text
@@ -43,9 +57,12 @@ ATTEMPTS = 2  # the seed: 2 attempts, exponential backoff from 1 s
 RETRY_BACKOFF = 1.0
 THROTTLE_DELAY = 5.0
 PAUSED_DELAY = services.PAUSED_DELAY
+# A message Meta accepted that its status webhook has already moved on (it was counted as sent there).
+_WEBHOOK_SETTLED = (Status.SENT, Status.DELIVERED, Status.READ)
 
 
-def _variable(customer: Customer, source: str, store_name: str) -> str:
+def template_variable(customer: Customer, source: str, store_name: str) -> str:
+    """One template variable's raw value for a customer (models.VARIABLE_SOURCES names the sources)."""
     if source == "first_name":
         return first_name(customer.name or "")
     if source == "name":
@@ -60,7 +77,7 @@ def _variable(customer: Customer, source: str, store_name: str) -> str:
 def template_values(*, customer: Customer, sources: list[str], store_name: str) -> list[str]:
     """The template's body values for a customer, as Meta gets them (folded white space, its length
     limit: integrations.whatsapp.parameters); "" for one that is empty."""
-    return [template_text(_variable(customer, source, store_name)) for source in sources]
+    return [template_text(template_variable(customer, source, store_name)) for source in sources]
 
 
 def _link(kind: str, message: WhatsappMessage) -> str:
@@ -68,13 +85,6 @@ def _link(kind: str, message: WhatsappMessage) -> str:
     # __REDIRECT_URL__ sentinel there and replaced it per message; the value here is the
     # message's signed redirect ("r/…") or unsubscribe ("u/…") path on our own host.
     return links.link_path(kind, message)
-
-
-@dataclass
-class _Outcome:
-    message: WhatsappMessage
-    result: SendResult
-    number_id: int
 
 
 @dataclass
@@ -86,6 +96,47 @@ class _Lane:
     token: str = ""
     client: GraphClient | None = None
     slots: ratelimit.Slots = field(default_factory=lambda: ratelimit.Slots(0.0, 0.0))
+
+
+# --- The job -------------------------------------------------------------------------------------
+
+
+def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
+    """Send every still-queued message of one batch. Returns counts by outcome.
+
+    Raises Defer (no attempt spent) while the campaign is paused, the organization's sending is
+    paused, messages wait for their paused number, for their number's pacing (beyond
+    WHATSAPP_PACE_WINDOW), or for a retry or a throttle to pass.
+    """
+    campaign = Campaign.objects.select_related(
+        "organization", "whatsapp_number", "whatsapp_number__store"
+    ).get(pk=campaign_id)
+    if not services.batch_may_send(campaign=campaign, batch=batch):
+        return {}
+    paused = paused_numbers(organization_id=campaign.organization_id)
+    of_paused = _of_paused(campaign, paused)
+    ids = _claim(campaign_id, batch, paused=of_paused)
+    counts = _send_claimed(campaign, batch, ids) if ids else {}
+    _defer_while_paused(campaign_id, batch, of_paused, paused)
+    services.campaign_complete_if_done(campaign_id=campaign_id)
+    return counts
+
+
+def _send_claimed(campaign: Campaign, batch: int, ids: list[int]) -> dict[str, int]:
+    """The claimed messages `ids` through the steps; returns counts by outcome. Raises Defer when
+    some wait for a retry, a throttle or their number's pacing."""
+    messages, skipped, lanes = batch_eligible(campaign=campaign, ids=ids)
+    held, pace_wait = _book_lanes(lanes, claimed=ids)
+    if held:
+        messages = [m for m in messages if m.pk not in held]
+        lanes = [lane for lane in lanes if lane.items]
+    outcomes = batch_send(campaign, batch, lanes)
+    prices = _prices(campaign.template_category) if outcomes else {}
+    plan = batch_apply(campaign, batch_classify(outcomes, skipped=skipped, prices=prices), messages)
+    delays = [d for d in (plan.delay, pace_wait) if d is not None]
+    if delays:
+        raise Defer(min(delays), "messages wait for a retry, a throttle or their number's pacing")
+    return plan.counts
 
 
 def _claim(campaign_id: int, batch: int, *, paused: Q | None = None) -> list[int]:
@@ -130,106 +181,6 @@ def _of_paused(campaign: Campaign, paused: dict[int, str]) -> Q | None:
     return of_paused
 
 
-async def _send_all(lanes: list[_Lane]) -> list[_Outcome]:
-    """Every lane's messages concurrently, each lane on its own number's slots: a slow number's
-    pacing never holds up another's sends."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
-
-    async def one(lane: _Lane, i: int, message: WhatsappMessage, payload: TemplateMessage) -> _Outcome:
-        wait = lane.slots.offset(i) - (loop.time() - started)
-        if wait > 0:
-            await asyncio.sleep(wait)
-        assert lane.client is not None
-        result = await lane.client.send_template(
-            phone_number_id=lane.number.phone_number_id, access_token=lane.token, message=payload
-        )
-        return _Outcome(message, result, lane.number.pk)
-
-    return list(
-        await asyncio.gather(*(one(lane, i, m, p) for lane in lanes for i, (m, p) in enumerate(lane.items)))
-    )
-
-
-def _prices(category: str) -> dict[str, Decimal]:
-    return dict(WhatsappPrice.objects.filter(category=category).values_list("country", "price"))
-
-
-def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
-    """Send every still-queued message of one batch. Returns counts by outcome.
-
-    Raises Defer (no attempt spent) while the campaign is paused, the organization's sending is
-    paused, messages wait for their paused number, for their number's pacing (beyond
-    WHATSAPP_PACE_WINDOW), or for a retry or a throttle to pass.
-    """
-    campaign = Campaign.objects.select_related(
-        "organization", "whatsapp_number", "whatsapp_number__store"
-    ).get(pk=campaign_id)
-    org: Organization = campaign.organization
-    if not services.batch_may_send(campaign=campaign, batch=batch):
-        return {}
-
-    paused = paused_numbers(organization_id=org.pk)
-    of_paused = _of_paused(campaign, paused)
-    ids = _claim(campaign_id, batch, paused=of_paused)
-    if not ids:
-        _defer_while_paused(campaign_id, batch, of_paused, paused)
-        services.campaign_complete_if_done(campaign_id=campaign_id)
-        return {}
-    messages = list(WhatsappMessage.objects.filter(id__in=ids).select_related("customer").order_by("id"))
-    services.skip_without_customer(model=WhatsappMessage, campaign_id=campaign_id, ids=ids, found=messages)
-    numbers = _senders(campaign, messages)
-    skipped, lanes = _eligible(campaign, org, messages, numbers)
-    counts: Counter[str] = Counter()
-
-    outcomes: list[_Outcome] = []
-    pace_wait: float | None = None
-    if lanes:
-        horizon = _pace_horizon(lanes)
-        try:
-            for lane in lanes:
-                _prepare(lane, within=horizon)
-        except Exception:
-            # Nothing was sent yet: give the claims back (attempt not spent) and let RQ retry.
-            _release(ids)
-            raise
-        # A number's messages beyond the horizon of its pacing wait in the database, not in a
-        # sleeping worker: the job sends the others' and comes back for them.
-        held: list[WhatsappMessage] = []
-        for lane in lanes:
-            booked = lane.slots.booked(len(lane.items))
-            held += [m for m, _ in lane.items[booked:]]
-            if booked < len(lane.items):
-                wait = max(0.5, lane.slots.free_in - horizon)
-                pace_wait = wait if pace_wait is None else min(pace_wait, wait)
-            lane.items = lane.items[:booked]
-        if held:
-            _release([m.pk for m in held])
-            gone = {m.pk for m in held}
-            messages = [m for m in messages if m.pk not in gone]
-            lanes = [lane for lane in lanes if lane.items]
-        started = time.monotonic()
-        outcomes = aio.run(_send_all(lanes))
-        for lane in lanes:
-            lane.token = ""
-        logger.info(
-            "batch %s/%s: %s sends from %s number(s) in %.2fs",
-            campaign_id,
-            batch,
-            len(outcomes),
-            len(lanes),
-            time.monotonic() - started,
-            extra={"campaign_id": campaign_id, "organization_id": org.pk},
-        )
-    retry_in = _record(campaign, messages, skipped, outcomes, counts)
-    delays = [d for d in (retry_in, pace_wait) if d is not None]
-    if delays:
-        raise Defer(min(delays), "messages wait for a retry, a throttle or their number's pacing")
-    _defer_while_paused(campaign_id, batch, of_paused, paused)
-    services.campaign_complete_if_done(campaign_id=campaign_id)
-    return dict(counts)
-
-
 def _defer_while_paused(campaign_id: int, batch: int, of_paused: Q | None, paused: dict[int, str]) -> None:
     """Raise Defer while messages of this batch wait for a paused number (an operator resumes it)."""
     if of_paused is None:
@@ -238,6 +189,43 @@ def _defer_while_paused(campaign_id: int, batch: int, of_paused: Q | None, pause
     if queued.filter(of_paused).exists():
         reasons = "; ".join(sorted(set(paused.values())))[:200]
         raise Defer(PAUSED_DELAY * 2, f"WhatsApp number paused: {reasons}")
+
+
+# --- Eligibility ---------------------------------------------------------------------------------
+
+
+def batch_eligible(
+    *, campaign: Campaign, ids: list[int]
+) -> tuple[list[WhatsappMessage], dict[int, str], list[_Lane]]:
+    """The claimed messages `ids`: (all of them, those to skip with their reason, the rest by the
+    number they go from, each with its template message). Skipped: opted out or without consent, an
+    invalid phone, over a contact cap (checked again now), an empty template variable. A message
+    whose customer is gone is skipped on the spot; a valid phone is kept in its E.164 form."""
+    messages = list(WhatsappMessage.objects.filter(id__in=ids).select_related("customer").order_by("id"))
+    services.skip_without_customer(model=WhatsappMessage, campaign_id=campaign.pk, ids=ids, found=messages)
+    numbers = _senders(campaign, messages)
+    store_names = _store_names(numbers)
+    # Time has passed since the fan-out applied the contact caps (campaigns.caps).
+    capped = caps.skip_reasons(
+        campaign=campaign, customer_ids=[m.customer_id for m in messages], now=timezone.now()
+    )
+    skipped: dict[int, str] = {}
+    lanes: dict[int, _Lane] = {}
+    for m in messages:
+        number_id = m.whatsapp_number_id
+        assert number_id is not None  # _senders gave every message one
+        body = template_values(
+            customer=m.customer,
+            sources=campaign.template_variables,
+            store_name=store_names.get(number_id, ""),
+        )
+        reason = _skip_reason(m, capped) or _empty_variable(campaign, body)
+        if reason:
+            skipped[m.pk] = reason
+            continue
+        lane = lanes.get(number_id) or lanes.setdefault(number_id, _Lane(numbers[number_id], []))
+        lane.items.append((m, _template_message(campaign, m, body)))
+    return messages, skipped, list(lanes.values())
 
 
 def _senders(campaign: Campaign, messages: list[WhatsappMessage]) -> dict[int, WhatsappNumber]:
@@ -263,6 +251,77 @@ def _store_names(numbers: dict[int, WhatsappNumber]) -> dict[int, str]:
     return names
 
 
+def _skip_reason(m: WhatsappMessage, capped: dict[int, str]) -> str:
+    """Why the message must not go to its customer now, or "": consent, a valid phone (the message
+    takes its E.164 form), the contact caps."""
+    customer = m.customer
+    if not customer.can_receive_whatsapp:
+        return "customer opted out or has no consent"
+    phone = normalize_phone(customer.phone)
+    if phone is None:
+        return f"invalid phone number {customer.phone!r}"
+    m.phone = phone
+    if m.customer_id in capped:
+        return capped[m.customer_id]
+    return ""
+
+
+def _empty_variable(campaign: Campaign, body: list[str]) -> str:
+    """Meta refuses a template with an empty variable (131008): the first one's reason, or ""."""
+    empty = [i + 1 for i, v in enumerate(body) if not v]
+    if not empty:
+        return ""
+    return f"empty template variable {{{{{empty[0]}}}}} ({campaign.template_variables[empty[0] - 1]})"
+
+
+def _template_message(campaign: Campaign, m: WhatsappMessage, body: list[str]) -> TemplateMessage:
+    """The template as Meta takes it for this message: body values, header image, URL buttons."""
+    buttons = []
+    if campaign.redirect_button_index is not None:
+        buttons.append(UrlButton(campaign.redirect_button_index, _link("r", m)))
+    if campaign.unsubscribe_button_index is not None:
+        buttons.append(UrlButton(campaign.unsubscribe_button_index, _link("u", m)))
+    return TemplateMessage(
+        to=m.phone.lstrip("+"),
+        template=campaign.template_name,
+        language=campaign.template_language,
+        body=body,
+        header_image_url=campaign.header_image_url,
+        buttons=buttons,
+        biz_opaque_callback_data=f"m:{m.pk}",
+    )
+
+
+# --- Pacing and send -----------------------------------------------------------------------------
+
+
+def _book_lanes(lanes: list[_Lane], *, claimed: list[int]) -> tuple[set[int], float | None]:
+    """Each lane's credentials, client and pacing slots, booked up to the pacing horizon. A lane's
+    messages beyond it go back to QUEUED: they wait in the database, not in a sleeping worker, and
+    the job sends the others' and comes back for them. Returns their ids and how long until the
+    first of them may go (None when none wait). Should anything fail here nothing was sent: every
+    claimed message is released, its attempt not spent, and the error raised for RQ to retry."""
+    if not lanes:
+        return set(), None
+    horizon = _pace_horizon(lanes)
+    try:
+        for lane in lanes:
+            _prepare(lane, within=horizon)
+    except Exception:
+        _release(claimed)
+        raise
+    held: list[int] = []
+    waits: list[float] = []
+    for lane in lanes:
+        booked = lane.slots.booked(len(lane.items))
+        if booked < len(lane.items):
+            held += [m.pk for m, _ in lane.items[booked:]]
+            waits.append(max(0.5, lane.slots.free_in - horizon))
+        lane.items = lane.items[:booked]
+    _release(held)
+    return set(held), min(waits, default=None)
+
+
 def _pace_horizon(lanes: list[_Lane]) -> float:
     """How far ahead each number books its pacing slots: WHATSAPP_PACE_WINDOW; when paced numbers
     share the batch, about the time the quickest of them needs (1 s at least), so that a slow one
@@ -286,243 +345,320 @@ def _prepare(lane: _Lane, *, within: float) -> None:
     )
 
 
-def _eligible(
-    campaign: Campaign, org: Organization, messages: list[WhatsappMessage], numbers: dict[int, WhatsappNumber]
-) -> tuple[dict[int, str], list[_Lane]]:
-    """The seed's checks in bulk: (messages skipped with their reason, the rest by sending number)."""
-    now = timezone.now()
-    customer_ids = [m.customer_id for m in messages]
-    skipped: dict[int, str] = {}
+def batch_send(campaign: Campaign, batch: int, lanes: list[_Lane]) -> list[Outcome]:
+    """Every lane's messages handed to Meta, no transaction open; one outcome per message. The
+    lanes' tokens are dropped afterwards."""
+    if not lanes:
+        return []
+    started = time.monotonic()
+    outcomes = aio.run(_send_all(lanes))
+    for lane in lanes:
+        lane.token = ""
+    logger.info(
+        "batch %s/%s: %s sends from %s number(s) in %.2fs",
+        campaign.pk,
+        batch,
+        len(outcomes),
+        len(lanes),
+        time.monotonic() - started,
+        extra={"campaign_id": campaign.pk, "organization_id": campaign.organization_id},
+    )
+    return outcomes
 
-    # 4, 5. the contact caps (campaigns.caps): time has passed since the fan-out applied them
-    capped = caps.skip_reasons(campaign=campaign, customer_ids=customer_ids, now=now)
 
-    store_names = _store_names(numbers)
-    lanes: dict[int, _Lane] = {}
-    for m in messages:
-        customer = m.customer
-        if not customer.can_receive_whatsapp:
-            skipped[m.pk] = "customer opted out or has no consent"
-            continue
-        phone = normalize_phone(customer.phone)  # 2
-        if phone is None:
-            skipped[m.pk] = f"invalid phone number {customer.phone!r}"
-            continue
-        m.phone = phone
-        if m.customer_id in capped:
-            skipped[m.pk] = capped[m.customer_id]
-            continue
-        # 6: each value as Meta takes it (folded white space, its length limit), then none empty
-        number_id = m.whatsapp_number_id
-        assert number_id is not None  # _senders gave every message one
-        body = template_values(
-            customer=customer, sources=campaign.template_variables, store_name=store_names.get(number_id, "")
+async def _send_all(lanes: list[_Lane]) -> list[Outcome]:
+    """Every lane's messages concurrently, each lane on its own number's slots: a slow number's
+    pacing never holds up another's sends."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def one(lane: _Lane, i: int, message: WhatsappMessage, payload: TemplateMessage) -> Outcome:
+        wait = lane.slots.offset(i) - (loop.time() - started)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        assert lane.client is not None
+        result = await lane.client.send_template(
+            phone_number_id=lane.number.phone_number_id, access_token=lane.token, message=payload
         )
-        empty = [i + 1 for i, v in enumerate(body) if not v]
-        if empty:
-            skipped[m.pk] = (
-                f"empty template variable {{{{{empty[0]}}}}} ({campaign.template_variables[empty[0] - 1]})"
-            )
-            continue
-        buttons = []  # 7
-        if campaign.redirect_button_index is not None:
-            buttons.append(UrlButton(campaign.redirect_button_index, _link("r", m)))
-        if campaign.unsubscribe_button_index is not None:
-            buttons.append(UrlButton(campaign.unsubscribe_button_index, _link("u", m)))
-        lane = lanes.get(number_id) or lanes.setdefault(number_id, _Lane(numbers[number_id], []))
-        lane.items.append(
-            (
-                m,
-                TemplateMessage(
-                    to=phone.lstrip("+"),
-                    template=campaign.template_name,
-                    language=campaign.template_language,
-                    body=body,
-                    header_image_url=campaign.header_image_url,
-                    buttons=buttons,
-                    biz_opaque_callback_data=f"m:{m.pk}",
-                ),
-            )
+        return Outcome(
+            message_id=message.pk,
+            customer_id=message.customer_id,
+            number_id=lane.number.pk,
+            attempts=message.attempts,
+            phone=message.phone,
+            result=result,
         )
-    return skipped, list(lanes.values())
+
+    return list(
+        await asyncio.gather(*(one(lane, i, m, p) for lane in lanes for i, (m, p) in enumerate(lane.items)))
+    )
 
 
-def _record(
-    campaign: Campaign,
-    messages: list[WhatsappMessage],
-    skipped: dict[int, str],
-    outcomes: list[_Outcome],
-    counts: Counter[str],
-) -> float | None:
-    """Write every outcome in a few bulk statements; returns the delay before a retry, if any."""
-    now = timezone.now()
-    by_id = {m.pk: m for m in messages}
-    prices = _prices(campaign.template_category) if outcomes else {}
-    sent: list[WhatsappMessage] = []
-    failed: list[WhatsappMessage] = []
-    unknown: list[WhatsappMessage] = []  # out of attempts, but Meta may have accepted the last one
-    requeue_spent: list[int] = []
-    requeue_free: list[int] = []
-    opt_outs: list[int] = []
-    stop_campaign: str | None = None
-    stop_org: str | None = None
-    pause_numbers: dict[int, str] = {}  # number id -> Meta's reason
-    asked = 0.0  # the longest Retry-After Meta (or a proxy in front of it) asked for
-    cost = Decimal("0")
+def _prices(category: str) -> dict[str, Decimal]:
+    return dict(WhatsappPrice.objects.filter(category=category).values_list("country", "price"))
+
+
+# --- Classify into a plan (pure) -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Meta's answer for one message, with what the plan needs to know of the message."""
+
+    message_id: int
+    customer_id: int
+    number_id: int  # the number it went from
+    attempts: int  # the message's attempts, this one included
+    phone: str  # E.164
+    result: SendResult
+
+
+@dataclass(frozen=True)
+class Accepted:
+    """A message Meta accepted: what is written on it."""
+
+    wamid: str
+    wa_id: str
+    cost: Decimal | None  # None: its row keeps the cost its status webhook recorded
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A message that failed for good: Meta's code and what it said."""
+
+    code: int | None
+    reason: str
+
+
+@dataclass
+class BatchPlan:
+    """What a batch's outcomes call for, by message id (each in one group at most), and for the
+    customers, the organization and its numbers."""
+
+    sent: dict[int, Accepted] = field(default_factory=dict)
+    failed: dict[int, Refused] = field(default_factory=dict)
+    unknown: dict[int, str] = field(default_factory=dict)  # Meta may have accepted it: never resent
+    skipped: dict[int, str] = field(default_factory=dict)
+    retry: list[int] = field(default_factory=list)  # back to QUEUED for another attempt
+    release: list[int] = field(default_factory=list)  # back to QUEUED, the attempt given back
+    # Accepted, but its status webhook moved it on first (and counted it as sent): only what the
+    # send alone knows (wa_id, phone, the cost not yet counted) is written. Set by `reconciled`.
+    settled: dict[int, Accepted] = field(default_factory=dict)
+    opt_out: list[int] = field(default_factory=list)  # customers who stopped marketing (Meta 131050)
+    stop_campaign: str = ""  # the template itself is broken: why
+    pause_organization: str = ""  # the business account is unusable: why
+    pause_numbers: dict[int, str] = field(default_factory=dict)  # number id -> why Meta refused it
+    retry_after: float = 0.0  # the longest Retry-After Meta (or a proxy in front of it) asked for
+
+    @property
+    def cost(self) -> Decimal:
+        """What the messages written as sent cost, not counted yet."""
+        accepted = [*self.sent.values(), *self.settled.values()]
+        return sum((a.cost for a in accepted if a.cost is not None), Decimal("0"))
+
+    @property
+    def delay(self) -> float | None:
+        """How long the batch waits before its next run, None when nothing waits: a paused account
+        or number longest, then a throttle, then a retry, never sooner than Meta asked."""
+        if self.pause_organization or self.pause_numbers:
+            return PAUSED_DELAY * 2
+        if self.release:
+            return max(THROTTLE_DELAY, self.retry_after)
+        if self.retry:
+            return max(RETRY_BACKOFF, self.retry_after)
+        return None
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {
+            "sent": len(self.sent),
+            "failed": len(self.failed),
+            "unknown": len(self.unknown),
+            "skipped": len(self.skipped),
+            "retry": len(self.retry),
+            "throttled": len(self.release),
+        }
+
+    def reconciled(self, current: dict[int, str], priced: set[int]) -> BatchPlan:
+        """The plan over the rows as they are now (`current`: status by id; `priced`: the ids whose
+        row holds a cost). A status webhook may have settled some while the batch was in flight
+        (Meta answers statuses fast, a paced batch takes seconds): only rows still SENDING are
+        written, so a delivered/read is never undone nor a send counted twice, and an accepted one
+        the webhook moved on is `settled`, keeping the cost the webhook counted. The customers',
+        organization's and numbers' part stands as it is."""
+        pending = {pk for pk, status in current.items() if status == Status.SENDING}
+        settled = {
+            pk: replace(a, cost=None) if pk in priced else a
+            for pk, a in self.sent.items()
+            if current.get(pk) in _WEBHOOK_SETTLED
+        }
+        return replace(
+            self,
+            sent={pk: a for pk, a in self.sent.items() if pk in pending},
+            failed={pk: r for pk, r in self.failed.items() if pk in pending},
+            unknown={pk: r for pk, r in self.unknown.items() if pk in pending},
+            skipped={pk: r for pk, r in self.skipped.items() if pk in pending},
+            retry=[pk for pk in self.retry if pk in pending],
+            release=[pk for pk in self.release if pk in pending],
+            settled=settled,
+        )
+
+
+def batch_classify(
+    outcomes: list[Outcome], *, skipped: dict[int, str], prices: dict[str, Decimal]
+) -> BatchPlan:
+    """The plan for Meta's answers, and for the messages skipped before any send (id -> reason).
+    Pure: plain values in, the plan out. A sent message costs its country's price on `prices` (the
+    template category's rate card), else the "*" one, else 0."""
+    plan = BatchPlan(skipped=dict(skipped))
     for o in outcomes:
-        m, r = o.message, o.result
+        r = o.result
         if r.ok:
-            m.status, m.wamid, m.wa_id, m.sent_at = Status.SENT, r.wamid, r.wa_id, now
-            region = phone_region(m.phone)
-            m.cost = prices.get(region, prices.get("*", Decimal("0")))
-            cost += m.cost
-            sent.append(m)
-            continue
-        assert r.error is not None
-        asked = max(asked, r.retry_after or 0.0)
-        action = r.action
-        if r.maybe_accepted and action == Action.RETRY:
-            # The request went out and no answer came back (a timeout, a connection broken after
-            # the write): Meta may have accepted it, and its API takes no idempotency key, so a
-            # resend could reach the customer twice. Never resent, never "failed": a late status
-            # webhook settles it (campaigns.statuses).
-            m.status, m.error_reason = Status.UNKNOWN, f"outcome unknown: {r.error.message}; not resent"
-            unknown.append(m)
-        elif action == Action.THROTTLED:
-            requeue_free.append(m.pk)
-        elif action == Action.RETRY and m.attempts < ATTEMPTS:
-            requeue_spent.append(m.pk)
-        elif action == Action.STOP_ORGANIZATION:
-            requeue_free.append(m.pk)
-            stop_org = str(r.error)
-        elif action == Action.PAUSE_NUMBER:
-            requeue_free.append(m.pk)
-            pause_numbers[o.number_id] = str(r.error)
+            cost = prices.get(phone_region(o.phone), prices.get("*", Decimal("0")))
+            plan.sent[o.message_id] = Accepted(wamid=r.wamid, wa_id=r.wa_id, cost=cost)
         else:
-            if action == Action.OPT_OUT:
-                opt_outs.append(m.customer_id)
-            if action == Action.STOP_CAMPAIGN:
-                stop_campaign = str(r.error)
-            m.status, m.error_code, m.error_reason, m.failed_at = (
-                Status.FAILED,
-                r.error.code,
-                (r.error.message + (f" — {r.error.details}" if r.error.details else ""))[:2000],
-                now,
-            )
-            failed.append(m)
-    skip_rows = []
-    for pk, reason in skipped.items():
-        m = by_id[pk]
-        m.status, m.error_reason = Status.SKIPPED, reason
-        skip_rows.append(m)
+            _classify_refusal(plan, o)
+    return plan
+
+
+def _classify_refusal(plan: BatchPlan, o: Outcome) -> None:
+    """Meta's error, by its action (integrations.whatsapp.errors): never resent when Meta may have
+    accepted it; released (no attempt spent) when throttled or when the account or the number is
+    refused, which pauses them; retried while attempts are left; else failed for good, opting the
+    customer out or stopping the campaign when that is what Meta said."""
+    r = o.result
+    assert r.error is not None
+    plan.retry_after = max(plan.retry_after, r.retry_after or 0.0)
+    action = r.action
+    if r.maybe_accepted and action == Action.RETRY:
+        # The request went out and no answer came back (a timeout, a connection broken after the
+        # write): Meta may have accepted it, and its API takes no idempotency key, so a resend
+        # could reach the customer twice. Never resent, never "failed": a late status webhook
+        # settles it (campaigns.statuses).
+        plan.unknown[o.message_id] = f"outcome unknown: {r.error.message}; not resent"
+    elif action == Action.THROTTLED:
+        plan.release.append(o.message_id)
+    elif action == Action.RETRY and o.attempts < ATTEMPTS:
+        plan.retry.append(o.message_id)
+    elif action == Action.STOP_ORGANIZATION:
+        plan.release.append(o.message_id)
+        plan.pause_organization = str(r.error)
+    elif action == Action.PAUSE_NUMBER:
+        plan.release.append(o.message_id)
+        plan.pause_numbers[o.number_id] = str(r.error)
+    else:
+        if action == Action.OPT_OUT:
+            plan.opt_out.append(o.customer_id)
+        if action == Action.STOP_CAMPAIGN:
+            plan.stop_campaign = str(r.error)
+        details = f" — {r.error.details}" if r.error.details else ""
+        plan.failed[o.message_id] = Refused(code=r.error.code, reason=(r.error.message + details)[:2000])
+
+
+# --- Apply the plan ------------------------------------------------------------------------------
+
+
+def batch_apply(campaign: Campaign, plan: BatchPlan, messages: list[WhatsappMessage]) -> BatchPlan:
+    """Write the plan over `messages` (the batch's claimed ones still held) in one transaction of
+    bulk statements, the rows locked and only those still SENDING written (`BatchPlan.reconciled`),
+    the campaign's metrics with F(), the customers' opt-outs and the pauses; then mirror the sent
+    messages to Chatwoot and stop a campaign whose template is broken. Returns the plan as written."""
     with transaction.atomic():
-        # A status webhook may have settled some of these while the batch was in flight (Meta
-        # answers statuses fast, a paced batch takes seconds): lock the rows and write only the
-        # ones still SENDING, so a delivered/read is never undone nor a send counted twice.
-        rows = list(
+        rows = (
             WhatsappMessage.objects.select_for_update()
             .filter(id__in=[m.pk for m in messages])
             .values_list("id", "status", "cost")
         )
-        current = {pk: status for pk, status, _ in rows}
-        priced = {pk for pk, _, row_cost in rows if row_cost}
-        pending = {pk for pk, status in current.items() if status == Status.SENDING}
-        # Accepted by Meta but already moved forward by its status webhook (which counted them as
-        # sent, and their cost when its pricing block said it): only what the send alone knows
-        # (wa_id, phone, and the cost not yet counted) is still to be written.
-        settled = [m for m in sent if current.get(m.pk) in (Status.SENT, Status.DELIVERED, Status.READ)]
-        for m in settled:
-            if m.pk in priced:
-                m.cost = Decimal("0")  # counted by the webhook; the row keeps the webhook's cost
-        sent = [m for m in sent if m.pk in pending]
-        failed = [m for m in failed if m.pk in pending]
-        unknown = [m for m in unknown if m.pk in pending]
-        skip_rows = [m for m in skip_rows if m.pk in pending]
-        requeue_spent = [pk for pk in requeue_spent if pk in pending]
-        requeue_free = [pk for pk in requeue_free if pk in pending]
-        cost = sum((m.cost for m in sent + settled), Decimal("0"))
-        bulk.update_rows(WhatsappMessage, [m for m in settled if m.pk in priced], ["wa_id", "phone"])
-        bulk.update_rows(
-            WhatsappMessage, [m for m in settled if m.pk not in priced], ["wa_id", "cost", "phone"]
-        )
-        guard = {"status": Status.SENDING}
-        bulk.update_rows(
-            WhatsappMessage, sent, ["status", "wamid", "wa_id", "sent_at", "cost", "phone"], only_if=guard
-        )
-        bulk.update_rows(
-            WhatsappMessage,
-            failed,
-            ["status", "error_code", "error_reason", "failed_at", "phone"],
-            only_if=guard,
-        )
-        bulk.update_rows(WhatsappMessage, skip_rows, ["status", "error_reason", "phone"], only_if=guard)
-        bulk.update_rows(WhatsappMessage, unknown, ["status", "error_reason", "phone"], only_if=guard)
-        if requeue_spent:
-            WhatsappMessage.objects.filter(id__in=requeue_spent).update(status=Status.QUEUED, sending_at=None)
-        if requeue_free:
-            WhatsappMessage.objects.filter(id__in=requeue_free).update(
-                status=Status.QUEUED, sending_at=None, attempts=F("attempts") - 1
-            )
+        current: dict[int, str] = {}
+        priced: set[int] = set()
+        for pk, status, cost in rows:
+            current[pk] = status
+            if cost:
+                priced.add(pk)
+        plan = plan.reconciled(current, priced)
+        _write_messages(plan, {m.pk: m for m in messages})
+        if plan.retry:
+            WhatsappMessage.objects.filter(id__in=plan.retry).update(status=Status.QUEUED, sending_at=None)
+        _release(plan.release)
         CampaignMetric.objects.filter(campaign_id=campaign.pk).update(
-            sent=F("sent") + len(sent),
-            failed=F("failed") + len(failed),
-            unknown=F("unknown") + len(unknown),
-            skipped=F("skipped") + len(skip_rows),
-            cost=F("cost") + cost,
+            sent=F("sent") + len(plan.sent),
+            failed=F("failed") + len(plan.failed),
+            unknown=F("unknown") + len(plan.unknown),
+            skipped=F("skipped") + len(plan.skipped),
+            cost=F("cost") + plan.cost,
         )
-        if opt_outs:
-            Customer.objects.filter(id__in=opt_outs, whatsapp_opted_out_at__isnull=True).update(
-                whatsapp_opted_out_at=now, whatsapp_opt_out_source=OptOutSource.PROVIDER, updated_at=now
-            )
-        if stop_org:
-            Organization.objects.filter(pk=campaign.organization_id, whatsapp_paused_at__isnull=True).update(
-                whatsapp_paused_at=now, whatsapp_paused_reason=stop_org
-            )
-        for number_id, reason in pause_numbers.items():
-            WhatsappNumber.objects.filter(pk=number_id, paused_at__isnull=True).update(
-                paused_at=now, paused_reason=reason[:2000]
-            )
-    if sent:
-        # 11: fire-and-forget. The mirror is its own job; nothing in enqueueing it (Redis down, a
-        # bug) may fail a batch whose sends are already recorded, so any error is logged and dropped.
-        try:
-            from campaigns import chatwoot
+        _write_sending_state(campaign, plan)
+    if plan.sent:
+        _mirror_to_chatwoot(campaign, list(plan.sent))
+    if plan.stop_campaign:
+        services.campaign_stop(campaign_id=campaign.pk, reason=plan.stop_campaign)
+    return plan
 
-            chatwoot.chatwoot_enqueue_mirror(campaign_id=campaign.pk, message_ids=[m.pk for m in sent])
-        except Exception:
-            logger.exception(
-                "campaign %s: Chatwoot mirror not enqueued",
-                campaign.pk,
-                extra={"campaign_id": campaign.pk, "organization_id": campaign.organization_id},
-            )
-    if stop_campaign:
-        services.campaign_stop(campaign_id=campaign.pk, reason=stop_campaign)
-    counts.update(
-        sent=len(sent),
-        failed=len(failed),
-        unknown=len(unknown),
-        skipped=len(skip_rows),
-        retry=len(requeue_spent),
-        throttled=len(requeue_free),
-    )
-    for number_id, reason in pause_numbers.items():
-        logger.error(
-            "WhatsApp number %s paused: %s",
-            number_id,
-            reason,
-            extra={"organization_id": campaign.organization_id, "campaign_id": campaign.pk},
+
+def _write_messages(plan: BatchPlan, by_id: dict[int, WhatsappMessage]) -> None:
+    """The plan's messages in a few bulk statements, each writing the phone's E.164 form too."""
+    now = timezone.now()
+    sending = {"status": Status.SENDING}
+    settled = plan.settled.items()
+    _update(by_id, {pk: {"wa_id": a.wa_id} for pk, a in settled if a.cost is None})
+    _update(by_id, {pk: {"wa_id": a.wa_id, "cost": a.cost} for pk, a in settled if a.cost is not None})
+    sent = {
+        pk: {"status": Status.SENT, "wamid": a.wamid, "wa_id": a.wa_id, "sent_at": now, "cost": a.cost}
+        for pk, a in plan.sent.items()
+    }
+    _update(by_id, sent, only_if=sending)
+    failed = {
+        pk: {"status": Status.FAILED, "error_code": r.code, "error_reason": r.reason, "failed_at": now}
+        for pk, r in plan.failed.items()
+    }
+    _update(by_id, failed, only_if=sending)
+    skipped = {pk: {"status": Status.SKIPPED, "error_reason": reason} for pk, reason in plan.skipped.items()}
+    _update(by_id, skipped, only_if=sending)
+    unknown = {pk: {"status": Status.UNKNOWN, "error_reason": reason} for pk, reason in plan.unknown.items()}
+    _update(by_id, unknown, only_if=sending)
+
+
+def _update(
+    by_id: dict[int, WhatsappMessage],
+    changes: dict[int, dict[str, Any]],
+    *,
+    only_if: dict[str, Any] | None = None,
+) -> None:
+    """Set `changes` (the same fields for every message) on the messages and write them with the phone."""
+    if not changes:
+        return
+    for pk, values in changes.items():
+        for name, value in values.items():
+            setattr(by_id[pk], name, value)
+    fields = [*next(iter(changes.values())), "phone"]
+    bulk.update_rows(WhatsappMessage, [by_id[pk] for pk in changes], fields, only_if=only_if)
+
+
+def _write_sending_state(campaign: Campaign, plan: BatchPlan) -> None:
+    """The customers who stopped marketing opted out; the organization or its numbers Meta refused
+    paused (crm.services, integrations.services)."""
+    if plan.opt_out:
+        customers_opt_out(customer_ids=plan.opt_out, channel="whatsapp", source=OptOutSource.PROVIDER)
+    if plan.pause_organization:
+        organizations_pause(
+            organization_ids=[campaign.organization_id], channel="whatsapp", reason=plan.pause_organization
         )
-    if stop_org:
-        logger.error(
-            "organization %s: WhatsApp sending paused: %s",
-            campaign.organization_id,
-            stop_org,
-            extra={"organization_id": campaign.organization_id},
+    for number_id, reason in plan.pause_numbers.items():
+        whatsapp_numbers_pause(
+            organization_id=campaign.organization_id, number_ids=[number_id], reason=reason
         )
-    if stop_org or pause_numbers:
-        return PAUSED_DELAY * 2
-    if requeue_free:
-        return max(THROTTLE_DELAY, asked)
-    if requeue_spent:
-        return max(RETRY_BACKOFF, asked)
-    return None
+
+
+def _mirror_to_chatwoot(campaign: Campaign, message_ids: list[int]) -> None:
+    """Fire-and-forget: the mirror is its own job, and nothing in enqueueing it (Redis down, a bug)
+    may fail a batch whose sends are already recorded, so any error is logged and dropped."""
+    try:
+        from campaigns import chatwoot
+
+        chatwoot.chatwoot_enqueue_mirror(campaign_id=campaign.pk, message_ids=message_ids)
+    except Exception:
+        logger.exception(
+            "campaign %s: Chatwoot mirror not enqueued",
+            campaign.pk,
+            extra={"campaign_id": campaign.pk, "organization_id": campaign.organization_id},
+        )
