@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
+import psycopg
 from django.db import DatabaseError, connection, transaction
 from django.utils import timezone
 
@@ -80,61 +81,94 @@ def register(kind: str) -> Callable[[Handler], Handler]:
 
 
 # --- the request side -------------------------------------------------------------------------
-_TABLE = InboxEvent._meta.db_table
-_INSERT = f"INSERT INTO {_TABLE} (kind, organization_id, payload, error) VALUES (%s, %s, %s, '')"  # noqa: S608
+TABLE = _TABLE = InboxEvent._meta.db_table  # for apps' statements that insert events themselves
+
+
+@dataclass(frozen=True)
+class Statement:
+    """A request's durable write that the group commit runs once for every request waiting with
+    it: `sql` reads the requests' rows from the relation `requests` (its `columns`, plus `n`, each
+    row's position from 1) and returns at most one row per request, its first column `n`. So a
+    burst of webhooks costs PostgreSQL one statement per commit, not one per request, and the
+    process one execute. Build one at import time (writes are grouped by statement)."""
+
+    sql: str
+    columns: tuple[tuple[str, str], ...]  # (name, PostgreSQL type)
+
+    def render(self) -> str:
+        arrays = ", ".join(f"%s::{kind}[]" for _, kind in self.columns)
+        names = ", ".join(name for name, _ in self.columns)
+        requests = f"requests AS (SELECT * FROM unnest({arrays}) WITH ORDINALITY AS r({names}, n))"  # noqa: S608 - the statement's own column names
+        sql = self.sql.strip()
+        if sql[:5].upper() == "WITH ":
+            return f"WITH {requests}, {sql[5:]}"
+        return f"WITH {requests} {sql}"
+
+    def params(self, rows: Sequence[Sequence[Any]]) -> list[list[Any]]:
+        return [list(column) for column in zip(*rows, strict=True)]
+
+
+_ACCEPT = Statement(
+    f"INSERT INTO {_TABLE} (kind, organization_id, payload, error) "  # noqa: S608 - table name only
+    "SELECT kind, organization_id, payload, '' FROM requests ORDER BY n",
+    (("kind", "text"), ("organization_id", "bigint"), ("payload", "text")),
+)
 
 
 def accept(*, kind: str, payload: str, organization_id: int | None = None) -> None:
-    """Store one raw event durably (one INSERT, committed when this returns outside a transaction)
-    and have it drained soon. Raises the database's error when it cannot be stored."""
+    """Store one raw event durably (committed when this returns outside a transaction, with the
+    process's other requests' events in one INSERT) and have it drained soon. Raises the
+    database's error when it cannot be stored."""
     if kind not in _HANDLERS:
         raise ValueError(f"no inbox handler for {kind!r}")
-    write(_INSERT, [kind, organization_id, payload])
+    write(_ACCEPT, [kind, organization_id, payload])
     notify(kind)
 
 
-def write(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
-    """Run one statement and return its first row, committed when this returns: a request's
-    durable write. Outside a transaction it goes through the process's group commit (the writes
-    of concurrent requests share one transaction and one commit: one WAL flush instead of one per
-    request); inside one (a caller's atomic block, a test) it runs in the caller's transaction.
-    Raises the database's error when the statement or its commit fails."""
+def write(statement: Statement, row: Sequence[Any]) -> tuple[Any, ...] | None:
+    """Run `statement` for one request's `row` and return its result row (without `n`; None when
+    it returns none), committed when this returns: a request's durable write. Outside a
+    transaction it goes through the process's group commit (the rows of concurrent requests go in
+    one statement, one transaction and one commit: one WAL flush instead of one per request);
+    inside one (a caller's atomic block, a test) it runs in the caller's transaction. Raises the
+    database's error when the statement or its commit fails."""
     if connection.in_atomic_block:
         with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchone() if cursor.description else None
-    return _group().write(sql, params)
+            cursor.execute(statement.render(), statement.params([row]))
+            found = cursor.fetchone() if cursor.description else None
+        return tuple(found[1:]) if found else None
+    return _group().write(statement, row)
 
 
 @dataclass
 class _Write:
-    sql: str
-    params: Sequence[Any]
-    row: tuple[Any, ...] | None = None
+    statement: Statement
+    row: Sequence[Any]
+    result: tuple[Any, ...] | None = None
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
 
 class _GroupCommit:
     """One thread per process committing the writes of every request thread waiting for it:
-    whatever arrived while the previous commit was being flushed goes into the next transaction.
-    A transaction that fails on one statement's data is replayed one statement per transaction,
-    so only that statement's caller gets the error."""
+    whatever arrived while the previous commit was being flushed goes into the next transaction,
+    one statement per kind of write. A transaction that fails on one row's data is replayed one
+    request per transaction, so only that request gets the error."""
 
     def __init__(self) -> None:
         self.pending: list[_Write] = []
         self.ready = threading.Condition()
         threading.Thread(target=self._run, name="inbox-group-commit", daemon=True).start()
 
-    def write(self, sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
-        item = _Write(sql, params)
+    def write(self, statement: Statement, row: Sequence[Any]) -> tuple[Any, ...] | None:
+        item = _Write(statement, row)
         with self.ready:
             self.pending.append(item)
             self.ready.notify()
         item.done.wait()
         if item.error is not None:
             raise item.error
-        return item.row
+        return item.result
 
     def _run(self) -> None:
         while True:
@@ -159,33 +193,38 @@ class _GroupCommit:
                 if _transient(exc):
                     connection.close()  # reconnect on the next batch
                 for item in batch:
-                    item.row, item.error = None, exc
+                    item.result, item.error = None, exc
                 return
             for item in batch:
-                item.row = None
+                item.result = None
                 self._commit([item])
         except BaseException as exc:  # never leave a request thread waiting
             for item in batch:
-                item.row, item.error = None, exc
+                item.result, item.error = None, exc
 
 
 def _pipelined(batch: list[_Write]) -> None:
-    """Run the batch's statements in one round trip (psycopg's pipeline mode: each statement is
-    sent without waiting for the previous one's result), each on its own cursor, and keep each
-    statement's first row. One wait for the server instead of one per statement, and so one
-    hand-over of the GIL back to this thread instead of one per statement while the process's
-    request threads keep it busy. psycopg's errors come out as Django's, as from a Django cursor."""
+    """Run each statement of the batch once for all its requests' rows, in one round trip
+    (psycopg's pipeline mode: each statement is sent without waiting for the previous one's
+    result), and hand each request its result row. psycopg's errors come out as Django's, as from
+    a Django cursor."""
+    groups: dict[int, list[_Write]] = {}
+    for item in batch:
+        groups.setdefault(id(item.statement), []).append(item)
     connection.ensure_connection()
     raw = connection.connection
     with connection.wrap_database_errors:
         with raw.pipeline():
             cursors = []
-            for item in batch:
-                cursor = raw.cursor()
-                cursor.execute(item.sql, item.params)
-                cursors.append(cursor)
-        for item, cursor in zip(batch, cursors, strict=True):
-            item.row = cursor.fetchone() if cursor.description else None
+            for items in groups.values():
+                statement = items[0].statement
+                cursor = psycopg.Cursor(raw)  # server-side binding: no quoting of the arrays in Python
+                cursor.execute(statement.render(), statement.params([item.row for item in items]))
+                cursors.append((cursor, items))
+        for cursor, items in cursors:
+            if cursor.description:
+                for found in cursor.fetchall():
+                    items[found[0] - 1].result = tuple(found[1:])
             cursor.close()
 
 
@@ -199,17 +238,6 @@ def _group() -> _GroupCommit:
         if _group_for is None or _group_for[0] != os.getpid():  # first use, or a forked child
             _group_for = (os.getpid(), _GroupCommit())
         return _group_for[1]
-
-
-def insert_select(*, source: str, payload: str) -> str:
-    """SQL inserting one event per row of `source` (a CTE of the caller's statement, so the event is
-    written in the same statement as the caller's rows), its payload the SQL expression `payload`;
-    the caller passes the kind and organization id as its next two parameters and then calls
-    `notify(kind)`."""
-    return (
-        f"INSERT INTO {_TABLE} (kind, organization_id, payload, error) "  # noqa: S608
-        f"SELECT %s, %s, {payload}, '' FROM {source}"
-    )
 
 
 def notify(kind: str) -> None:

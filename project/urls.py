@@ -10,22 +10,7 @@ from runner import views as runner_views
 from surveys import views as survey_views
 
 urlpatterns = [
-    path("", RedirectView.as_view(pattern_name="admin:index"), name="home"),  # the admin is the UI
-    path("healthz", views.healthz, name="healthz"),
-    path("metrics", prometheus.view, name="prometheus-metrics"),
-    path("r/<str:signed>", link_views.redirect, name="campaign-redirect"),
-    path("r/<str:signed>/<int:index>", link_views.redirect, name="campaign-redirect-link"),
-    path("o/<str:signed>", link_views.open_pixel, name="campaign-open"),
-    path("u/<str:signed>", link_views.unsubscribe, name="campaign-unsubscribe"),
-    path("s/<str:signed>", survey_views.survey, name="survey"),
-    # Platform operators only (crm.tenancy): the admin login for the anonymous and non-staff, 403 for
-    # an organization's members.
-    path("admin/metrics", tenancy.operator_view(views.metrics), name="admin-metrics"),
-    path("admin/schedules/", tenancy.operator_view(views.schedules), name="admin-schedules"),
-    path("admin/queues/", include("crm.queue_urls")),
-    path("admin/runner/dashboard/", RedirectView.as_view(pattern_name="admin:runner_dashboard")),
-    path("admin/rq/", include((tenancy.operator_urls(django_rq.urls.urlpatterns), "django_rq"))),
-    path("admin/", admin.site.urls),
+    # The webhook intakes first: a burst of them resolves its URL in a few matches.
     path("webhooks/whatsapp/", webhook_views.whatsapp_webhook, name="whatsapp-webhook"),
     # ESP tracking webhooks (campaigns.esp_views): only the providers an organization can send
     # through, each authenticated; the organization's URL carries its account's signing key.
@@ -44,4 +29,20 @@ urlpatterns = [
         for p in ("postmark", "sendgrid", "brevo")  # they sign nothing: basic auth alone, as before
     ),
     path("hooks/<slug:integration_key>/<slug:handler_key>", runner_views.hook, name="runner-hook"),
+    path("", RedirectView.as_view(pattern_name="admin:index"), name="home"),  # the admin is the UI
+    path("healthz", views.healthz, name="healthz"),
+    path("metrics", prometheus.view, name="prometheus-metrics"),
+    path("r/<str:signed>", link_views.redirect, name="campaign-redirect"),
+    path("r/<str:signed>/<int:index>", link_views.redirect, name="campaign-redirect-link"),
+    path("o/<str:signed>", link_views.open_pixel, name="campaign-open"),
+    path("u/<str:signed>", link_views.unsubscribe, name="campaign-unsubscribe"),
+    path("s/<str:signed>", survey_views.survey, name="survey"),
+    # Platform operators only (crm.tenancy): the admin login for the anonymous and non-staff, 403 for
+    # an organization's members.
+    path("admin/metrics", tenancy.operator_view(views.metrics), name="admin-metrics"),
+    path("admin/schedules/", tenancy.operator_view(views.schedules), name="admin-schedules"),
+    path("admin/queues/", include("crm.queue_urls")),
+    path("admin/runner/dashboard/", RedirectView.as_view(pattern_name="admin:runner_dashboard")),
+    path("admin/rq/", include((tenancy.operator_urls(django_rq.urls.urlpatterns), "django_rq"))),
+    path("admin/", admin.site.urls),
 ]

@@ -248,56 +248,83 @@ def webhook_receive(
 ) -> tuple[int | None, bool]:
     """Accept one webhook event, once per event id; returns (execution id, duplicate).
 
-    One SQL statement, committed on its own (through the inbox's group commit): it records the
-    event id (handler, organization, id — unique, kept WEBHOOK_EVENT_KEEP; `ON CONFLICT DO
-    NOTHING`) with the execution id the event will have (drawn from the executions' sequence),
-    and only if that id was new, the event in the inbox (crm/inbox.py). A worker drains the inbox
-    in batches: the executions and items in bulk, their item jobs in pipelines (`webhooks_store`),
-    so the request makes no Redis round trip and touches none of the execution tables' indexes and
-    foreign keys. A retry of an event, even one racing the first delivery, stores nothing and
-    learns the first execution. Events without an id are accepted every time."""
+    One SQL statement, committed through the inbox's group commit (which runs it once for every
+    request of the process waiting with this one, `_RECEIVE`): it records the event id (handler,
+    organization, id — unique, kept WEBHOOK_EVENT_KEEP; `ON CONFLICT DO NOTHING`) with the
+    execution id the event will have (drawn from the executions' sequence), and only if that id
+    was new, the event in the inbox (crm/inbox.py). A worker drains the inbox in batches: the
+    executions and items in bulk, their item jobs in pipelines (`webhooks_store`), so the request
+    makes no Redis round trip and touches none of the execution tables' indexes and foreign keys.
+    A retry of an event, even one racing the first delivery (or in the same group commit), stores
+    nothing and learns the first execution. Events without an id are accepted every time."""
     key = event_key(event_id)
-    first: list[Any] = [handler.pk, organization_id, key]
-    envelope = [handler.pk, organization_id, str(external_id or event_id)[:200], json.dumps(payload)]
-    if key:
-        source, source_params = _EVENT_NEW, [*first, timezone.now()]
-        earlier_sql, earlier_params = _EVENT_FIRST, first
-    else:
-        source, source_params = _NO_EVENT, []
-        earlier_sql, earlier_params = "NULL", []
-    sql = (
-        f"WITH ev AS ({source}), "  # noqa: S608 - table names only
-        f"ib AS ({inbox.insert_select(source='ev', payload=_ENVELOPE)} RETURNING 1) "
-        f"SELECT (SELECT execution_id FROM ev), {earlier_sql}"
+    row = inbox.write(
+        _RECEIVE,
+        [
+            handler.pk,
+            organization_id,
+            key,
+            str(external_id or event_id)[:200],
+            json.dumps(payload),
+            timezone.now(),
+        ],
     )
-    params: list[Any] = [*source_params, WEBHOOK_KIND, organization_id, *envelope, *earlier_params]
-    row = inbox.write(sql, params)
     created, earlier = row if row is not None else (None, None)
     if created is not None:
         inbox.notify(WEBHOOK_KIND)
         return created, False
-    if earlier is None:  # a concurrent delivery committed after this statement's snapshot
-        with connection.cursor() as cursor:
-            cursor.execute(earlier_sql.strip("()"), earlier_params)
-            found = cursor.fetchone()
-        earlier = found[0] if found else None
+    if earlier is None and key:  # a concurrent delivery committed after this statement's snapshot
+        earlier = (
+            WebhookEvent.objects.filter(handler=handler, organization_id=organization_id, event_id=key)
+            .values_list("execution_id", flat=True)
+            .first()
+        )
     return earlier, True
 
 
-_EVENT_NEW = (
-    f"INSERT INTO {_EVENTS} (handler_id, organization_id, event_id, received_at, execution_id) "  # noqa: S608
-    f"VALUES (%s, %s, %s, %s, nextval(pg_get_serial_sequence('{_TABLE}', 'id'))) "
-    "ON CONFLICT (handler_id, organization_id, event_id) DO NOTHING RETURNING execution_id"
-)
-_EVENT_FIRST = (
-    f"(SELECT execution_id FROM {_EVENTS} "  # noqa: S608
-    "WHERE handler_id = %s AND organization_id = %s AND event_id = %s)"
-)
-_NO_EVENT = f"SELECT nextval(pg_get_serial_sequence('{_TABLE}', 'id')) AS execution_id"
-# The inbox payload: what the drain needs to create the execution and its item.
-_ENVELOPE = (
-    "json_build_object('execution_id', ev.execution_id, 'handler_id', %s::bigint, "
-    "'organization_id', %s::bigint, 'external_id', %s::text, 'payload', %s::json)::text"
+# Per request row: whether it created an execution (its id) or repeats an event id recorded before
+# it (the first delivery's execution). Within one statement, the first row of an event id is the
+# delivery; later rows with that id are its repeats.
+_RECEIVE = inbox.Statement(
+    f"""
+    WITH firsts AS (
+        SELECT DISTINCT ON (handler_id, organization_id, event_id) n FROM requests
+        WHERE event_id <> '' ORDER BY handler_id, organization_id, event_id, n
+    ), ev AS (
+        INSERT INTO {_EVENTS} (handler_id, organization_id, event_id, received_at, execution_id)
+        SELECT r.handler_id, r.organization_id, r.event_id, r.received_at,
+               nextval(pg_get_serial_sequence('{_TABLE}', 'id'))
+        FROM requests r JOIN firsts USING (n) ORDER BY n
+        ON CONFLICT (handler_id, organization_id, event_id) DO NOTHING
+        RETURNING handler_id, organization_id, event_id, execution_id
+    ), created AS (
+        SELECT r.n, ev.execution_id
+        FROM requests r JOIN firsts USING (n) JOIN ev USING (handler_id, organization_id, event_id)
+        UNION ALL
+        SELECT n, nextval(pg_get_serial_sequence('{_TABLE}', 'id')) FROM requests WHERE event_id = ''
+    ), ib AS (
+        INSERT INTO {inbox.TABLE} (kind, organization_id, payload, error)
+        SELECT '{WEBHOOK_KIND}', r.organization_id, json_build_object(
+            'execution_id', c.execution_id, 'handler_id', r.handler_id,
+            'organization_id', r.organization_id, 'external_id', r.external_id,
+            'payload', r.payload::json)::text, ''
+        FROM created c JOIN requests r USING (n) ORDER BY n
+    )
+    SELECT r.n, c.execution_id, CASE WHEN c.n IS NULL AND r.event_id <> '' THEN COALESCE(
+        (SELECT ev.execution_id FROM ev WHERE (ev.handler_id, ev.organization_id, ev.event_id)
+            = (r.handler_id, r.organization_id, r.event_id)),
+        (SELECT e.execution_id FROM {_EVENTS} e WHERE (e.handler_id, e.organization_id, e.event_id)
+            = (r.handler_id, r.organization_id, r.event_id))) END
+    FROM requests r LEFT JOIN created c USING (n)
+    """,  # noqa: S608 - table names and a constant only
+    (
+        ("handler_id", "bigint"),
+        ("organization_id", "bigint"),
+        ("event_id", "text"),
+        ("external_id", "text"),
+        ("payload", "text"),
+        ("received_at", "timestamptz"),
+    ),
 )
 
 

@@ -379,9 +379,11 @@ def test_a_write_that_fails_in_a_group_commit_fails_alone(transactional_db):
 
     from crm.models import InboxEvent
 
-    table = InboxEvent._meta.db_table
-    sql = (
-        f"INSERT INTO {table} (kind, organization_id, payload, error) VALUES (%s, NULL, %s, '') RETURNING id"  # noqa: S608
+    statement = inbox.Statement(
+        f"WITH ins AS (INSERT INTO {InboxEvent._meta.db_table} (kind, organization_id, payload, error) "  # noqa: S608
+        "SELECT kind, NULL, payload, '' FROM requests ORDER BY n RETURNING id, payload) "
+        "SELECT r.n, ins.id FROM requests r JOIN ins USING (payload)",
+        (("kind", "text"), ("payload", "text")),
     )
     payloads = [f'{{"n": {i}}}' for i in range(40)]
     payloads[17] = None  # payload is NOT NULL: this one statement fails
@@ -391,7 +393,7 @@ def test_a_write_that_fails_in_a_group_commit_fails_alone(transactional_db):
     def write(i: int) -> None:
         start.wait()
         try:
-            results[i] = inbox.write(sql, ["whatsapp", payloads[i]])
+            results[i] = inbox.write(statement, ["whatsapp", payloads[i]])
         except (IntegrityError, DataError) as exc:
             results[i] = exc
         finally:

@@ -217,3 +217,78 @@ def test_the_prune_cron_forgets_every_old_event_id_beyond_one_statements_worth(p
     assert list(WebhookEvent.objects.values_list("event_id", flat=True)) == ["recent"]
     entry = cron.cron_table()["runner-event-ids-prune"]
     assert (entry.func, entry.cron) == ("runner.tasks.webhook_events_prune", "*/10 * * * *")
+
+
+def test_one_group_commit_statement_sorts_deliveries_repeats_and_anonymous_events(db, py_handler):
+    """The intake's statement for many requests at once (what one group commit runs): the first row
+    of an event id creates its execution, later rows with that id (in the same statement or after
+    an earlier one) learn that execution, rows without an id each create one, and only created
+    rows reach the inbox, in request order."""
+    from django.db import connection
+    from django.utils import timezone
+
+    from crm.models import InboxEvent
+    from runner import services
+
+    org_id = py_handler.organization_id
+    earlier, _ = services.webhook_receive(
+        handler=py_handler, organization_id=org_id, event_id="old", payload={}
+    )
+    InboxEvent.objects.all().delete()
+    now = timezone.now()
+    keys = ["a", "b", "", "a", "old", "", "b", "c"]
+    rows = [[py_handler.pk, org_id, key, f"x{i}", json.dumps({"i": i}), now] for i, key in enumerate(keys)]
+    statement = services._RECEIVE
+    with connection.cursor() as cursor:
+        cursor.execute(statement.render(), statement.params(rows))
+        found = {n: (created, repeat) for n, created, repeat in cursor.fetchall()}
+    results = [found[i + 1] for i in range(len(keys))]
+    created = {i: c for i, (c, _) in enumerate(results) if c is not None}
+    assert sorted(created) == [0, 1, 2, 5, 7]  # a, b, two anonymous, c
+    assert len(set(created.values())) == 5
+    assert results[3] == (None, created[0]) and results[6] == (None, created[1])  # repeats in the batch
+    assert results[4] == (None, earlier)  # a repeat of an event stored before
+    stored = [json.loads(p) for p in InboxEvent.objects.order_by("id").values_list("payload", flat=True)]
+    assert [s["payload"]["i"] for s in stored] == [0, 1, 2, 5, 7]
+    assert [s["execution_id"] for s in stored] == [created[i] for i in (0, 1, 2, 5, 7)]
+
+
+def test_concurrent_requests_in_one_group_commit_store_each_event_once(transactional_db, py_handler):
+    """Threads of one web process accepting at once (their rows share group commits): each event id
+    is stored once, its repeats answered with its execution; anonymous events are each stored."""
+    import threading
+
+    from django.db import connection
+
+    from crm.models import InboxEvent
+    from runner import services
+
+    keys = [f"evt-{i % 10}" for i in range(30)] + [""] * 10
+    results: dict[int, tuple[int | None, bool]] = {}
+    start = threading.Barrier(len(keys))
+
+    def receive(i: int) -> None:
+        start.wait()
+        try:
+            results[i] = services.webhook_receive(
+                handler=py_handler,
+                organization_id=py_handler.organization_id,
+                event_id=keys[i],
+                payload={"i": i},
+            )
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=receive, args=(i,)) for i in range(len(keys))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(results) == len(keys)
+    for key in {k for k in keys if k}:
+        answers = [results[i] for i, k in enumerate(keys) if k == key]
+        assert sorted(duplicate for _, duplicate in answers) == [False, True, True]
+        assert len({execution for execution, _ in answers}) == 1
+    anonymous = [results[i] for i, k in enumerate(keys) if not k]
+    assert all(not duplicate for _, duplicate in anonymous) and len({e for e, _ in anonymous}) == 10
+    assert InboxEvent.objects.filter(kind=services.WEBHOOK_KIND).count() == 20
