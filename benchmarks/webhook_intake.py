@@ -4,17 +4,23 @@
         .venv/bin/python benchmarks/webhook_intake.py [--statuses 10000] [--hooks 10000]
 
 Starts the README's production webhook intake command (gunicorn crm.wsgi:application --workers 4
---threads 32 --keep-alive 75) with one extra view, `/bench/trivial` (benchmarks/bench_urls.py), and
-`manage.py workers --processes 2` (niced: in production they run on machines of their own), then measures,
-each after the trivial view at the same concurrency on the same server:
+--threads 32 --keep-alive 75 --reuse-port) with one extra view, `/bench/trivial`
+(benchmarks/bench_urls.py), and `manage.py workers --processes 2` (niced: in production they run
+on machines of their own), then measures, each after the trivial view at the same concurrency on
+the same server:
 - Meta status webhooks, one status per signed POST, `--in-flight` (500) at a time: statuses
   accepted per second, the ratio to the trivial view, and acceptance → applied to its message
   (p50/p99, polled every 50 ms);
 - runner webhooks (`POST /hooks/…`, bearer token, an X-Event-Id each, 5% sent twice),
-  `--hook-in-flight` (1,000) at a time: requests per second, ratio, latency p50/p99;
+  `--hook-in-flight` (1,000) at a time: requests per second, ratio, latency p50/p99 — twice: with
+  this machine's workers stopped during the burst and started after it (the intake as deployed,
+  its workers elsewhere: on 2 cores, the workers' PostgreSQL sessions, which nice cannot lower,
+  compete with the intake), then with the workers draining on the same cores;
 - that every accepted event was applied exactly once (each message delivered, the campaign's
   delivered counter equal to the statuses sent; one item per event id, each run once, every
-  resend answered 200 `duplicate` with the first execution).
+  resend answered 200 `duplicate` with the first execution);
+- where the CPU went, per request: the web server, the workers, the PostgreSQL sessions of the
+  benchmark's database, this client, and what other processes on the machine took meanwhile.
 Targets (issue 14): statuses ≥ 1,000/s and ≥ 0.5x trivial, applied within 2 s p99; runner ≥ 0.5x
 trivial, p99 < 1 s.
 
@@ -38,6 +44,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crm.settings")
@@ -50,7 +57,7 @@ import aiohttp  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from benchmarks.common import ensure_database  # noqa: E402
+from benchmarks.common import CpuAccount, ensure_database  # noqa: E402
 from benchmarks.runner_common import percentile, wait_for  # noqa: E402
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage  # noqa: E402
 from crm import jobs  # noqa: E402
@@ -64,10 +71,11 @@ HOOK_TOKEN = "bench-runner-token-0123456789"  # noqa: S105
 PORT = 8790
 
 
-def web_command(workers: int, threads: int, port: int) -> list[str]:
-    """The README's production web command, on a loopback port (no access log: it is measured)."""
+def web_command(workers: int, threads: int, port: int, *, reuse_port: bool = True) -> list[str]:
+    """The README's production web command (the intake's: `reuse_port`), on a loopback port (no
+    access log: it is measured)."""
     return [
-        *manage_gunicorn(workers=workers, threads=threads, access_log=False),
+        *manage_gunicorn(workers=workers, threads=threads, access_log=False, reuse_port=reuse_port),
         "--bind",
         f"127.0.0.1:{port}",
         "--backlog",
@@ -91,6 +99,12 @@ class Children:
         )
         self.procs.append(proc)
         return proc
+
+    def stop_one(self, proc: subprocess.Popen) -> None:
+        """Stop one child as its supervisor would (SIGTERM: it finishes its jobs) and wait."""
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+        self.procs.remove(proc)
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -319,7 +333,14 @@ def meta_statuses(base: str, campaign: Campaign, wamids: list[str], in_flight: i
     }
 
 
-def runner_hooks(base: str, handler: Handler, n: int, in_flight: int) -> dict:
+def runner_hooks(
+    base: str,
+    handler: Handler,
+    n: int,
+    in_flight: int,
+    account: CpuAccount,
+    after_burst: Callable[[], object],
+) -> dict:
     path = f"/hooks/{handler.integration.integration_key}/{handler.handler_key}"
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {HOOK_TOKEN}"}
     run = f"{time.time():.0f}"
@@ -329,7 +350,10 @@ def runner_hooks(base: str, handler: Handler, n: int, in_flight: int) -> dict:
     ]
     resent = list(range(0, n, 20))  # 5% sent again at the end of the burst
     requests += [requests[i] for i in resent]
+    account.start()
     elapsed, latencies, results = asyncio.run(burst(base, requests, in_flight))
+    cpu = account.per_request(account.stop(), len(requests))
+    after_burst()
     first = results[:n]
     accepted = [r for r in results if r[0] == 202]
     # A resend may be answered before its first delivery (both are in flight): one of the two is
@@ -340,7 +364,7 @@ def runner_hooks(base: str, handler: Handler, n: int, in_flight: int) -> dict:
         for a, b in ((first[i], results[n + k]) for k, i in enumerate(resent))
         if a[0] and b[0]  # both answered
     )
-    items = ExecutionItem.objects.filter(execution__handler=handler)
+    items = ExecutionItem.objects.filter(execution__handler=handler, external_id__startswith=f"{run}-")
     answered_ids = {
         requests[i][2]["X-Event-Id"] for i, (status, _, _) in enumerate(results) if status in (200, 202)
     }
@@ -366,6 +390,7 @@ def runner_hooks(base: str, handler: Handler, n: int, in_flight: int) -> dict:
         and processed == items.count()
         and duplicates_ok,
         "duplicates_ok": duplicates_ok,
+        "cpu": cpu,
     }
 
 
@@ -481,9 +506,11 @@ def main() -> None:
         LOG_LEVEL="WARNING",
     )
     base = f"http://127.0.0.1:{args.port}"
+    if _answers(base):  # another server (another run?) would take the requests
+        raise SystemExit(f"something already answers on port {args.port}: stop it or pass --port")
     children = Children()
     try:
-        children.start(web_command(args.web_workers, args.threads, args.port), env, "web")
+        web = children.start(web_command(args.web_workers, args.threads, args.port), env, "web")
         # Niced: in production the workers run on machines of their own; sharing this one, the web
         # processes come first, or the figures would measure the workers' CPU, not the intake.
         workers = [
@@ -493,21 +520,55 @@ def main() -> None:
             "--processes",
             str(args.worker_processes),
         ]
-        children.start(["nice", "-n", str(args.workers_nice), *workers], env, "workers")
+        account = CpuAccount(trees={"web": web.pid}, database=connection.settings_dict["NAME"])
 
+        def start_drain() -> subprocess.Popen:
+            proc = children.start(["nice", "-n", str(args.workers_nice), *workers], env, "workers")
+            account.trees["workers"] = proc.pid
+            return proc
+
+        drain = start_drain()
         wait_for(lambda: _answers(base), timeout=60, what="gunicorn", every=0.5)
         connection.close()
         trivial(base, 2000, 100)  # warm every process and thread
         n = max(args.statuses, 2000)
+        cpu: dict[str, str] = {}
+
+        def measured(label: str, requests: int, run: Callable[[], Any]) -> Any:
+            account.start()
+            result = run()
+            cpu[label] = account.per_request(account.stop(), requests)
+            return result
+
         if args.statuses:
-            base_meta = trivial(base, n, args.in_flight)
-            meta = meta_statuses(base, campaign, wamids, args.in_flight)
+            base_meta = measured("trivial-meta", n, lambda: trivial(base, n, args.in_flight))
+            meta = measured(
+                "meta", args.statuses, lambda: meta_statuses(base, campaign, wamids, args.in_flight)
+            )
         if args.hooks:
-            base_hooks, base_hooks_p99 = trivial_run(base, args.hooks, args.hook_in_flight)
-            lean_hooks, lean_hooks_p99 = trivial_run(base, args.hooks, args.hook_in_flight, TRIVIAL_INTAKE)
-            hooks = runner_hooks(base, handler, args.hooks, args.hook_in_flight)
+            base_hooks, base_hooks_p99 = measured(
+                "trivial-hooks", args.hooks, lambda: trivial_run(base, args.hooks, args.hook_in_flight)
+            )
+            lean_hooks, lean_hooks_p99 = measured(
+                "lean-hooks",
+                args.hooks,
+                lambda: trivial_run(base, args.hooks, args.hook_in_flight, TRIVIAL_INTAKE),
+            )
+            # The intake as deployed (README: workers on machines of their own): this machine's
+            # workers are stopped for the burst, so it measures the intake alone, and started
+            # after it to apply what was accepted; then again with the workers draining alongside.
+            children.stop_one(drain)
+            hooks = runner_hooks(
+                base,
+                handler,
+                args.hooks,
+                args.hook_in_flight,
+                account,
+                start_drain,
+            )
+            shared = runner_hooks(base, handler, args.hooks, args.hook_in_flight, account, lambda: None)
         if args.isolation:
-            children.start(web_command(4, 4, args.port + 1), env, "admin-web")
+            children.start(web_command(4, 4, args.port + 1, reuse_port=False), env, "admin-web")
             main_base = f"http://127.0.0.1:{args.port + 1}"
             wait_for(lambda: _answers(main_base), timeout=60, what="the admin's gunicorn", every=0.5)
             isolated = isolation(main_base, base, wamids[:2000], args.isolation)
@@ -529,18 +590,22 @@ def main() -> None:
             f"applied exactly once: {meta['exactly_once']} (delivered counter {meta['counter']:,})"
         )
     if args.hooks:
-        print(
-            f"Runner webhooks, {args.hook_in_flight} in flight: {hooks['per_second']:,.0f} req/s "
-            f"({hooks['accepted']:,} accepted of {hooks['posts']:,} POSTs with 5% resends, "
-            f"answers {hooks['answers']}, no answer {hooks['unanswered'] or 0}), "
-            f"trivial view {base_hooks:,.0f} req/s (p99 {base_hooks_p99 * 1000:.0f} ms) "
-            f"-> {hooks['per_second'] / base_hooks:.2f}x; "
-            f"trivial view on the intake stack {lean_hooks:,.0f} req/s (p99 {lean_hooks_p99 * 1000:.0f} ms) "
-            f"-> {hooks['per_second'] / lean_hooks:.2f}x; "
-            f"p50 {hooks['latency_p50'] * 1000:.0f} ms p99 {hooks['latency_p99'] * 1000:.0f} ms; "
-            f"items {hooks['items']:,}, exactly once: {hooks['exactly_once']} "
-            f"(resends answered duplicate: {hooks['duplicates_ok']})"
-        )
+        for label, run in (("workers on machines of their own", hooks), ("workers on these cores", shared)):
+            print(
+                f"Runner webhooks ({label}), {args.hook_in_flight} in flight: {run['per_second']:,.0f} req/s "
+                f"({run['accepted']:,} accepted of {run['posts']:,} POSTs with 5% resends, "
+                f"answers {run['answers']}, no answer {run['unanswered'] or 0}), "
+                f"trivial view {base_hooks:,.0f} req/s (p99 {base_hooks_p99 * 1000:.0f} ms) "
+                f"-> {run['per_second'] / base_hooks:.2f}x; "
+                f"trivial view on the intake stack {lean_hooks:,.0f} req/s "
+                f"(p99 {lean_hooks_p99 * 1000:.0f} ms) "
+                f"-> {run['per_second'] / lean_hooks:.2f}x; "
+                f"p50 {run['latency_p50'] * 1000:.0f} ms p99 {run['latency_p99'] * 1000:.0f} ms; "
+                f"items {run['items']:,}, exactly once: {run['exactly_once']} "
+                f"(resends answered duplicate: {run['duplicates_ok']})\n  burst {run['cpu']}"
+            )
+    for label, line in cpu.items():
+        print(f"  {label}: {line}")
     if args.isolation:
         print("\n".join(["Isolation (Meta webhooks, 100 in flight):", *isolated]))
 
