@@ -136,7 +136,8 @@ def _runner_handler(org: Organization) -> Handler:
 
 
 class Web:
-    """The production web server (gunicorn, as `manage.py up` runs it), restartable on its port."""
+    """The production intake server (gunicorn as the README runs it for webhooks: each worker on its
+    own SO_REUSEPORT socket), restartable on its port."""
 
     def __init__(self, env: dict[str, str]) -> None:
         self.port = free_port()
@@ -151,7 +152,7 @@ class Web:
         from project.management.commands.up import manage_gunicorn
 
         self.proc = subprocess.Popen(
-            [*manage_gunicorn(), "--bind", f"127.0.0.1:{self.port}", "--backlog", "2048"],
+            [*manage_gunicorn(reuse_port=True), "--bind", f"127.0.0.1:{self.port}", "--backlog", "2048"],
             cwd=ROOT,
             env=self.env,
             stdout=subprocess.DEVNULL,
