@@ -3,8 +3,8 @@
     DATABASE_URL=postgres://…/crm_webhook_bench REDIS_URL=redis://…/11 SECRET_KEY=… ENCRYPTION_KEY=… \\
         .venv/bin/python benchmarks/webhook_intake.py [--statuses 10000] [--hooks 10000]
 
-Starts the README's production webhook intake command (gunicorn crm.wsgi:application --workers 4
---threads 32 --keep-alive 75 --reuse-port) with one extra view, `/bench/trivial`
+Starts the README's production webhook intake command (gunicorn crm.wsgi:application --workers
+<cores> --threads 64 --keep-alive 75 --reuse-port) with one extra view, `/bench/trivial`
 (benchmarks/bench_urls.py), and `manage.py workers --processes 2` (niced: in production they run
 on machines of their own), then measures, each after the trivial view at the same concurrency on
 the same server:
@@ -479,8 +479,8 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=500)
     parser.add_argument("--hooks", type=int, default=10_000)
     parser.add_argument("--hook-in-flight", type=int, default=1000)
-    parser.add_argument("--web-workers", type=int, default=4)
-    parser.add_argument("--threads", type=int, default=32)
+    parser.add_argument("--web-workers", type=int, default=os.cpu_count() or 2, help="default: one per core")
+    parser.add_argument("--threads", type=int, default=64)
     parser.add_argument("--worker-processes", type=int, default=2)
     parser.add_argument("--port", type=int, default=PORT)
     parser.add_argument("--workers-nice", type=int, default=10)
