@@ -32,7 +32,7 @@ from campaigns.models import (
     SegmentMovement,
     WhatsappMessage,
 )
-from campaigns.sending import template_variable
+from campaigns.variables import template_variable
 from crm import tenancy
 from crm.admin_columns import short_datetime
 from crm.cli import number

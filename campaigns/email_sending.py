@@ -58,10 +58,10 @@ from campaigns.models import (
     EmailMessage,
     EmailSuppression,
 )
+from campaigns.variables import customer_variables
 from crm import bulk, ratelimit
 from crm.jobs import Defer
 from crm.models import Customer, Organization
-from crm.names import first_name
 from crm.services import organizations_pause
 from integrations.email import esp, pool
 from integrations.email.bounces import Failure, SmtpFailure, classify_exception
@@ -117,13 +117,8 @@ def email_transport(email_settings: EmailSettings) -> SmtpServer | esp.EspAccoun
 
 
 def variables_for(customer: Customer, *, store_name: str, unsubscribe_url: str = "") -> dict[str, str]:
-    return {
-        "first_name": first_name(customer.name or ""),
-        "name": customer.name or "",
-        "email": customer.email or "",
-        "store_name": store_name,
-        "unsubscribe_url": unsubscribe_url,
-    }
+    """An email's variables: the template variables (campaigns.variables) and its unsubscribe link."""
+    return {**customer_variables(customer, store_name=store_name), "unsubscribe_url": unsubscribe_url}
 
 
 def build_message(

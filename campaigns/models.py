@@ -14,14 +14,6 @@ from django.utils.translation import gettext_lazy as _
 from campaigns.segments import Segment
 from crm.models import Customer, Organization, Sale, Store
 
-# Customer fields a template variable may take its value from.
-VARIABLE_SOURCES = {
-    "first_name": _("first name"),
-    "name": _("full name"),
-    "email": _("email"),
-    "store_name": _("store name"),
-}
-
 
 class Channel(models.TextChoices):
     WHATSAPP = "whatsapp", _("WhatsApp")

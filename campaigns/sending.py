@@ -37,10 +37,10 @@ from django.utils import timezone
 
 from campaigns import caps, links, services
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
+from campaigns.variables import template_variable
 from crm import aio, bulk, ratelimit
 from crm.jobs import Defer
 from crm.models import Customer, OptOutSource, Store
-from crm.names import first_name
 from crm.services import customers_opt_out, organizations_pause
 from integrations.clients import graph_client
 from integrations.models import WhatsappNumber, WhatsappPrice
@@ -59,19 +59,6 @@ THROTTLE_DELAY = 5.0
 PAUSED_DELAY = services.PAUSED_DELAY
 # A message Meta accepted that its status webhook has already moved on (it was counted as sent there).
 _WEBHOOK_SETTLED = (Status.SENT, Status.DELIVERED, Status.READ)
-
-
-def template_variable(customer: Customer, source: str, store_name: str) -> str:
-    """One template variable's raw value for a customer (models.VARIABLE_SOURCES names the sources)."""
-    if source == "first_name":
-        return first_name(customer.name or "")
-    if source == "name":
-        return customer.name or ""
-    if source == "email":
-        return customer.email or ""
-    if source == "store_name":
-        return store_name
-    return ""
 
 
 def template_values(*, customer: Customer, sources: list[str], store_name: str) -> list[str]:

@@ -78,7 +78,7 @@ def campaign_validate(*, campaign: Campaign) -> None:
         raise CampaignError(_("choose the WhatsApp number to send from"))
     if not campaign.template_name:
         raise CampaignError(_("the template name is required"))
-    from campaigns.models import VARIABLE_SOURCES
+    from campaigns.variables import VARIABLE_SOURCES
 
     unknown = [v for v in campaign.template_variables if v not in VARIABLE_SOURCES]
     if unknown:
