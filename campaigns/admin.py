@@ -563,7 +563,7 @@ class ErrorCodeFilter(admin.SimpleListFilter):
     parameter_name = "error_code__exact"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        known = sorted(whatsapp_errors._BY_CODE.items())
+        known = sorted(whatsapp_errors.BY_CODE.items())
         return [(str(code), f"{code} · {action.value.replace('_', ' ')}") for code, action in known]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
