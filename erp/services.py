@@ -45,7 +45,6 @@ from integrations.millennium.client import (
     MalformedRecord,
     MillenniumClient,
 )
-from integrations.millennium.sandbox import DEFAULT_PASSWORD, DEFAULT_USERNAME
 
 logger = logging.getLogger(__name__)
 
@@ -742,19 +741,3 @@ def customers_sync_fanout(*, at: datetime | None = None) -> int:
         day = at.astimezone(organization_zone(connection.organization)).date()
         count += _customers_enqueue(connection=connection, day=day)[1]
     return count
-
-
-# --- the demo ------------------------------------------------------------------------------------
-
-
-def erp_connection_demo(*, organization: Organization, base_url: str) -> ErpConnection:
-    """Point the organization's ERP at `base_url` (the sandbox, with its login). Safe to run twice."""
-    connection = ErpConnection.objects.filter(organization=organization).first() or ErpConnection(
-        organization=organization
-    )
-    connection.base_url = base_url
-    connection.username = DEFAULT_USERNAME
-    connection.set_password(DEFAULT_PASSWORD)
-    connection.enabled = True
-    connection.save()
-    return connection

@@ -6,7 +6,6 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
@@ -24,7 +23,7 @@ from crm.resilience import Admission, BreakerPolicy, Gate
 from integrations.errors import IntegrationError
 from integrations.runner import client
 from integrations.runner.contract import ItemIn, ItemOutcome, RunIn
-from runner import cache, conf, demo
+from runner import cache, conf
 from runner.models import (
     EVENT_ID_MAX,
     MAX_ATTEMPTS,
@@ -1072,40 +1071,3 @@ def _unfinished() -> Iterator[jobs.JobSpec]:
         )
         if ids:
             yield from _item_specs(execution, execution.handler, ids)
-
-
-# --- the demo --------------------------------------------------------------------------------
-def integration_demo(*, organization_id: int) -> tuple[Handler, str]:
-    """The demo organization's integration (`runner.demo`: the online shop's sign-ups become
-    customers), in-process, started by hand or by webhook (bearer token). Returns the handler and
-    its webhook token, generated the first time and kept after. Safe to run twice: a second run
-    writes nothing unless someone changed the handler (then its demo settings are put back; paused
-    and the limits stay as the operator left them)."""
-    integration, _ = IntegrationType.objects.get_or_create(
-        integration_key=demo.INTEGRATION_KEY, defaults={"name": "Loja online (demo)"}
-    )
-    if not integration.enabled:
-        integration.enabled = True
-        integration.save(update_fields=["enabled"])
-    wanted = {
-        "direction": "inbound",
-        "kind": Handler.Kind.PYTHON,
-        "callable_path": "runner.demo",
-        "organization_id": organization_id,
-        "webhook_auth": Handler.WebhookAuth.TOKEN,
-    }
-    handler = Handler.objects.filter(integration=integration, handler_key=demo.HANDLER_KEY).first()
-    if handler is None:
-        handler = Handler(integration=integration, handler_key=demo.HANDLER_KEY, **wanted)
-        handler.set_webhook_secret("demo-" + secrets.token_urlsafe(18))
-        handler.save()
-        return handler, handler.webhook_secret()
-    changed = [field for field, value in wanted.items() if getattr(handler, field) != value]
-    for field in changed:
-        setattr(handler, field, wanted[field])
-    if not handler.webhook_secret_encrypted:
-        handler.set_webhook_secret("demo-" + secrets.token_urlsafe(18))
-        changed.append("webhook_secret_encrypted")
-    if changed:
-        handler.save(update_fields=changed)  # post_save invalidates the runner's cache
-    return handler, handler.webhook_secret()
