@@ -65,6 +65,7 @@ from django.utils import timezone  # noqa: E402
 from benchmarks.common import ensure_database  # noqa: E402
 from crm.models import Customer, Organization  # noqa: E402
 from erp import services  # noqa: E402
+from erp.demo import erp_connection_demo  # noqa: E402
 from erp.models import ErpConnection, ErpSyncIssue  # noqa: E402
 from integrations.millennium import client as millennium  # noqa: E402
 from integrations.millennium.sandbox import FIRST_CUSTOMER_ID  # noqa: E402
@@ -155,7 +156,7 @@ def prepare(slug: str, url: str, page_size: int) -> Organization:
     if deleted:
         print(f"    {slug}: deleted {deleted:,} earlier customers in {time.monotonic() - started:.1f}s")
     ErpSyncIssue.objects.filter(organization=org).delete()
-    connection = services.erp_connection_demo(organization=org, base_url=url)
+    connection = erp_connection_demo(organization=org, base_url=url)
     ErpConnection.objects.filter(pk=connection.pk).update(
         page_size=page_size,
         timeout_seconds=60,

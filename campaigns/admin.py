@@ -531,6 +531,13 @@ class BigTableAdmin(TenantAdmin):
         return BigTableChangeList
 
 
+def message_fields(model: type[models.Model]) -> list[str]:
+    """A message's fields as its page shows them (all read-only): whose and where it stands first,
+    then the rest as the model declares them (the shared CampaignMessage fields, then the channel's)."""
+    lead = ["id", "campaign", "organization", "customer", "status"]
+    return [*lead, *(f.name for f in model._meta.fields if f.name not in lead)]
+
+
 class CampaignFilter(admin.SimpleListFilter):
     """The campaign, any one by id in the URL (?campaign__id__exact=), listing only the newest 20 of the
     list's channel (and the chosen one): never a choice per campaign."""
@@ -567,7 +574,7 @@ class ErrorCodeFilter(admin.SimpleListFilter):
     parameter_name = "error_code__exact"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
-        known = sorted(whatsapp_errors._BY_CODE.items())
+        known = sorted(whatsapp_errors.BY_CODE.items())
         return [(str(code), f"{code} · {action.value.replace('_', ' ')}") for code, action in known]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
@@ -600,7 +607,7 @@ class WhatsappMessageAdmin(BigTableAdmin):
     search_fields = ("phone", "wamid")  # how they are searched: get_search_results
     search_help_text = _("A phone number or its beginning (+5511…), or a Meta message id (wamid.…).")
     raw_id_fields = ("campaign", "customer", "organization")
-    readonly_fields = [f.name for f in WhatsappMessage._meta.fields]
+    readonly_fields = message_fields(WhatsappMessage)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
@@ -643,7 +650,7 @@ class EmailMessageAdmin(BigTableAdmin):
     search_fields = ("email", "esp_message_id")  # how they are searched: get_search_results
     search_help_text = _("An address (in any case) or the provider's message id.")
     raw_id_fields = ("campaign", "customer", "organization")
-    readonly_fields = [f.name for f in EmailMessage._meta.fields]
+    readonly_fields = message_fields(EmailMessage)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str

@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
-from django.db.models import Count, DateTimeField, DurationField, Func, Max, Q, Sum, Value
+from django.db.models import Count, DateTimeField, DurationField, Func, Max, Q, QuerySet, Sum, Value
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 from django.utils.translation import get_language
@@ -152,13 +152,45 @@ def campaign_series(*, campaign: Campaign) -> dict[str, Any]:
     One aggregate for the time span, then one GROUP BY per timestamp column; at most MAX_POINTS
     buckets whatever the campaign's size, aligned on midnight in the organization's time zone.
     """
-    model = campaign.message_model
     kinds = EMAIL_SERIES if campaign.channel == Channel.EMAIL else WHATSAPP_SERIES
     zone = ZoneInfo(campaign.organization.timezone)
-    columns = sorted({s.column for s in kinds})
-    messages = model.objects.filter(campaign_id=campaign.pk)
+    messages = campaign.message_model.objects.filter(campaign_id=campaign.pk)
     live = campaign.status in LIVE_STATUSES
-    result: dict[str, Any] = {
+    result = _empty_series(campaign, kinds, zone, live=live)
+    # Messages exist only once the campaign has started, so nothing happened before started_at.
+    start = campaign.started_at
+    if start is None:
+        return result
+    origin = _local_midnight(start, zone)
+    step, first, count = buckets(start, _series_end(campaign, messages, kinds, start, live=live), origin)
+    if not live:
+        # A finished campaign of a few minutes still gets a readable time axis (its minutes and the
+        # quiet after them) instead of a lone point.
+        count = max(count, MIN_POINTS)
+    counts, costs = _bucket_counts(campaign, messages, kinds, timedelta(seconds=step), origin)
+    stamps = [first + timedelta(seconds=step * i) for i in range(count)]
+    result["bucket_seconds"] = step
+    result["timestamps"] = [int(t.timestamp()) for t in stamps]
+    result["x_range"] = [int(first.timestamp()), int(first.timestamp()) + step * max(count, MIN_POINTS)]
+    for s in kinds:
+        by_bucket = counts.get(s.key, {})
+        result["series"][s.key] = [by_bucket.get(t, 0) for t in stamps]
+        result["totals"][s.key] = sum(by_bucket.values())
+    running = Decimal("0")
+    cumulative = []
+    for t in stamps:
+        running += costs.get(t, Decimal("0"))
+        cumulative.append(float(running))
+    result["cost"] = cumulative
+    result["cost_total"] = str(running.quantize(Decimal("0.000001")))
+    return result
+
+
+def _empty_series(
+    campaign: Campaign, kinds: tuple[Series, ...], zone: ZoneInfo, *, live: bool
+) -> dict[str, Any]:
+    """The campaign's series before any bucket: what a campaign that has not started shows."""
+    return {
         "id": campaign.pk,
         "channel": campaign.channel,
         "status": campaign.status,
@@ -176,27 +208,27 @@ def campaign_series(*, campaign: Campaign) -> dict[str, Any]:
         # readable axis (its minutes, in the organization's zone) rather than a lone point.
         "x_range": [],
     }
-    # Messages exist only once the campaign has started, so nothing happened before started_at.
-    start = campaign.started_at
-    if start is None:
-        return result
-    if live:
-        end = timezone.now()
-    else:
-        # Deliveries, reads and clicks keep coming after the last send: the chart runs to the last one.
-        lasts = messages.aggregate(**{c: Max(c) for c in columns})
-        end = max([start, campaign.finished_at or start, *(t for t in lasts.values() if t is not None)])
-    origin = _local_midnight(start, zone)
-    step, first, count = buckets(start, end, origin)
-    if not live:
-        # A finished campaign of a few minutes still gets a readable time axis (its minutes and the
-        # quiet after them) instead of a lone point.
-        count = max(count, MIN_POINTS)
 
+
+def _series_end(
+    campaign: Campaign, messages: QuerySet, kinds: tuple[Series, ...], start: datetime, *, live: bool
+) -> datetime:
+    """Where the chart ends: now while the campaign is live, else its last event."""
+    if live:
+        return timezone.now()
+    # Deliveries, reads and clicks keep coming after the last send: the chart runs to the last one.
+    lasts = messages.aggregate(**{c: Max(c) for c in sorted({s.column for s in kinds})})
+    return max([start, campaign.finished_at or start, *(t for t in lasts.values() if t is not None)])
+
+
+def _bucket_counts(
+    campaign: Campaign, messages: QuerySet, kinds: tuple[Series, ...], width: timedelta, origin: datetime
+) -> tuple[dict[str, dict[datetime, int]], dict[datetime, Decimal]]:
+    """Each series' count per bucket start, and the cost per bucket (WhatsApp): one GROUP BY per
+    timestamp column."""
     counts: dict[str, dict[datetime, int]] = {}
     costs: dict[datetime, Decimal] = {}
-    width = timedelta(seconds=step)
-    for column in columns:
+    for column in sorted({s.column for s in kinds}):
         wanted = [s for s in kinds if s.column == column]
         aggregates: dict[str, Any] = {
             s.key: Count(
@@ -207,7 +239,7 @@ def campaign_series(*, campaign: Campaign) -> dict[str, Any]:
             )
             for s in wanted
         }
-        if column == "sent_at" and model is WhatsappMessage:
+        if column == "sent_at" and campaign.message_model is WhatsappMessage:
             aggregates["cost"] = Sum("cost")
         rows = (
             messages.filter(**{f"{column}__isnull": False})
@@ -224,23 +256,7 @@ def campaign_series(*, campaign: Campaign) -> dict[str, Any]:
                 counts.setdefault(s.key, {})[bucket] = row[s.key]
             if "cost" in row:
                 costs[bucket] = row["cost"] or Decimal("0")
-
-    stamps = [first + timedelta(seconds=step * i) for i in range(count)]
-    result["bucket_seconds"] = step
-    result["timestamps"] = [int(t.timestamp()) for t in stamps]
-    result["x_range"] = [int(first.timestamp()), int(first.timestamp()) + step * max(count, MIN_POINTS)]
-    for s in kinds:
-        by_bucket = counts.get(s.key, {})
-        result["series"][s.key] = [by_bucket.get(t, 0) for t in stamps]
-        result["totals"][s.key] = sum(by_bucket.values())
-    running = Decimal("0")
-    cumulative = []
-    for t in stamps:
-        running += costs.get(t, Decimal("0"))
-        cumulative.append(float(running))
-    result["cost"] = cumulative
-    result["cost_total"] = str(running.quantize(Decimal("0.000001")))
-    return result
+    return counts, costs
 
 
 @dataclass(frozen=True)

@@ -240,7 +240,81 @@ def _token() -> str:
 MESSAGE_FKS = ("campaign", "organization", "customer")
 
 
-class WhatsappMessage(models.Model):
+def message_constraints(prefix: str, *, once_per_campaign: str) -> list[models.BaseConstraint]:
+    """The constraints every message table has, named with the table's prefix ("wamsg", "emmsg")."""
+    return [
+        # The fan-out's idempotence (ON CONFLICT DO NOTHING) and the per-campaign reads.
+        models.UniqueConstraint(fields=["campaign", "customer"], name=once_per_campaign),
+        # A link's message (campaigns.links.message_for).
+        models.UniqueConstraint(fields=["token"], name=f"{prefix}_token_unique"),
+    ]
+
+
+def message_indexes(prefix: str) -> list[models.Index]:
+    """The indexes every message table has, named with the table's prefix ("wamsg", "emmsg")."""
+    return [
+        # A send batch's claim (campaign, batch, queued) and the campaign's queued batches.
+        models.Index(fields=["campaign", "batch", "status"], name=f"{prefix}_campaign_batch_status"),
+        # With the id, it also serves the admin's list of a campaign's messages in a status, newest first.
+        models.Index(fields=["campaign", "status", "id"], name=f"{prefix}_campaign_status_id"),
+        # The per-customer message limit and conflict block (campaigns.sending), and deleting a
+        # customer's messages.
+        models.Index(fields=["customer", "sent_at"], name=f"{prefix}_customer_sent"),
+        # Messages stuck in sending (services.reconcile_in_flight).
+        models.Index(fields=["sending_at"], name=f"{prefix}_sending", condition=Q(status="sending")),
+        # The admin's list, newest first, by campaign or status: each page an index range, whatever
+        # the table's size. The status one leaves out queued messages: the fan-out does not write
+        # it, and the newest messages are the queued ones anyway.
+        models.Index(fields=["campaign", "id"], name=f"{prefix}_campaign_id"),
+        models.Index(fields=["status", "id"], name=f"{prefix}_status_id_done", condition=~Q(status="queued")),
+        # The campaign page's send rate (messages sent in the last minute), polled while it sends.
+        models.Index(
+            fields=["campaign", "sent_at"],
+            name=f"{prefix}_campaign_sent_at",
+            condition=Q(sent_at__isnull=False),
+        ),
+    ]
+
+
+class CampaignMessage(models.Model):
+    """What a campaign's message is on every channel: one row per campaign and customer, claimed by
+    a send batch, sent once, then followed by its provider's events. Each channel's model adds its
+    campaign and customer (their reverse names are the channel's), its Status, its provider's
+    fields, and names its constraints and indexes (message_constraints, message_indexes)."""
+
+    # Declared by each channel's model: the campaign and the customer (their reverse names are the
+    # channel's), and the status (its choices are the channel's).
+    campaign_id: int
+    customer_id: int
+    status: str
+
+    # No database constraint (see MESSAGE_FKS), no index of its own (one less to write per message).
+    organization = models.ForeignKey(
+        Organization,
+        on_delete=models.CASCADE,
+        related_name="+",
+        verbose_name=_("organization"),
+        db_index=False,
+        db_constraint=False,
+    )
+    batch = models.PositiveIntegerField(_("batch"), default=0, help_text=_("The send job that carries it."))
+    attempts = models.PositiveSmallIntegerField(_("attempts"), default=0)
+    error_reason = models.TextField(_("error reason"), blank=True, default="")
+    token = models.CharField(_("link token"), max_length=32, default=_token)
+    queued_at = models.DateTimeField(_("queued at"), default=dj_timezone.now)
+    sending_at = models.DateTimeField(_("sending since"), null=True, blank=True)
+    sent_at = models.DateTimeField(_("sent at"), null=True, blank=True)
+    failed_at = models.DateTimeField(_("failed at"), null=True, blank=True)
+    clicked_at = models.DateTimeField(_("clicked at"), null=True, blank=True)
+
+    class Meta:
+        abstract = True
+
+    def __str__(self) -> str:
+        return f"{self.campaign_id}/{self.customer_id} {self.status}"
+
+
+class WhatsappMessage(CampaignMessage):
     class Status(models.TextChoices):
         QUEUED = "queued", _("queued")
         SENDING = "sending", _("sending")
@@ -268,21 +342,13 @@ class WhatsappMessage(models.Model):
     )
     IN_FLIGHT = (Status.QUEUED, Status.SENDING)
 
-    # No index of their own: the composite indexes below lead with them (one index less to
-    # write per message on the busiest table). No database constraint either (see MESSAGE_FKS).
+    # No index of their own: the composite indexes lead with them (one index less to write per
+    # message on the busiest tables). No database constraint either (see MESSAGE_FKS).
     campaign = models.ForeignKey(
         Campaign,
         on_delete=models.CASCADE,
         related_name="whatsapp_messages",
         verbose_name=_("campaign"),
-        db_index=False,
-        db_constraint=False,
-    )
-    organization = models.ForeignKey(
-        Organization,
-        on_delete=models.CASCADE,
-        related_name="+",
-        verbose_name=_("organization"),
         db_index=False,
         db_constraint=False,
     )
@@ -308,57 +374,31 @@ class WhatsappMessage(models.Model):
         db_index=False,
         db_constraint=False,
     )
-    batch = models.PositiveIntegerField(_("batch"), default=0, help_text=_("The send job that carries it."))
     status = models.CharField(_("status"), max_length=10, choices=Status.choices, default=Status.QUEUED)
-    attempts = models.PositiveSmallIntegerField(_("attempts"), default=0)
     phone = models.CharField(_("phone"), max_length=16, blank=True, default="")
     wa_id = models.CharField(_("WhatsApp id"), max_length=20, blank=True, default="")
     # NULL until sent: many unsent rows, one unique value each once sent.
     wamid = models.CharField(_("Meta message id"), max_length=128, null=True, blank=True)  # noqa: DJ001
     error_code = models.IntegerField(_("error code"), null=True, blank=True)
-    error_reason = models.TextField(_("error reason"), blank=True, default="")
     cost = models.DecimalField(_("cost"), max_digits=10, decimal_places=6, default=Decimal("0"))
-    token = models.CharField(_("link token"), max_length=32, default=_token)
-    queued_at = models.DateTimeField(_("queued at"), default=dj_timezone.now)
-    sending_at = models.DateTimeField(_("sending since"), null=True, blank=True)
-    sent_at = models.DateTimeField(_("sent at"), null=True, blank=True)
     delivered_at = models.DateTimeField(_("delivered at"), null=True, blank=True)
     read_at = models.DateTimeField(_("read at"), null=True, blank=True)
-    failed_at = models.DateTimeField(_("failed at"), null=True, blank=True)
-    clicked_at = models.DateTimeField(_("clicked at"), null=True, blank=True)
     chatwoot_mirrored_at = models.DateTimeField(_("mirrored to Chatwoot at"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("WhatsApp message")
         verbose_name_plural = _("WhatsApp messages")
         constraints = [
-            # The fan-out's idempotence (ON CONFLICT DO NOTHING) and the per-campaign reads.
-            models.UniqueConstraint(
-                fields=["campaign", "customer"], name="whatsapp_message_once_per_campaign"
-            ),
-            # A link's message (campaigns.links.message_for).
-            models.UniqueConstraint(fields=["token"], name="wamsg_token_unique"),
+            *message_constraints("wamsg", once_per_campaign="whatsapp_message_once_per_campaign"),
             # A status webhook's message (campaigns.statuses), the admin's search by wamid.
             models.UniqueConstraint(
                 fields=["wamid"], name="wamsg_wamid_unique", condition=Q(wamid__isnull=False)
             ),
         ]
         indexes = [
-            # A send batch's claim (campaign, batch, queued) and the campaign's queued batches.
-            models.Index(fields=["campaign", "batch", "status"], name="wamsg_campaign_batch_status"),
-            # With the id, it also serves the admin's list of a campaign's messages in a status, newest first.
-            models.Index(fields=["campaign", "status", "id"], name="wamsg_campaign_status_id"),
-            # The per-customer message limit and conflict block (campaigns.sending), and deleting a
-            # customer's messages.
-            models.Index(fields=["customer", "sent_at"], name="wamsg_customer_sent"),
-            # Messages stuck in sending (services.reconcile_in_flight).
-            models.Index(fields=["sending_at"], name="wamsg_sending", condition=Q(status="sending")),
-            # The admin's list, newest first, by campaign, status or error code, and its search by the
-            # beginning of a phone number: each page an index range, whatever the table's size. The
-            # status and the phone ones leave out what a new message holds (queued, no phone yet): the
-            # fan-out does not write them, and the newest messages are the queued ones anyway.
-            models.Index(fields=["campaign", "id"], name="wamsg_campaign_id"),
-            models.Index(fields=["status", "id"], name="wamsg_status_id_done", condition=~Q(status="queued")),
+            *message_indexes("wamsg"),
+            # The admin's list by error code, and its search by the beginning of a phone number
+            # (leaving out the empty phone of a message not sent yet).
             models.Index(
                 fields=["error_code", "id"], name="wamsg_error_code_id", condition=Q(error_code__isnull=False)
             ),
@@ -368,16 +408,7 @@ class WhatsappMessage(models.Model):
                 opclasses=["varchar_pattern_ops"],
                 condition=~Q(phone=""),
             ),
-            # The campaign page's send rate (messages sent in the last minute), polled while it sends.
-            models.Index(
-                fields=["campaign", "sent_at"],
-                name="wamsg_campaign_sent_at",
-                condition=Q(sent_at__isnull=False),
-            ),
         ]
-
-    def __str__(self) -> str:
-        return f"{self.campaign_id}/{self.customer_id} {self.status}"
 
 
 class BounceType(models.TextChoices):
@@ -385,7 +416,7 @@ class BounceType(models.TextChoices):
     SOFT = "soft", _("soft")
 
 
-class EmailMessage(models.Model):
+class EmailMessage(CampaignMessage):
     """One campaign email to one customer: claimed, sent once, then opened/clicked, bounced or blocked."""
 
     class Status(models.TextChoices):
@@ -403,21 +434,13 @@ class EmailMessage(models.Model):
     FINAL = (Status.SENT, Status.BOUNCED, Status.BLOCKED, Status.FAILED, Status.SKIPPED, Status.CANCELLED)
     IN_FLIGHT = (Status.QUEUED, Status.SENDING)
 
-    # No index of their own: the composite indexes below lead with them (one index less to
-    # write per message on the busiest table). No database constraint either (see MESSAGE_FKS).
+    # No index of their own: the composite indexes lead with them (one index less to write per
+    # message on the busiest tables). No database constraint either (see MESSAGE_FKS).
     campaign = models.ForeignKey(
         Campaign,
         on_delete=models.CASCADE,
         related_name="email_messages",
         verbose_name=_("campaign"),
-        db_index=False,
-        db_constraint=False,
-    )
-    organization = models.ForeignKey(
-        Organization,
-        on_delete=models.CASCADE,
-        related_name="+",
-        verbose_name=_("organization"),
         db_index=False,
         db_constraint=False,
     )
@@ -429,9 +452,7 @@ class EmailMessage(models.Model):
         db_index=False,
         db_constraint=False,
     )
-    batch = models.PositiveIntegerField(_("batch"), default=0, help_text=_("The send job that carries it."))
     status = models.CharField(_("status"), max_length=10, choices=Status.choices, default=Status.QUEUED)
-    attempts = models.PositiveSmallIntegerField(_("attempts"), default=0)
     email = models.EmailField(_("address"), blank=True, default="")
     smtp_reply = models.TextField(_("server reply"), blank=True, default="")
     # Set when sent through an ESP (django-anymail): its tracking webhooks name the message by it.
@@ -442,25 +463,16 @@ class EmailMessage(models.Model):
         _("bounce type"), max_length=4, choices=BounceType.choices, blank=True, default=""
     )
     bounce_message = models.TextField(_("bounce message"), blank=True, default="")
-    error_reason = models.TextField(_("error reason"), blank=True, default="")
-    token = models.CharField(_("link token"), max_length=32, default=_token)
-    queued_at = models.DateTimeField(_("queued at"), default=dj_timezone.now)
-    sending_at = models.DateTimeField(_("sending since"), null=True, blank=True)
     # A soft-bounced message is not claimed again before this (kept in the row, so the backoff
     # holds across the job's runs, its yields and a recovery).
     retry_at = models.DateTimeField(_("next attempt not before"), null=True, blank=True)
-    sent_at = models.DateTimeField(_("sent at"), null=True, blank=True)
-    failed_at = models.DateTimeField(_("failed at"), null=True, blank=True)
     opened_at = models.DateTimeField(_("opened at"), null=True, blank=True)
-    clicked_at = models.DateTimeField(_("clicked at"), null=True, blank=True)
 
     class Meta:
         verbose_name = _("email message")
         verbose_name_plural = _("email messages")
-        # What each constraint and index serves: as for WhatsappMessage.
         constraints = [
-            models.UniqueConstraint(fields=["campaign", "customer"], name="email_message_once_per_campaign"),
-            models.UniqueConstraint(fields=["token"], name="emmsg_token_unique"),
+            *message_constraints("emmsg", once_per_campaign="email_message_once_per_campaign"),
             # An ESP tracking event's message (campaigns.esp_tracking), the admin's search by it.
             models.UniqueConstraint(
                 fields=["esp_message_id"],
@@ -469,23 +481,10 @@ class EmailMessage(models.Model):
             ),
         ]
         indexes = [
-            models.Index(fields=["campaign", "batch", "status"], name="emmsg_campaign_batch_status"),
-            models.Index(fields=["campaign", "status", "id"], name="emmsg_campaign_status_id"),
-            models.Index(fields=["customer", "sent_at"], name="emmsg_customer_sent"),
-            models.Index(fields=["sending_at"], name="emmsg_sending", condition=Q(status="sending")),
-            # The admin's list (as for WhatsApp) and its search by address in any case (`iexact`).
-            models.Index(fields=["campaign", "id"], name="emmsg_campaign_id"),
-            models.Index(fields=["status", "id"], name="emmsg_status_id_done", condition=~Q(status="queued")),
+            *message_indexes("emmsg"),
+            # The admin's search by address in any case (`iexact`).
             models.Index(Upper("email"), name="emmsg_email_upper_known", condition=~Q(email="")),
-            models.Index(
-                fields=["campaign", "sent_at"],
-                name="emmsg_campaign_sent_at",
-                condition=Q(sent_at__isnull=False),
-            ),
         ]
-
-    def __str__(self) -> str:
-        return f"{self.campaign_id}/{self.customer_id} {self.status}"
 
 
 class EmailSuppression(models.Model):

@@ -6,6 +6,7 @@ the database. Enqueueing inside a transaction happens after it commits.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -173,7 +174,7 @@ def _job_options(
     return options
 
 
-def enqueue(  # noqa: C901
+def enqueue(
     func: str | Callable[..., Any],
     *,
     queue: str,
@@ -204,6 +205,54 @@ def enqueue(  # noqa: C901
     """
     spec = queues.get_spec(queue)
     kwargs = dict(kwargs or {})
+    meta = _enqueue_checked(
+        kwargs,
+        meta=meta,
+        organization_id=organization_id,
+        job_id=job_id,
+        unique=unique,
+        replace=replace,
+        delay=delay,
+        at=at,
+    )
+    job_id = job_id or uuid.uuid4().hex
+    path = func_path(func)
+    options = _job_options(
+        spec, attempts=attempts, backoff=backoff, timeout=timeout, result_ttl=result_ttl, meta=meta
+    )
+    push = functools.partial(
+        _push,
+        queue=queue,
+        path=path,
+        job_id=job_id,
+        kwargs=kwargs,
+        description=description or path,
+        unique=unique,
+        replace=replace,
+        at=at,
+        delay=delay,
+        options=options,
+    )
+    if after_commit:
+        transaction.on_commit(push)  # runs at once outside an atomic block
+    else:
+        push()
+    return job_id
+
+
+def _enqueue_checked(
+    kwargs: dict[str, Any],
+    *,
+    meta: dict[str, Any] | None,
+    organization_id: int | None,
+    job_id: str | None,
+    unique: bool,
+    replace: bool,
+    delay: float | timedelta | None,
+    at: datetime | None,
+) -> dict[str, Any] | None:
+    """enqueue's arguments checked (ValueError says which is wrong); returns the job's meta, the
+    organization's id in it."""
     check_payload(kwargs)
     if organization_id is not None:
         meta = {**(meta or {}), "organization_id": organization_id}
@@ -217,40 +266,45 @@ def enqueue(  # noqa: C901
         raise ValueError("give delay or at, not both")
     if at is not None and at.tzinfo is None:
         raise ValueError("at must be an aware datetime")
-    job_id = job_id or uuid.uuid4().hex
-    path = func_path(func)
-    options = _job_options(
-        spec, attempts=attempts, backoff=backoff, timeout=timeout, result_ttl=result_ttl, meta=meta
+    return meta
+
+
+def _push(
+    *,
+    queue: str,
+    path: str,
+    job_id: str,
+    kwargs: dict[str, Any],
+    description: str,
+    unique: bool,
+    replace: bool,
+    at: datetime | None,
+    delay: float | timedelta | None,
+    options: dict[str, Any],
+) -> None:
+    """Put one job on its RQ queue (enqueue's last step, after the commit): at a time, after a
+    delay, or now; a job that already exists with that id is logged and left alone."""
+    rq_queue = get_queue(queue)
+    if replace:
+        delete_job(job_id)
+    common = dict(
+        kwargs=kwargs,
+        job_id=job_id,
+        description=description,
+        unique=unique,
+        job_timeout=options["timeout"],
+        **{k: v for k, v in options.items() if k != "timeout"},
     )
-
-    def _do() -> None:
-        rq_queue = get_queue(queue)
-        if replace:
-            delete_job(job_id)
-        common = dict(
-            kwargs=kwargs,
-            job_id=job_id,
-            description=description or path,
-            unique=unique,
-            job_timeout=options["timeout"],
-            **{k: v for k, v in options.items() if k != "timeout"},
-        )
-        try:
-            if at is not None:
-                rq_queue.enqueue_at(at, path, **common)
-            elif delay:
-                seconds = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
-                rq_queue.enqueue_in(seconds, path, **common)
-            else:
-                rq_queue.enqueue(path, **common)
-        except DuplicateJobError:
-            logger.info("job %s already exists on %s; not enqueued again", job_id, queue)
-
-    if after_commit:
-        transaction.on_commit(_do)  # runs at once outside an atomic block
-    else:
-        _do()
-    return job_id
+    try:
+        if at is not None:
+            rq_queue.enqueue_at(at, path, **common)
+        elif delay:
+            seconds = delay if isinstance(delay, timedelta) else timedelta(seconds=delay)
+            rq_queue.enqueue_in(seconds, path, **common)
+        else:
+            rq_queue.enqueue(path, **common)
+    except DuplicateJobError:
+        logger.info("job %s already exists on %s; not enqueued again", job_id, queue)
 
 
 def enqueue_many(

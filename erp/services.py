@@ -44,8 +44,8 @@ from integrations.millennium.client import (
     ErpSale,
     MalformedRecord,
     MillenniumClient,
+    Page,
 )
-from integrations.millennium.sandbox import DEFAULT_PASSWORD, DEFAULT_USERNAME
 
 logger = logging.getLogger(__name__)
 
@@ -452,46 +452,16 @@ def customers_sync(
     )
     if full:
         day = day or timezone.localdate(timezone=organization_zone(connection.organization))
-        if connection.customers_full_day and day < connection.customers_full_day:
-            # A late retry of an older day's run: the newer full sync makes it pointless, and
-            # taking the cursor over would restart that one from 0.
-            logger.info(
-                "ERP full customer sync of %s skipped: superseded by the one of %s",
-                day,
-                connection.customers_full_day,
-                extra={"organization_id": org_id},
-            )
+        full_start = _customers_full_start(connection, rows, day, result)
+        if full_start is None:
             return result
-        if connection.customers_full_day == day and connection.customers_full_cursor is not None:
-            start = connection.customers_full_cursor
-            result.resumed = start > 0
-        else:
-            start = 0
-            rows.update(customers_full_day=day, customers_full_cursor=0)
+        start = full_start
     else:
         start = connection.customers_trans_id
     result.started_trans_id = result.trans_id = start
     with erp_client(connection) as client:
         for page in client.customer_pages(trans_id=start, top=connection.page_size):
-            moves: dict[str, Any] = {
-                "customers_trans_id": Greatest(F("customers_trans_id"), Value(page.next_trans_id))
-            }
-            if full:
-                moves["customers_full_cursor"] = Greatest(
-                    Coalesce(F("customers_full_cursor"), Value(0)), Value(page.next_trans_id)
-                )
-            with transaction.atomic():
-                created, changed = customers_upsert(organization_id=org_id, customers=page.records)
-                sync_issues_record(organization_id=org_id, issues=page.malformed)
-                rows.update(**moves)
-            prometheus.count("erp_sync_rows", len(page.records), kind="customers")
-            result.pages += 1
-            result.read += page.size
-            result.upserted += len(page.records)
-            result.created += created
-            result.changed += changed
-            result.skipped += len(page.malformed)
-            result.trans_id = max(result.trans_id, page.next_trans_id)
+            _customers_page_store(org_id, rows, page, full=full, result=result)
             if progress:
                 progress(result)
     now = timezone.now()
@@ -506,6 +476,59 @@ def customers_sync(
     result.seconds = time.monotonic() - started
     logger.info("ERP sync: %s", result.summary(), extra={"organization_id": org_id})
     return result
+
+
+def _customers_full_start(
+    connection: ErpConnection, rows: models.QuerySet[ErpConnection], day: date, result: SyncResult
+) -> int | None:
+    """Where the full customer sync of `day` starts: where that day's interrupted one stopped, else
+    0 (that day's run takes the cursor over). None when a newer day's full sync supersedes it."""
+    if connection.customers_full_day and day < connection.customers_full_day:
+        # A late retry of an older day's run: the newer full sync makes it pointless, and
+        # taking the cursor over would restart that one from 0.
+        logger.info(
+            "ERP full customer sync of %s skipped: superseded by the one of %s",
+            day,
+            connection.customers_full_day,
+            extra={"organization_id": connection.organization_id},
+        )
+        return None
+    if connection.customers_full_day == day and connection.customers_full_cursor is not None:
+        result.resumed = connection.customers_full_cursor > 0
+        return connection.customers_full_cursor
+    rows.update(customers_full_day=day, customers_full_cursor=0)
+    return 0
+
+
+def _customers_page_store(
+    org_id: int,
+    rows: models.QuerySet[ErpConnection],
+    page: Page[ErpCustomer],
+    *,
+    full: bool,
+    result: SyncResult,
+) -> None:
+    """Upsert one page of customers and move the connection's positions past it, in one
+    transaction; add its counts to `result`."""
+    moves: dict[str, Any] = {
+        "customers_trans_id": Greatest(F("customers_trans_id"), Value(page.next_trans_id))
+    }
+    if full:
+        moves["customers_full_cursor"] = Greatest(
+            Coalesce(F("customers_full_cursor"), Value(0)), Value(page.next_trans_id)
+        )
+    with transaction.atomic():
+        created, changed = customers_upsert(organization_id=org_id, customers=page.records)
+        sync_issues_record(organization_id=org_id, issues=page.malformed)
+        rows.update(**moves)
+    prometheus.count("erp_sync_rows", len(page.records), kind="customers")
+    result.pages += 1
+    result.read += page.size
+    result.upserted += len(page.records)
+    result.created += created
+    result.changed += changed
+    result.skipped += len(page.malformed)
+    result.trans_id = max(result.trans_id, page.next_trans_id)
 
 
 def sales_sync(
@@ -742,19 +765,3 @@ def customers_sync_fanout(*, at: datetime | None = None) -> int:
         day = at.astimezone(organization_zone(connection.organization)).date()
         count += _customers_enqueue(connection=connection, day=day)[1]
     return count
-
-
-# --- the demo ------------------------------------------------------------------------------------
-
-
-def erp_connection_demo(*, organization: Organization, base_url: str) -> ErpConnection:
-    """Point the organization's ERP at `base_url` (the sandbox, with its login). Safe to run twice."""
-    connection = ErpConnection.objects.filter(organization=organization).first() or ErpConnection(
-        organization=organization
-    )
-    connection.base_url = base_url
-    connection.username = DEFAULT_USERNAME
-    connection.set_password(DEFAULT_PASSWORD)
-    connection.enabled = True
-    connection.save()
-    return connection

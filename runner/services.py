@@ -6,10 +6,10 @@ import hashlib
 import json
 import logging
 import os
-import secrets
 import threading
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from importlib import import_module
 from typing import Any
@@ -24,7 +24,7 @@ from crm.resilience import Admission, BreakerPolicy, Gate
 from integrations.errors import IntegrationError
 from integrations.runner import client
 from integrations.runner.contract import ItemIn, ItemOutcome, RunIn
-from runner import cache, conf, demo
+from runner import cache, conf
 from runner.models import (
     EVENT_ID_MAX,
     MAX_ATTEMPTS,
@@ -153,45 +153,11 @@ def events_store(
     with one of the checked ids raises IntegrityError and stores nothing. Returns None when every
     event was such a duplicate (no execution is created).
     """
-    senders = [event_key(str(e.get("event_id") or "")) for e in events]
-    contents = [
-        "" if sender else str(e.get("content_id") or "") for sender, e in zip(senders, events, strict=True)
-    ]
-    checked = [
-        bool(s) or bool(c and e.get("redelivered")) for s, c, e in zip(senders, contents, events, strict=True)
-    ]
     now = timezone.now()
     with transaction.atomic(durable=True):
-        lookup = {s or c for s, c, check in zip(senders, contents, checked, strict=True) if check}
-        recorded = (
-            set(
-                WebhookEvent.objects.filter(
-                    handler=handler, organization_id=organization_id, event_id__in=lookup
-                ).values_list("event_id", flat=True)
-            )
-            if lookup
-            else set()
-        )
-        seen = set(recorded)
-        new_checked: dict[str, None] = {}  # recorded plainly: a concurrent delivery meets IntegrityError
-        new_content: dict[str, None] = {}  # first deliveries: recorded if absent, never refused
-        kept: list[dict[str, Any]] = []
-        for sender, content, check, event in zip(senders, contents, checked, events, strict=True):
-            if sender:
-                if sender in seen:
-                    continue
-                seen.add(sender)
-                new_checked[sender] = None
-            elif content and check:
-                if content in recorded:  # only an earlier call's record: two deliveries in this one are two
-                    continue
-                new_checked[content] = None
-            elif content:
-                new_content[content] = None
-            kept.append(event)
-        if events and not kept:
+        fresh = _fresh_events(handler, organization_id, events)
+        if events and not fresh.events:
             return None
-        events = kept
         execution = Execution.objects.create(
             organization_id=organization_id,
             integration_id=handler.integration_id,
@@ -201,31 +167,10 @@ def events_store(
             status=Execution.Status.RUNNING,
             started_at=now,
             fanned_out_at=now,
-            items_total=len(events),
-            items_remaining=len(events),
+            items_total=len(fresh.events),
+            items_remaining=len(fresh.events),
         )
-        WebhookEvent.objects.bulk_create(
-            [
-                WebhookEvent(
-                    handler=handler, organization_id=organization_id, event_id=i, execution=execution
-                )
-                for i in new_checked
-            ]
-        )
-        first = [i for i in new_content if i not in new_checked]
-        if first:
-            # The newest copy's redelivery is what must be recognised: its record is kept from now.
-            WebhookEvent.objects.bulk_create(
-                [
-                    WebhookEvent(
-                        handler=handler, organization_id=organization_id, event_id=i, execution=execution
-                    )
-                    for i in first
-                ],
-                update_conflicts=True,
-                unique_fields=["handler", "organization", "event_id"],
-                update_fields=["received_at", "execution"],
-            )
+        _event_ids_record(handler, organization_id, execution, fresh)
         items = ExecutionItem.objects.bulk_create(
             [
                 ExecutionItem(
@@ -233,14 +178,88 @@ def events_store(
                     external_id=str(e.get("external_id") or "")[:200],
                     payload=e.get("payload"),
                 )
-                for e in events
+                for e in fresh.events
             ]
         )
         _fan_out(execution, handler, [i.pk for i in items])
-        if not events:
+        if not fresh.events:
             _settle(execution.pk)
-    bulk.analyze_if_grown(ExecutionItem, len(events))  # or every item job's claim scans the table
+    bulk.analyze_if_grown(ExecutionItem, len(fresh.events))  # or every item job's claim scans the table
     return execution
+
+
+@dataclass
+class _FreshEvents:
+    """What events_store stores of a call's events: the ones not delivered before, the ids to
+    record plainly (a concurrent delivery of one meets IntegrityError), and the content ids of first
+    deliveries (recorded if absent, never refused)."""
+
+    events: list[dict[str, Any]] = field(default_factory=list)
+    checked: dict[str, None] = field(default_factory=dict)
+    first_content: dict[str, None] = field(default_factory=dict)
+
+
+def _fresh_events(handler: Handler, organization_id: int, events: list[dict[str, Any]]) -> _FreshEvents:
+    """The events that are not redeliveries (events_store's rules), in the caller's transaction."""
+    senders = [event_key(str(e.get("event_id") or "")) for e in events]
+    contents = [
+        "" if sender else str(e.get("content_id") or "") for sender, e in zip(senders, events, strict=True)
+    ]
+    checked = [
+        bool(s) or bool(c and e.get("redelivered")) for s, c, e in zip(senders, contents, events, strict=True)
+    ]
+    lookup = {s or c for s, c, check in zip(senders, contents, checked, strict=True) if check}
+    recorded = (
+        set(
+            WebhookEvent.objects.filter(
+                handler=handler, organization_id=organization_id, event_id__in=lookup
+            ).values_list("event_id", flat=True)
+        )
+        if lookup
+        else set()
+    )
+    seen = set(recorded)
+    fresh = _FreshEvents()
+    for sender, content, check, event in zip(senders, contents, checked, events, strict=True):
+        if sender:
+            if sender in seen:
+                continue
+            seen.add(sender)
+            fresh.checked[sender] = None
+        elif content and check:
+            if content in recorded:  # only an earlier call's record: two deliveries in this one are two
+                continue
+            fresh.checked[content] = None
+        elif content:
+            fresh.first_content[content] = None
+        fresh.events.append(event)
+    return fresh
+
+
+def _event_ids_record(
+    handler: Handler, organization_id: int, execution: Execution, fresh: _FreshEvents
+) -> None:
+    """Record the new event ids for `execution`, in the transaction that stores its items."""
+    WebhookEvent.objects.bulk_create(
+        [
+            WebhookEvent(handler=handler, organization_id=organization_id, event_id=i, execution=execution)
+            for i in fresh.checked
+        ]
+    )
+    first = [i for i in fresh.first_content if i not in fresh.checked]
+    if first:
+        # The newest copy's redelivery is what must be recognised: its record is kept from now.
+        WebhookEvent.objects.bulk_create(
+            [
+                WebhookEvent(
+                    handler=handler, organization_id=organization_id, event_id=i, execution=execution
+                )
+                for i in first
+            ],
+            update_conflicts=True,
+            unique_fields=["handler", "organization", "event_id"],
+            update_fields=["received_at", "execution"],
+        )
 
 
 def webhook_receive(
@@ -1099,40 +1118,3 @@ def _unfinished() -> Iterator[jobs.JobSpec]:
         )
         if ids:
             yield from _item_specs(execution, execution.handler, ids)
-
-
-# --- the demo --------------------------------------------------------------------------------
-def integration_demo(*, organization_id: int) -> tuple[Handler, str]:
-    """The demo organization's integration (`runner.demo`: the online shop's sign-ups become
-    customers), in-process, started by hand or by webhook (bearer token). Returns the handler and
-    its webhook token, generated the first time and kept after. Safe to run twice: a second run
-    writes nothing unless someone changed the handler (then its demo settings are put back; paused
-    and the limits stay as the operator left them)."""
-    integration, _ = IntegrationType.objects.get_or_create(
-        integration_key=demo.INTEGRATION_KEY, defaults={"name": "Loja online (demo)"}
-    )
-    if not integration.enabled:
-        integration.enabled = True
-        integration.save(update_fields=["enabled"])
-    wanted = {
-        "direction": "inbound",
-        "kind": Handler.Kind.PYTHON,
-        "callable_path": "runner.demo",
-        "organization_id": organization_id,
-        "webhook_auth": Handler.WebhookAuth.TOKEN,
-    }
-    handler = Handler.objects.filter(integration=integration, handler_key=demo.HANDLER_KEY).first()
-    if handler is None:
-        handler = Handler(integration=integration, handler_key=demo.HANDLER_KEY, **wanted)
-        handler.set_webhook_secret("demo-" + secrets.token_urlsafe(18))
-        handler.save()
-        return handler, handler.webhook_secret()
-    changed = [field for field, value in wanted.items() if getattr(handler, field) != value]
-    for field in changed:
-        setattr(handler, field, wanted[field])
-    if not handler.webhook_secret_encrypted:
-        handler.set_webhook_secret("demo-" + secrets.token_urlsafe(18))
-        changed.append("webhook_secret_encrypted")
-    if changed:
-        handler.save(update_fields=changed)  # post_save invalidates the runner's cache
-    return handler, handler.webhook_secret()

@@ -193,46 +193,23 @@ class PostmarkSandbox(ThreadedAppServer):
             await asyncio.sleep(self._latency_ms / 1000)
         return response
 
-    def _answer(self, token: str, data: Any) -> web.Response:  # noqa: C901
-        state = self._state
+    def _answer(self, token: str, data: Any) -> web.Response:
+        """Postmark's answer to one send: a scripted failure, a refusal, or the message accepted."""
         recipients, bad_recipient = _addresses(data.get("To", "")) if isinstance(data, dict) else ([], None)
-        for rule in state.failures:
-            if rule.to == "*" or rule.to in recipients:
-                if rule.times is not None:
-                    rule.times -= 1
-                    if rule.times <= 0:
-                        state.failures.remove(rule)
-                return rule.response()
+        scripted = self._scripted_failure(recipients)
+        if scripted is not None:
+            return scripted
         if token not in self._tokens:
             return _json_response({"ErrorCode": 10, "Message": BAD_TOKEN}, 401)
         if not isinstance(data, dict):
             return _json_response({"ErrorCode": 402, "Message": "Received invalid JSON input."}, 422)
-        sender, bad_sender = _addresses(data.get("From", ""))
-        if not sender or bad_sender is not None:
-            return _json_response(
-                {"ErrorCode": 300, "Message": f"Invalid 'From' address: '{data.get('From', '')}'."}, 422
-            )
-        if self._signatures is not None and sender[0] not in self._signatures:
-            return _json_response(
-                {"ErrorCode": 400, "Message": NOT_A_SIGNATURE.format(sender=sender[0])}, 422
-            )
-        if bad_recipient is not None:
-            return _json_response(
-                {"ErrorCode": 300, "Message": f"Invalid 'To' address: '{bad_recipient}'."}, 422
-            )
-        if not recipients:
-            return _json_response({"ErrorCode": 300, "Message": "Zero recipients specified"}, 422)
-        if not data.get("TextBody") and not data.get("HtmlBody"):
-            return _json_response(
-                {"ErrorCode": 300, "Message": "Provide either email TextBody or HtmlBody or both."}, 422
-            )
-        inactive = [a for a in recipients if a in state.inactive]
-        if inactive and len(inactive) == len(recipients):
-            return _json_response(
-                {"ErrorCode": 406, "Message": INACTIVE.format(addresses=", ".join(inactive))}, 422
-            )
+        refusal = self._refusal(data, recipients, bad_recipient)
+        if refusal is not None:
+            return _json_response(refusal, 422)
         message_id, submitted = str(uuid.uuid4()), _now()
-        state.messages.append({**data, "MessageID": message_id, "SubmittedAt": submitted, "_to": recipients})
+        self._state.messages.append(
+            {**data, "MessageID": message_id, "SubmittedAt": submitted, "_to": recipients}
+        )
         return _json_response(
             {
                 "To": data["To"],
@@ -242,6 +219,38 @@ class PostmarkSandbox(ThreadedAppServer):
                 "Message": "OK",
             }
         )
+
+    def _scripted_failure(self, recipients: list[str]) -> web.Response | None:
+        """The first scripted failure for these recipients (spending one of its times), or None."""
+        failures = self._state.failures
+        for rule in failures:
+            if rule.to == "*" or rule.to in recipients:
+                if rule.times is not None:
+                    rule.times -= 1
+                    if rule.times <= 0:
+                        failures.remove(rule)
+                return rule.response()
+        return None
+
+    def _refusal(
+        self, data: dict[str, Any], recipients: list[str], bad_recipient: str | None
+    ) -> dict[str, Any] | None:
+        """The error Postmark answers (422) for a message it refuses, or None."""
+        sender, bad_sender = _addresses(data.get("From", ""))
+        if not sender or bad_sender is not None:
+            return {"ErrorCode": 300, "Message": f"Invalid 'From' address: '{data.get('From', '')}'."}
+        if self._signatures is not None and sender[0] not in self._signatures:
+            return {"ErrorCode": 400, "Message": NOT_A_SIGNATURE.format(sender=sender[0])}
+        if bad_recipient is not None:
+            return {"ErrorCode": 300, "Message": f"Invalid 'To' address: '{bad_recipient}'."}
+        if not recipients:
+            return {"ErrorCode": 300, "Message": "Zero recipients specified"}
+        if not data.get("TextBody") and not data.get("HtmlBody"):
+            return {"ErrorCode": 300, "Message": "Provide either email TextBody or HtmlBody or both."}
+        inactive = [a for a in recipients if a in self._state.inactive]
+        if inactive and len(inactive) == len(recipients):
+            return {"ErrorCode": 406, "Message": INACTIVE.format(addresses=", ".join(inactive))}
+        return None
 
     async def _handle_unknown(self, request: web.Request) -> web.Response:
         return _json_response(

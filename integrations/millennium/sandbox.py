@@ -57,7 +57,7 @@ from integrations.sandbox_server import ThreadedAppServer
 
 DEFAULT_USERNAME = "millennium"
 DEFAULT_PASSWORD = "sandbox-password"  # noqa: S105 - the sandbox's own login, not a real credential
-# The demo organization's stores carry these codes (crm.services.DEMO_STORES).
+# The demo organization's stores carry these codes (crm.demo.DEMO_STORES).
 DEFAULT_STORES: tuple[str, ...] = ("001", "002", "003")
 OFFSET = timezone(timedelta(hours=-3))  # the stores' clocks: Brasília time
 FIRST_CUSTOMER_ID = 1000

@@ -19,7 +19,8 @@ class Action(StrEnum):
     PAUSE_NUMBER = "pause_number"
 
 
-_BY_CODE: dict[int, Action] = {
+# Every Graph error code this sender knows (public: the admin's error-code filter lists them).
+BY_CODE: dict[int, Action] = {
     4: Action.THROTTLED,  # application request limit reached
     80007: Action.THROTTLED,  # WABA rate limit
     130429: Action.THROTTLED,  # cloud API throughput reached
@@ -62,8 +63,8 @@ def classify(*, code: int | None, status: int | None, timeout: bool = False) -> 
     408/425/429, 5xx), anything else drops."""
     if timeout:
         return Action.RETRY
-    if code is not None and code in _BY_CODE:
-        return _BY_CODE[code]
+    if code is not None and code in BY_CODE:
+        return BY_CODE[code]
     if code in _PERMISSION_CODES:
         return Action.PAUSE_NUMBER
     if status is not None and retry.for_status(status).retryable:

@@ -40,7 +40,7 @@ import logging
 import os
 import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -308,33 +308,56 @@ class SandboxConfig:
         return data
 
 
-def _check_config_value(key: str, value: Any) -> Any:  # noqa: C901
+def _check_config_value(key: str, value: Any) -> Any:
     """Return ``value`` normalised for config ``key``; raises ValueError if it has the wrong type."""
-    if key == "latency_ms":
-        if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ValueError("latency_ms must be a number >= 0")
-        return float(value)
-    if key == "drop_ninth_digit":
-        if not isinstance(value, bool):
-            raise ValueError("drop_ninth_digit must be true or false")
-        return value
-    if key == "status_delays_ms":
-        if not isinstance(value, list | tuple) or len(value) > len(STATUS_SEQUENCE):
-            raise ValueError("status_delays_ms must be a list of at most 3 delays (sent, delivered, read)")
-        if any(isinstance(v, bool) or not isinstance(v, int | float) or v < 0 for v in value):
-            raise ValueError("status_delays_ms must hold numbers >= 0")
-        return tuple(float(v) for v in value)
-    if key == "webhook_url":
-        if value is not None and not (isinstance(value, str) and value.startswith(("http://", "https://"))):
-            raise ValueError("webhook_url must be an http(s) URL or null")
-        return value
-    if key == "app_secret":
-        if value is not None and not (isinstance(value, str) and value):
-            raise ValueError("app_secret must be a non-empty string or null")
-        return value
+    check = _CONFIG_CHECKS.get(key)
+    if check is not None:
+        return check(value)
     if not isinstance(value, str) or not value:
         raise ValueError(f"{key} must be a non-empty string")
     return value
+
+
+def _latency_ms(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise ValueError("latency_ms must be a number >= 0")
+    return float(value)
+
+
+def _drop_ninth_digit(value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError("drop_ninth_digit must be true or false")
+    return value
+
+
+def _status_delays_ms(value: Any) -> tuple[float, ...]:
+    if not isinstance(value, list | tuple) or len(value) > len(STATUS_SEQUENCE):
+        raise ValueError("status_delays_ms must be a list of at most 3 delays (sent, delivered, read)")
+    if any(isinstance(v, bool) or not isinstance(v, int | float) or v < 0 for v in value):
+        raise ValueError("status_delays_ms must hold numbers >= 0")
+    return tuple(float(v) for v in value)
+
+
+def _webhook_url(value: Any) -> str | None:
+    if value is not None and not (isinstance(value, str) and value.startswith(("http://", "https://"))):
+        raise ValueError("webhook_url must be an http(s) URL or null")
+    return value
+
+
+def _app_secret(value: Any) -> str | None:
+    if value is not None and not (isinstance(value, str) and value):
+        raise ValueError("app_secret must be a non-empty string or null")
+    return value
+
+
+# The config keys that are not a non-empty string, and how each is checked.
+_CONFIG_CHECKS: dict[str, Callable[[Any], Any]] = {
+    "latency_ms": _latency_ms,
+    "drop_ninth_digit": _drop_ninth_digit,
+    "status_delays_ms": _status_delays_ms,
+    "webhook_url": _webhook_url,
+    "app_secret": _app_secret,
+}
 
 
 def _require(condition: bool, code: int, details: str) -> None:

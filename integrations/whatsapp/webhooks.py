@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -152,17 +153,24 @@ def _preference(raw: Any, where: str, phone_number_id: str) -> PreferenceEvent |
     raise ValueError(f"{where}: unknown preference value {value!r}")
 
 
-def parse(payload: Any) -> WebhookBatch:  # noqa: C901
+def parse(payload: Any) -> WebhookBatch:
     """The status and marketing-preference events of one webhook POST; ValueError says what is malformed."""
+    statuses: list[StatusEvent] = []
+    preferences: list[PreferenceEvent] = []
+    ignored = 0
+    for where, value in _change_values(payload):
+        ignored += _collect(value, where, statuses, preferences)
+    return WebhookBatch(statuses=statuses, preferences=preferences, ignored=ignored)
+
+
+def _change_values(payload: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(where, value) of each change of each entry, in order, each checked as it comes."""
     if not isinstance(payload, dict):
         raise ValueError("the payload must be a JSON object")
     if payload.get("object") != "whatsapp_business_account":
         raise ValueError(f"unexpected object {payload.get('object')!r}")
     if not isinstance(payload.get("entry"), list):
         raise ValueError("entry must be a list")
-    statuses: list[StatusEvent] = []
-    preferences: list[PreferenceEvent] = []
-    ignored = 0
     for i, entry in enumerate(payload["entry"]):
         if not isinstance(entry, dict):
             raise ValueError(f"entry[{i}] must be an object")
@@ -173,21 +181,29 @@ def parse(payload: Any) -> WebhookBatch:  # noqa: C901
             value = change.get("value")
             if not isinstance(value, dict):
                 raise ValueError(f"{where}.value must be an object")
-            ignored += len(value["messages"]) if isinstance(value.get("messages"), list) else 0
-            for k, raw in enumerate(_list(value, "statuses", f"{where}.value")):
-                status = _status(raw, f"{where}.value.statuses[{k}]")
-                if status is None:
-                    ignored += 1
-                else:
-                    statuses.append(status)
-            metadata = value.get("metadata")
-            receiver = _text(metadata.get("phone_number_id")) if isinstance(metadata, dict) else ""
-            for k, raw in enumerate(_list(value, "user_preferences", f"{where}.value")):
-                preference = _preference(raw, f"{where}.value.user_preferences[{k}]", receiver)
-                if preference is None:
-                    ignored += 1
-                else:
-                    preferences.append(preference)
-            if not any(key in value for key in ("messages", "statuses", "user_preferences")):
-                ignored += 1  # another field (template status, account update...)
-    return WebhookBatch(statuses=statuses, preferences=preferences, ignored=ignored)
+            yield where, value
+
+
+def _collect(
+    value: dict[str, Any], where: str, statuses: list[StatusEvent], preferences: list[PreferenceEvent]
+) -> int:
+    """Add one change's statuses and preferences to the lists; returns how many of its events are
+    ignored (inbound messages, untracked statuses and categories, another field)."""
+    ignored = len(value["messages"]) if isinstance(value.get("messages"), list) else 0
+    for k, raw in enumerate(_list(value, "statuses", f"{where}.value")):
+        status = _status(raw, f"{where}.value.statuses[{k}]")
+        if status is None:
+            ignored += 1
+        else:
+            statuses.append(status)
+    metadata = value.get("metadata")
+    receiver = _text(metadata.get("phone_number_id")) if isinstance(metadata, dict) else ""
+    for k, raw in enumerate(_list(value, "user_preferences", f"{where}.value")):
+        preference = _preference(raw, f"{where}.value.user_preferences[{k}]", receiver)
+        if preference is None:
+            ignored += 1
+        else:
+            preferences.append(preference)
+    if not any(key in value for key in ("messages", "statuses", "user_preferences")):
+        ignored += 1  # another field (template status, account update...)
+    return ignored

@@ -231,6 +231,17 @@ def test_a_message_page_shows_its_customer_and_campaign_without_a_select_of_them
     assert message.customer.name in page and message.campaign.name in page
 
 
+@pytest.mark.parametrize("model", [WhatsappMessage, EmailMessage])
+def test_a_message_page_shows_every_field_whose_it_is_first(admin_client, seed, model):
+    message = seed(1, channel=Channel.EMAIL if model is EmailMessage else Channel.WHATSAPP)[0]
+
+    page = admin_client.get(f"/admin/campaigns/{model._meta.model_name}/{message.pk}/change/")
+
+    shown = re.findall(r'class="form-row field-(\w+)', page.content.decode())
+    assert shown[:5] == ["id", "campaign", "organization", "customer", "status"]
+    assert sorted(shown) == sorted(f.name for f in model._meta.fields)
+
+
 def test_a_message_list_has_no_bulk_actions_nor_facet_counts(admin_client, seed):
     seed(5)
 

@@ -203,7 +203,7 @@ def test_a_store_cannot_send_from_another_organization_s_number(wa, stores, engl
 
 
 def test_demo_campaign_sends_from_the_demo_stores_numbers(transactional_db, run_jobs, english):
-    from integrations.services import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
+    from integrations.demo import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
 
     numbers = dict.fromkeys(DEMO_PHONE_NUMBER_IDS, DEMO_ACCESS_TOKEN)
     with SandboxServer(numbers=numbers) as sandbox:

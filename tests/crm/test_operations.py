@@ -290,9 +290,7 @@ def test_the_schedules_page_lists_every_entry_and_runs_one_now(staff_client, red
 
 
 @pytest.mark.slow
-def test_workers_and_schedulers_register_again_after_redis_loses_its_data(
-    client, worker_process, redis_db
-):
+def test_workers_and_schedulers_register_again_after_redis_loses_its_data(client, worker_process, redis_db):
     """Redis restarted empty (or flushed): the running worker and scheduler register again, so
     /healthz?full=1 is right again within a minute instead of 503 until they restart."""
     worker_process()

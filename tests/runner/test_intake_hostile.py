@@ -19,9 +19,7 @@ from tests.crm.test_intake import HOSTILE, json_values
 
 APP_SECRET = "meta-app-secret-for-tests"
 RUNNER_SECRET = "whsec-test-0123456789"
-FUZZ = settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
-)
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
 def _meta(client, body: bytes):

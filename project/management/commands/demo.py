@@ -11,6 +11,7 @@ from django.utils.translation import gettext as _
 from tqdm import tqdm
 
 from crm import cli, services
+from crm.demo import demo_load
 from crm.models import Membership, Organization
 from integrations import outbound
 
@@ -58,9 +59,9 @@ class Command(cli.CrmCommand):
         if n < 0:
             raise CommandError(_("--customers must be 0 or more"))
         with tqdm(total=n, unit=_(" customers"), disable=n < 5000 or not self.stdout.isatty()) as bar:
-            org = services.demo_load(customers=n, progress=bar.update)
+            org = demo_load(customers=n, progress=bar.update)
         if options["graph_url"]:
-            from integrations.services import whatsapp_number_demo
+            from integrations.demo import whatsapp_number_demo
 
             outbound.trust_origin(options["graph_url"])  # the operator's choice: loopback in every mode
             number = whatsapp_number_demo(organization=org, graph_url=options["graph_url"])
@@ -69,7 +70,7 @@ class Command(cli.CrmCommand):
                 % {"number": number.phone_number_id, "url": options["graph_url"]}
             )
         if options["smtp"]:
-            from integrations.services import email_settings_demo
+            from integrations.demo import email_settings_demo
 
             host, port = options["smtp"]
             email_settings_demo(organization=org, host=host, port=port)
@@ -77,7 +78,7 @@ class Command(cli.CrmCommand):
                 _("demo email via SMTP %(address)s (no TLS, no login)") % {"address": f"{host}:{port}"}
             )
         if options["erp_url"]:
-            from erp.services import erp_connection_demo
+            from erp.demo import erp_connection_demo
 
             outbound.trust_origin(options["erp_url"])
             erp_connection_demo(organization=org, base_url=options["erp_url"])
@@ -115,9 +116,8 @@ class Command(cli.CrmCommand):
         """The demo integration of the runner, and how to start it: a run, and a webhook (its token
         is the demo's own, generated once and kept in the handler, encrypted)."""
         from runner import demo
-        from runner.services import integration_demo
 
-        handler, token = integration_demo(organization_id=org.pk)
+        handler, token = demo.integration_demo(organization_id=org.pk)
         keys = f"{demo.INTEGRATION_KEY} {demo.HANDLER_KEY}"
         url = f"{public_url.rstrip('/')}/hooks/{demo.INTEGRATION_KEY}/{demo.HANDLER_KEY}"
         curl = shlex.join(
