@@ -48,7 +48,7 @@ from django.db import transaction
 from django.db.models import F, Min, Q
 from django.utils import timezone
 
-from campaigns import caps, email_render, esp_tracking, links, services
+from campaigns import caps, email_render, links, services
 from campaigns.models import (
     OUTCOME_UNKNOWN,
     BounceType,
@@ -549,8 +549,6 @@ def chunk_apply(campaign: Campaign, chunk: ChunkPlan, counts: Counter[str]) -> N
                 ],
                 ignore_conflicts=True,
             )
-    # After the commit: an ESP webhook that came before it was kept, and is applied now.
-    esp_tracking.apply_early([m.esp_message_id for m in chunk.sent if m.esp_message_id])
     counts.update(
         sent=len(chunk.sent),
         bounced=len(chunk.bounced),

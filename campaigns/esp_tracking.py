@@ -14,16 +14,16 @@ deferred: noted in bounce_message · complained: the address suppressed ("compla
 customer opted out of email · unsubscribed: opted out · opened, clicked: counted once (campaigns.links).
 
 Every transition is a compare-and-set, so an event the ESP posts twice counts once. An event whose id
-is not (yet) stored is kept in Redis for EARLY_TTL: the ESP can report a bounce before the send job
-has recorded the chunk that carried the message (a chunk spans a few seconds at the organization's
-rate), and the job applies such early events right after it records the ids (`apply_early`). Events
-for ids we never sent (another system on the same ESP account) simply expire there; they are
+is not (yet) stored is early: the ESP can report a bounce before the send job has recorded the chunk
+that carried the message (a chunk spans seconds at the organization's rate). `events_apply` returns
+such events and the inbox handler keeps them in the inbox (crm.inbox.Retry), given to it again with
+a growing delay until their send is recorded. Events for ids we never sent (another system on the
+same ESP account) are set aside after the inbox's last retry, about an hour later; they are
 answered 200, not refused, so the ESP does not retry them forever.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 
@@ -34,7 +34,6 @@ from django.utils import timezone
 
 from campaigns import links
 from campaigns.models import BounceType, CampaignMetric, EmailMessage, EmailSuppression
-from crm import jobs
 from crm.models import OptOutSource
 from crm.services import customers_opt_out
 from integrations.email.bounces import Failure, classify_esp_bounce, esp_event_markers
@@ -46,50 +45,34 @@ Status = EmailMessage.Status
 
 def events_apply(
     *, esp_name: str, events: list[AnymailTrackingEvent], organization_id: int | None = None
-) -> dict[str, int]:
+) -> list[AnymailTrackingEvent]:
     """Apply parsed ESP tracking events to their campaign messages (of that organization, when given),
-    in order, finding them all with one query; returns counts applied/ignored/early. Safe to run
-    twice: every transition is a compare-and-set."""
-    counts = {"applied": 0, "ignored": 0, "early": 0}
+    in order, finding them all with one query; returns the early ones (their message id is not
+    recorded yet), in order, for the caller to give again later. Safe to run twice: every
+    transition is a compare-and-set."""
     wanted = {str(e.message_id) for e in events if e.event_type in _HANDLERS and e.message_id}
     found = _messages(wanted, organization_id)
+    early: list[AnymailTrackingEvent] = []
     for event in events:
-        outcome = _event_apply(event, esp_name, organization_id, found)
-        counts[outcome] += 1
-    return counts
-
-
-def _event_apply(
-    event: AnymailTrackingEvent, esp_name: str, organization_id: int | None, found: dict[str, EmailMessage]
-) -> str:
-    handler = _HANDLERS.get(event.event_type)
-    if handler is None:
-        return "ignored"
-    if not event.message_id:
-        logger.info("%s %s event without a message id: ignored", esp_name, event.event_type)
-        return "ignored"
-    message = found.get(str(event.message_id))
-    if message is None:
-        _keep_early(event, esp_name, organization_id)
-        # The send may have been recorded between the lookup and the keeping, after its job looked
-        # for early events: look once more (applying an event twice changes nothing).
-        message = _message(str(event.message_id), organization_id)
+        handler = _HANDLERS.get(event.event_type)
+        if handler is None:
+            continue
+        if not event.message_id:
+            logger.info("%s %s event without a message id: ignored", esp_name, event.event_type)
+            continue
+        message = found.get(str(event.message_id))
         if message is None:
-            logger.info(
-                "%s %s event for unknown message id %s: kept %d s in case its send is being recorded",
-                esp_name,
-                event.event_type,
-                event.message_id,
-                EARLY_TTL,
-            )
-            return "early"
-        found[str(event.message_id)] = message
-    handler(message, event, esp_name)
-    return "applied"
-
-
-EARLY_KEY = "crm:esp:early:"  # + the ESP's message id: a list of JSON events
-EARLY_TTL = 3600
+            early.append(event)
+            continue
+        handler(message, event, esp_name)
+    if early:
+        logger.info(
+            "%s: %d events for message ids not recorded (yet), kept for a retry: %s",
+            esp_name,
+            len(early),
+            ", ".join(sorted({str(e.message_id) for e in early})[:10]),
+        )
+    return early
 
 
 def _messages(esp_message_ids: set[str], organization_id: int | None = None) -> dict[str, EmailMessage]:
@@ -103,61 +86,6 @@ def _messages(esp_message_ids: set[str], organization_id: int | None = None) -> 
         messages = messages.filter(organization_id=organization_id)
     fields = ("id", "status", "campaign_id", "organization_id", "customer_id", "email", "esp_message_id")
     return {str(m.esp_message_id): m for m in messages.only(*fields)}
-
-
-def _message(esp_message_id: str, organization_id: int | None = None) -> EmailMessage | None:
-    return _messages({esp_message_id}, organization_id).get(esp_message_id)
-
-
-def _keep_early(event: AnymailTrackingEvent, esp_name: str, organization_id: int | None) -> None:
-    kept = {
-        "esp": esp_name,
-        "organization_id": organization_id,
-        "event_type": event.event_type,
-        # only the raw fields _detail and classify_esp_bounce read
-        "esp_event": esp_event_markers(event.esp_event),
-        "description": event.description,
-        "mta_response": event.mta_response,
-        "reject_reason": event.reject_reason,
-    }
-    key = EARLY_KEY + str(event.message_id)
-    with jobs.get_connection().pipeline() as pipe:
-        pipe.rpush(key, json.dumps(kept))
-        pipe.expire(key, EARLY_TTL)
-        pipe.execute()
-
-
-def apply_early(esp_message_ids: list[str]) -> int:
-    """Apply the events kept for these just-recorded messages (one round trip to find them);
-    returns how many were applied."""
-    if not esp_message_ids:
-        return 0
-    with jobs.get_connection().pipeline() as pipe:  # MULTI: read and forget each list at once
-        for message_id in esp_message_ids:
-            pipe.lrange(EARLY_KEY + message_id, 0, -1)
-            pipe.delete(EARLY_KEY + message_id)
-        replies = pipe.execute()
-    applied = 0
-    for message_id, kept in zip(esp_message_ids, replies[::2], strict=True):
-        for raw in kept:
-            data = json.loads(raw)
-            handler = _HANDLERS.get(data["event_type"])
-            message = _message(message_id, data.get("organization_id")) if handler else None
-            if handler is None or message is None:
-                continue
-            event = AnymailTrackingEvent(
-                event_type=data["event_type"],
-                message_id=message_id,
-                esp_event=data["esp_event"],
-                description=data["description"],
-                mta_response=data["mta_response"],
-                reject_reason=data["reject_reason"],
-            )
-            handler(message, event, data["esp"])
-            applied += 1
-    if applied:
-        logger.info("applied %d ESP events that had arrived before their sends were recorded", applied)
-    return applied
 
 
 def message_bounced(*, message: EmailMessage, detail: str) -> bool:

@@ -38,15 +38,33 @@ def esp_payload(provider: str, raws: list[dict]) -> str:
 
 
 @inbox.register(ESP)
-def esp_events_apply(events: list[inbox.Event]) -> None:
+def esp_events_apply(events: list[inbox.Event]) -> dict[int, inbox.Retry]:
     """Apply a batch of accepted ESP tracking bodies: the events of each provider and organization
-    together (one lookup of their messages), in the order they were accepted."""
+    together (one lookup of their messages), in the order they were accepted. An event for a
+    message whose send is not recorded yet stays in the inbox, with only those raw events, to be
+    applied on a later try (returned as a Retry)."""
     groups: dict[tuple[str, int | None], list[AnymailTrackingEvent]] = defaultdict(list)
+    origin: dict[int, tuple[int, dict]] = {}  # id() of a parsed event -> (its inbox event, its raw)
+    providers: dict[int, str] = {}
     for event in events:
         body = json.loads(event.payload)
-        provider = body["provider"]
-        groups[(provider, event.organization_id)] += tracking.events(provider, body["events"])
+        provider = providers[event.id] = body["provider"]
+        parsed = tracking.events(provider, body["events"])  # one normalized event per raw one
+        for normalized, raw in zip(parsed, body["events"], strict=True):
+            origin[id(normalized)] = (event.id, raw)
+        groups[(provider, event.organization_id)] += parsed
+    early: dict[int, list[tuple[dict, str]]] = defaultdict(list)
     for (provider, organization_id), parsed in groups.items():
-        esp_tracking.events_apply(
+        for normalized in esp_tracking.events_apply(
             esp_name=tracking.esp_name(provider), events=parsed, organization_id=organization_id
+        ):
+            event_id, raw = origin[id(normalized)]
+            early[event_id].append((raw, str(normalized.message_id)))
+    return {
+        event_id: inbox.Retry(
+            payload=esp_payload(providers[event_id], [raw for raw, _ in kept]),
+            reason="no message recorded with ESP message id "
+            + ", ".join(sorted({message_id for _, message_id in kept})),
         )
+        for event_id, kept in early.items()
+    }

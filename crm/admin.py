@@ -321,13 +321,14 @@ class RqDashboardAdmin(QueueAdmin):
 
 @admin.register(InboxEvent)
 class InboxEventAdmin(TenantAdmin):
-    """Accepted webhook events not applied yet, and those set aside (their handler refused them
-    alone: `error` says why). Read-only; deleting a set-aside event forgets it. Every organization's
-    events: platform operators only."""
+    """Accepted webhook events not applied yet (those kept for a retry show when: `not_before`),
+    and those set aside (their handler refused them alone, or could still not apply them after the
+    last retry: `error` says why). Read-only; deleting a set-aside event forgets it. Every
+    organization's events: platform operators only."""
 
     tenant_path = None
 
-    list_display = ("id", "kind", "organization_id", "received_at", "failed_at")
+    list_display = ("id", "kind", "organization_id", "received_at", "not_before", "failed_at")
     list_filter = ("kind",)
     readonly_fields = [f.name for f in InboxEvent._meta.fields]
     show_full_result_count = False

@@ -18,23 +18,32 @@ so an event committed while it finished is never left waiting.
 
 Drains of one kind are serialised by a PostgreSQL advisory lock, so events are applied in the order
 they were accepted (preferences: the latest wins) and two batches never lock the same rows.
+
+An event its handler cannot apply yet (an ESP's bounce that came before our send job recorded the
+message) stays in the inbox too, never in Redis: the handler returns it with what is left of its
+payload (`Retry`), and the drain's transaction keeps that in the event's row instead of deleting it,
+not to be drained before `not_before` (RETRY_DELAY, doubling up to RETRY_MAX_DELAY). A delayed drain
+job is its wake-up; lost with Redis, the safety sweep drains it once due. After RETRY_ATTEMPTS
+retries the event is set aside with the handler's reason, as one it refuses is.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
 import threading
 import time
 import zlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
 from django.db import DatabaseError, connection, transaction
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from crm import jobs, queues, recovery
@@ -50,7 +59,10 @@ PAUSE = 0.05  # seconds a drain waits after a batch that was not full, gathering
 LINGER = 0.5  # seconds a drain job waits for more events before it ends
 DRAIN_BUDGET = 50.0  # seconds a drain job keeps draining before handing over to a new job
 QUEUED_TTL = 60  # seconds: a queued marker whose job died frees itself
-SWEEP_AFTER = timedelta(seconds=20)  # events older than this are the safety sweep's
+SWEEP_AFTER = timedelta(seconds=20)  # events older (or due for so long) are the safety sweep's
+RETRY_DELAY = 5.0  # seconds before an event its handler could not apply yet is given to it again
+RETRY_MAX_DELAY = 600.0  # the delay doubles at each retry up to this
+RETRY_ATTEMPTS = 12  # retries before such an event is set aside (5 s … 10 min: about an hour in all)
 DRAIN_FUNC = "crm.inbox.drain"
 
 
@@ -61,9 +73,19 @@ class Event:
     organization_id: int | None
     received_at: datetime
     payload: str
+    retries: int = 0  # times its handler has already been given it and returned a Retry
 
 
-Handler = Callable[[list[Event]], None]
+@dataclass(frozen=True)
+class Retry:
+    """What a handler returns for an event it could not apply (wholly) yet: the payload still to
+    apply, given to it again later, and why not now (the error kept if it never can be)."""
+
+    payload: str
+    reason: str
+
+
+Handler = Callable[[list[Event]], Mapping[int, Retry] | None]
 _HANDLERS: dict[str, Handler] = {}
 
 
@@ -71,7 +93,8 @@ def register(kind: str) -> Callable[[Handler], Handler]:
     """Decorator: `@inbox.register("whatsapp")` on a function applying a batch of that kind's events
     (in acceptance order) inside the drain's transaction. It must be safe to run twice on the same
     events and raise on failure (the batch is rolled back and retried; an event that fails on its
-    own is set aside with the error)."""
+    own is set aside with the error). It returns None, or a Retry by event id for the events it
+    could not apply yet (kept and given to it again later, in the same transaction)."""
 
     def deco(fn: Handler) -> Handler:
         _HANDLERS[kind] = fn
@@ -319,9 +342,26 @@ def wake(kind: str) -> bool:
 
 
 # --- the worker side --------------------------------------------------------------------------
+# The oldest events of a kind that are due: those not tried yet and those whose retry has come
+# (each read on its partial index: the second is tiny), together in acceptance order, then locked
+# by primary key.
 _SELECT = (
-    f"SELECT id, kind, organization_id, received_at, payload FROM {_TABLE} "  # noqa: S608
-    "WHERE kind = %s AND failed_at IS NULL ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+    f"SELECT id, kind, organization_id, received_at, payload, retries FROM {_TABLE} "  # noqa: S608
+    "WHERE id = ANY(ARRAY("
+    f"(SELECT id FROM {_TABLE} WHERE kind = %s AND failed_at IS NULL AND not_before IS NULL "
+    "ORDER BY id LIMIT %s) UNION ALL "
+    f"(SELECT id FROM {_TABLE} WHERE kind = %s AND failed_at IS NULL AND not_before <= now() "
+    "ORDER BY id LIMIT %s)"
+    ")) ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+)
+_RETRY = (
+    f"UPDATE {_TABLE} AS e SET payload = r.payload, retries = e.retries + 1, "  # noqa: S608
+    "not_before = now() + make_interval(secs => r.delay) "
+    "FROM unnest(%s::bigint[], %s::text[], %s::float8[]) AS r(id, payload, delay) WHERE e.id = r.id"
+)
+_GIVE_UP = (
+    f"UPDATE {_TABLE} AS e SET payload = r.payload, failed_at = now(), error = r.error "  # noqa: S608
+    "FROM unnest(%s::bigint[], %s::text[], %s::text[]) AS r(id, payload, error) WHERE e.id = r.id"
 )
 
 
@@ -330,39 +370,84 @@ def _lock_id(kind: str) -> int:
 
 
 def drain_batch(kind: str, *, limit: int = BATCH) -> int:
-    """Apply up to `limit` of the oldest pending events of `kind` and delete them, in one
-    transaction; returns how many were taken (applied or set aside)."""
+    """Apply up to `limit` of the oldest due events of `kind` and delete them, in one transaction
+    (keeping those to retry later); returns how many were taken (applied, kept or set aside)."""
     handler = _HANDLERS[kind]
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_id(kind)])
-            cursor.execute(_SELECT, [kind, limit])
+            cursor.execute(_SELECT, [kind, limit, kind, limit, limit])
             events = [Event(*row) for row in cursor.fetchall()]
         if not events:
             return 0
         try:
             with transaction.atomic():
-                handler(events)
+                later = dict(handler(events) or {})
         except DatabaseError as exc:
             if _transient(exc):
                 raise
-            _one_by_one(handler, events)
+            later = _one_by_one(handler, events)
         except Exception:
-            _one_by_one(handler, events)
-        InboxEvent.objects.filter(id__in=[e.id for e in events], failed_at__isnull=True).delete()
+            later = _one_by_one(handler, events)
+        done = [e.id for e in events if e.id not in later]
+        InboxEvent.objects.filter(id__in=done, failed_at__isnull=True).delete()
+        _retry_later(kind, [e for e in events if e.id in later], later)
     return len(events)
+
+
+def retry_delay(retries: int) -> float:
+    """Seconds before an event is given to its handler again after its `retries`-th Retry."""
+    return min(RETRY_DELAY * 2 ** (retries - 1), RETRY_MAX_DELAY)
+
+
+def _retry_later(kind: str, events: list[Event], later: Mapping[int, Retry]) -> None:
+    """Keep what the handler could not apply yet, due after the next delay, and wake a drain then;
+    set aside what has had its RETRY_ATTEMPTS retries."""
+    again = [e for e in events if e.retries < RETRY_ATTEMPTS]
+    spent = [e for e in events if e.retries >= RETRY_ATTEMPTS]
+    with connection.cursor() as cursor:
+        if again:
+            delays = [retry_delay(e.retries + 1) for e in again]
+            cursor.execute(_RETRY, [[e.id for e in again], [later[e.id].payload for e in again], delays])
+            for delay in sorted(set(delays)):
+                transaction.on_commit(functools.partial(_wake_in, kind, delay))
+        if spent:
+            errors = [f"given up after {e.retries} retries: {later[e.id].reason}"[:2000] for e in spent]
+            for event, error in zip(spent, errors, strict=True):
+                logger.error("inbox: %s event %s set aside: %s", kind, event.id, error)
+            cursor.execute(_GIVE_UP, [[e.id for e in spent], [later[e.id].payload for e in spent], errors])
+
+
+def _wake_in(kind: str, delay: float) -> None:
+    """A drain of `kind` in `delay` seconds, for the events kept until then (one job per kind and
+    second). Without Redis the safety sweep drains them once due."""
+    due = int(time.time() + delay) + 1
+    try:
+        jobs.enqueue(
+            DRAIN_FUNC,
+            queue=queues.INBOX,
+            kwargs={"kind": kind},
+            job_id=f"inbox-retry-{_job_safe(kind)}-{due}",
+            delay=due - time.time(),
+            result_ttl=0,
+            after_commit=False,
+        )
+    except Exception:
+        logger.warning("inbox: could not schedule the %s drain of events kept for later", kind, exc_info=True)
 
 
 def _transient(exc: BaseException) -> bool:
     return isinstance(exc, recovery.TRANSIENT_ERRORS)
 
 
-def _one_by_one(handler: Handler, events: list[Event]) -> None:
-    """The batch failed: apply its events one at a time, setting aside the ones that fail alone."""
+def _one_by_one(handler: Handler, events: list[Event]) -> dict[int, Retry]:
+    """The batch failed: apply its events one at a time, setting aside the ones that fail alone;
+    returns the Retry of those their handler could not apply yet."""
+    later: dict[int, Retry] = {}
     for event in events:
         try:
             with transaction.atomic():
-                handler([event])
+                later.update(handler([event]) or {})
         except Exception as exc:
             if _transient(exc):
                 raise
@@ -370,6 +455,7 @@ def _one_by_one(handler: Handler, events: list[Event]) -> None:
             InboxEvent.objects.filter(pk=event.id).update(
                 failed_at=timezone.now(), error=f"{type(exc).__name__}: {exc}"[:2000]
             )
+    return later
 
 
 def drain(*, kind: str, budget: float = DRAIN_BUDGET) -> int:
@@ -407,18 +493,22 @@ def drain(*, kind: str, budget: float = DRAIN_BUDGET) -> int:
 
 
 def pending(kind: str | None = None) -> int:
-    """Events accepted and not applied yet (set-aside ones excluded)."""
+    """Events accepted and not applied yet, those kept for a retry included (set-aside ones
+    excluded)."""
     events = InboxEvent.objects.filter(failed_at__isnull=True)
     return (events.filter(kind=kind) if kind else events).count()
 
 
 @recovery.register("inbox")
 def _stranded() -> Iterator[jobs.JobSpec]:
-    """The safety sweep: a drain for every kind with events older than SWEEP_AFTER (their wake-up
-    was lost with Redis or with the web process that owed it)."""
+    """The safety sweep: a drain for every kind with events accepted, or due for a retry, more than
+    SWEEP_AFTER ago (their wake-up was lost with Redis or with the web process that owed it);
+    events kept for a retry that is not due are left alone."""
     old = timezone.now() - SWEEP_AFTER
     kinds = (
-        InboxEvent.objects.filter(failed_at__isnull=True, received_at__lt=old)
+        InboxEvent.objects.filter(failed_at__isnull=True)
+        .alias(due=Coalesce("not_before", "received_at"))
+        .filter(due__lt=old)
         .values_list("kind", flat=True)
         .distinct()
     )

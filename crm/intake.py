@@ -15,6 +15,7 @@ import json
 import logging
 import math
 from collections.abc import Callable
+from http import HTTPStatus
 from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
@@ -173,6 +174,46 @@ def durable(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
 
 
 INTAKE_PATHS = ("/webhooks/", "/hooks/", "/anymail/")
+# Headers of an error answer kept when it is rewritten as JSON.
+_KEPT_HEADERS = ("Allow", "Retry-After", "WWW-Authenticate")
+
+
+class JsonErrorsMiddleware:
+    """Every error answered on an intake path is JSON, `{"ok": false, "error": "..."}` with its
+    status, as the intakes' own refusals are: the 404 of a URL no intake has, the 405 of a method
+    its view does not take (its Allow header kept), and whatever else Django would answer with an
+    HTML page (400 for a bad Host, 413, 500). A webhook sender's log then shows why, not a page."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        if (
+            response.status_code < 400
+            or not request.path_info.startswith(INTAKE_PATHS)
+            or response.get("Content-Type", "").startswith("application/json")
+        ):
+            return response
+        json_response = JsonResponse(
+            {"ok": False, "error": _error_text(request, response)}, status=response.status_code
+        )
+        for name in _KEPT_HEADERS:
+            if name in response:
+                json_response[name] = response[name]
+        return json_response
+
+
+def _error_text(request: HttpRequest, response: HttpResponse) -> str:
+    if response.status_code == 404:
+        return "no intake at this URL"
+    if response.status_code == 405:
+        allowed = response.get("Allow", "")
+        return f"method {str(request.method)[:20]} not allowed here" + (f"; use {allowed}" if allowed else "")
+    try:
+        return HTTPStatus(response.status_code).phrase.lower()
+    except ValueError:
+        return f"error {response.status_code}"
 
 
 class DatabaseUnavailableMiddleware:

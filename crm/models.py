@@ -385,17 +385,31 @@ class InboxEvent(models.Model):
     )
     received_at = models.DateTimeField(_("received at"), db_default=Now())
     payload = models.TextField(_("payload"))
-    # Set when the kind's handler refused the event on its own (a bug or poison): never drained again.
+    # Set when the kind's handler refused the event on its own (a bug or poison), or could still not
+    # apply it after RETRY_ATTEMPTS tries: never drained again.
     failed_at = models.DateTimeField(_("failed at"), null=True, blank=True)
     error = models.TextField(_("error"), blank=True, default="")
+    # Set when the kind's handler could not apply (all of) the event yet and asked to be given the
+    # rest again later (an ESP event that came before its send was recorded): not drained before.
+    not_before = models.DateTimeField(_("not before"), null=True, blank=True)
+    retries = models.PositiveSmallIntegerField(_("retries"), default=0, db_default=0)
 
     class Meta:
         verbose_name = _("inbox event")
         verbose_name_plural = _("inbox events")
         indexes = [
+            # The drain's two reads (crm/inbox.py): events not tried yet, in acceptance order, and the
+            # few to be tried again, by when.
             models.Index(
-                fields=["kind", "id"], name="inbox_pending", condition=models.Q(failed_at__isnull=True)
-            )
+                fields=["kind", "id"],
+                name="inbox_fresh",
+                condition=models.Q(failed_at__isnull=True, not_before__isnull=True),
+            ),
+            models.Index(
+                fields=["kind", "not_before"],
+                name="inbox_retry",
+                condition=models.Q(failed_at__isnull=True, not_before__isnull=False),
+            ),
         ]
 
     def __str__(self) -> str:

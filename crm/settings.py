@@ -119,6 +119,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "crm.intake.JsonErrorsMiddleware",  # webhooks: every error answered as JSON
     "crm.intake.DatabaseUnavailableMiddleware",  # webhooks: 503, never 500, when PostgreSQL is down
     "axes.middleware.AxesMiddleware",  # last: it answers a locked-out login
 ]
@@ -126,6 +127,7 @@ MIDDLEWARE = [
 # The webhook intakes' (crm/wsgi.py): they use no session, user, CSRF, messages or language.
 INTAKE_MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "crm.intake.JsonErrorsMiddleware",
     "crm.intake.DatabaseUnavailableMiddleware",
 ]
 

@@ -12,17 +12,20 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from email.message import EmailMessage as MimeMessage
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
+from django.utils import timezone
 
-from campaigns import esp_tracking, links, selectors, services
+from campaigns import inbox as campaign_inbox
+from campaigns import links, selectors, services
 from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage, EmailSuppression
-from crm import jobs, promote
-from crm.models import Customer, Organization, Store
+from crm import inbox, jobs, promote, queues, recovery
+from crm.models import Customer, InboxEvent, Organization, Store
 from integrations.email import esp
 from integrations.email.bounces import Failure
 from integrations.email.esp_sandbox import (
@@ -384,9 +387,13 @@ def test_a_bounce_webhook_bounces_the_message_hard_once(em, postmark, run_jobs):
     assert EmailSuppression.objects.count() == 1 and _metric(campaign) == (2, 1, 1, 0, 0)
 
 
-def test_a_bounce_that_arrives_before_its_send_is_recorded_is_applied_once_it_is(em, postmark, run_jobs):
+def test_a_bounce_that_arrives_before_its_send_is_recorded_is_applied_once_it_is(
+    em, postmark, run_jobs, monkeypatch
+):
     """A chunk is recorded after its last send (seconds at the organization's rate); the ESP's
-    bounce for its first message can come before that. It is kept, and applied with the record."""
+    bounce for its first message can come before that. It is kept in the inbox and applied at its
+    first retry after the record (the delayed drain the keeping scheduled)."""
+    monkeypatch.setattr(inbox, "RETRY_DELAY", 0.5)  # retried 0.5 s, 1 s, 2 s… later: not 5 s
     EmailSettings.objects.filter(pk=em["settings"].pk).update(messages_per_minute=60)  # a chunk of 3: 2 s
     em["customers"](3)
     campaign = services.campaign_start(campaign=em["campaign"]())
@@ -415,12 +422,16 @@ def test_a_bounce_that_arrives_before_its_send_is_recorded_is_applied_once_it_is
     webhook.join(timeout=30)
 
     assert seen["recorded"] is False and seen["status"] == 200 and seen["still_unknown"] is True, seen
+    for _ in range(inbox.RETRY_ATTEMPTS):  # each retry's drain is a delayed job on the inbox queue
+        if not inbox.pending(campaign_inbox.ESP):
+            break
+        run_jobs([queues.INBOX], settle=inbox.RETRY_MAX_DELAY)
     bounced = EmailMessage.objects.get(esp_message_id=seen["id"])
     assert (bounced.status, bounced.bounce_type) == (S.BOUNCED, "hard")
     assert EmailSuppression.objects.get().email == bounced.email
     assert _statuses(campaign) == {"sent": 2, "bounced": 1}
     assert _metric(campaign) == (3, 2, 1, 0, 0)
-    assert not jobs.get_connection().exists(esp_tracking.EARLY_KEY + str(seen["id"]))  # applied, forgotten
+    assert inbox.pending() == 0 and not InboxEvent.objects.exists()  # applied, forgotten
 
 
 SPAMCOP = "554 5.7.1 Service unavailable; Client host [167.89.55.66] blocked using bl.spamcop.net"
@@ -520,23 +531,89 @@ def test_esp_block_events_mark_the_message_blocked_and_never_suppress(em, postma
     assert _statuses(second) == {"sent": 2}
 
 
+def _post_early_block(message: EmailMessage, early_id: str) -> InboxEvent:
+    """SendGrid's block of `message` under an ESP id not recorded yet, together with an open of
+    `message` under its own id, in one webhook; drained: the open applied, the block kept."""
+    ahead = _sendgrid_bounce(message, kind="blocked", reason=SPAMCOP)
+    ahead[0]["anymail_id"] = early_id
+    opened = {**ahead[0], "event": "open", "sg_event_id": "O1", "anymail_id": message.esp_message_id}
+    del opened["reason"], opened["type"], opened["status"]
+    body = json.dumps([opened, *ahead])
+    auth = _auth()["HTTP_AUTHORIZATION"]
+    response = Client().post(
+        "/anymail/sendgrid/tracking/", data=body, content_type="application/json", HTTP_AUTHORIZATION=auth
+    )
+    assert response.status_code == 200 and applied_from_inbox() == 1
+    kept = InboxEvent.objects.get()
+    assert kept.failed_at is None and kept.retries == 1
+    assert kept.not_before is not None and kept.not_before > timezone.now()
+    assert [e["anymail_id"] for e in json.loads(kept.payload)["events"]] == [early_id]  # the open is done
+    assert applied_from_inbox() == 0  # not due yet
+    return kept
+
+
+def _due(event: InboxEvent, ago: timedelta = timedelta(0)) -> None:
+    """Time passes: the event's retry is due (`ago` ago)."""
+    InboxEvent.objects.filter(pk=event.pk).update(not_before=timezone.now() - ago)
+
+
 def test_a_block_event_that_arrives_before_its_send_is_recorded_is_applied_as_a_block(em, postmark, run_jobs):
     campaign, _people, (a,) = _sent_campaign(em, 1, run_jobs)
     early_id = "11111111-2222-3333-4444-555555555555"
-    ahead = _sendgrid_bounce(a, kind="blocked", reason=SPAMCOP)
-    ahead[0]["anymail_id"] = early_id
-    body = json.dumps(ahead)
-    response = Client().post(
-        "/anymail/sendgrid/tracking/", data=body, content_type="application/json", **_auth()
-    )
-    assert response.status_code == 200 and applied_from_inbox() == 1
-    assert jobs.get_connection().exists(esp_tracking.EARLY_KEY + early_id)
-    # its send is recorded now (as the send job does, then applies what came early)
+    kept = _post_early_block(a, early_id)
+    a.refresh_from_db()
+    assert a.status == S.SENT and a.opened_at is not None
+    # still not recorded at the first retry: kept again, later
+    _due(kept)
+    assert applied_from_inbox() == 1
+    kept.refresh_from_db()
+    assert kept.retries == 2 and kept.not_before > timezone.now() and kept.failed_at is None
+    # its send is recorded now (as the send job does), and the next retry applies it
     EmailMessage.objects.filter(pk=a.pk).update(esp_message_id=early_id)
-    assert esp_tracking.apply_early([early_id]) == 1
+    _due(kept)
+    assert applied_from_inbox() == 1
     a.refresh_from_db()
     assert a.status == S.BLOCKED and not EmailSuppression.objects.exists()
     assert CampaignMetric.objects.get(campaign=campaign).blocked == 1
+    assert not InboxEvent.objects.exists()
+
+
+def test_an_early_event_outlives_redis_and_is_applied_once_its_send_is_recorded(em, postmark, run_jobs):
+    """The kept event is in PostgreSQL: Redis flushed while it waits (its retry's delayed drain
+    lost with it), the recovery pass's sweep drains it once due, and it is applied."""
+    campaign, _people, (a,) = _sent_campaign(em, 1, run_jobs)
+    early_id = "22222222-3333-4444-5555-666666666666"
+    kept = _post_early_block(a, early_id)
+    jobs.get_connection().flushdb()  # Redis restarted without persistence
+    EmailMessage.objects.filter(pk=a.pk).update(esp_message_id=early_id)  # the send is recorded
+    assert recovery.recover()["inbox"] == 0  # not due: left alone
+    _due(kept, ago=inbox.SWEEP_AFTER * 2)  # due, and its wake-up never came
+    assert recovery.recover()["inbox"] == 1
+    run_jobs([queues.INBOX], settle=0)
+    a.refresh_from_db()
+    assert a.status == S.BLOCKED and CampaignMetric.objects.get(campaign=campaign).blocked == 1
+    assert inbox.pending() == 0 and not InboxEvent.objects.exists()
+
+
+def test_an_event_for_a_message_never_recorded_is_set_aside_after_the_last_retry(
+    em, postmark, run_jobs, caplog
+):
+    """Another system sending through the same ESP account: its ids are never ours. The event is
+    retried RETRY_ATTEMPTS times (with growing delays), then set aside with the reason."""
+    campaign, _people, (a,) = _sent_campaign(em, 1, run_jobs)
+    kept = _post_early_block(a, "not-ours-0001")
+    for _ in range(inbox.RETRY_ATTEMPTS):
+        _due(kept)
+        with caplog.at_level(logging.ERROR, logger="crm.inbox"):
+            assert applied_from_inbox() == 1
+        kept.refresh_from_db()
+    assert kept.failed_at is not None and kept.retries == inbox.RETRY_ATTEMPTS
+    assert "given up after 12 retries" in kept.error and "not-ours-0001" in kept.error
+    assert f"esp event {kept.pk} set aside" in caplog.text
+    assert [inbox.retry_delay(n) for n in (1, 2, 3, inbox.RETRY_ATTEMPTS)] == [5, 10, 20, 600]
+    assert inbox.pending() == 0 and applied_from_inbox() == 0  # never drained again
+    a.refresh_from_db()
+    assert a.status == S.SENT and CampaignMetric.objects.get(campaign=campaign).blocked == 0
 
 
 def test_a_spam_complaint_suppresses_the_address_and_opts_the_customer_out(em, postmark, run_jobs):
@@ -608,7 +685,8 @@ def test_webhooks_without_the_secret_are_refused_and_unknown_ids_ignored(
     caplog.set_level(logging.INFO, logger="campaigns.esp_tracking")
     stranger = bounce_event(message_id="00000000-0000-0000-0000-000000000000", recipient="x@example.com")
     assert _post(stranger, **_auth()) == 200  # another system's message: not retried forever
-    assert "unknown message id 00000000-0000-0000-0000-000000000000" in caplog.text
+    assert "not recorded (yet), kept for a retry: 00000000-0000-0000-0000-000000000000" in caplog.text
+    assert inbox.pending() == 1  # until the last retry (test_an_event_for_a_message_never_recorded…)
     assert _metric(campaign) == (1, 1, 0, 0, 0) and not EmailSuppression.objects.exists()
 
 

@@ -291,7 +291,11 @@ def test_the_verification_handshake_echoes_the_challenge_only_for_the_right_toke
     assert client.get(URL, {k: v for k, v in query.items() if k != "hub.verify_token"}).status_code == 403
     settings.WHATSAPP_VERIFY_TOKEN = ""  # not configured: nobody subscribes, not even with ""
     assert client.get(URL, {**query, "hub.verify_token": ""}).status_code == 403
-    assert client.put(URL).status_code == 405
+    refused = client.put(URL)
+    assert refused.status_code == 405 and refused.json() == {
+        "ok": False,
+        "error": "method PUT not allowed here; use GET, POST",
+    }
 
 
 def _post(client, body: bytes, signature: str | None = None):

@@ -411,3 +411,62 @@ def test_a_write_that_fails_in_a_group_commit_fails_alone(transactional_db):
     stored = {i for i, r in results.items() if isinstance(r, tuple)}
     assert stored == set(range(len(payloads))) - {17}
     assert InboxEvent.objects.filter(kind="whatsapp").count() == len(payloads) - 1
+
+
+def test_an_event_its_handler_cannot_apply_yet_is_kept_and_given_again_in_acceptance_order(
+    db, monkeypatch, django_capture_on_commit_callbacks
+):
+    """A handler returns a Retry for what it cannot apply yet: the rest of the batch is applied and
+    deleted, that event keeps only the payload left, is not taken before its retry is due (nor swept),
+    then comes back in acceptance order among the new events — also when the batch had to be
+    applied one event at a time around a poison event."""
+    from crm.jobs import get_queue
+    from crm.models import InboxEvent
+
+    kind = "test.later"
+    given: list[list[tuple[int, str]]] = []
+
+    def handler(events: list[inbox.Event]) -> dict[int, inbox.Retry]:
+        given.append([(e.retries, e.payload) for e in events])
+        if any(e.payload == "poison" for e in events):
+            raise ValueError("poison")
+        return {
+            e.id: inbox.Retry(payload=e.payload.replace("a+", ""), reason="not yet")
+            for e in events
+            if e.payload.startswith("a+")
+        }
+
+    monkeypatch.setitem(inbox._HANDLERS, kind, handler)
+    for payload in ("a+b", "c", "poison"):
+        inbox.accept(kind=kind, payload=payload)
+    with django_capture_on_commit_callbacks(execute=True) as wake_ups:
+        assert inbox.drain_batch(kind) == 3
+    assert given[0] == [(0, "a+b"), (0, "c"), (0, "poison")]  # the batch, then one by one
+    assert given[1:] == [[(0, "a+b")], [(0, "c")], [(0, "poison")]]
+    kept = InboxEvent.objects.get(failed_at__isnull=True)
+    assert (kept.payload, kept.retries) == ("b", 1) and kept.not_before > timezone.now()
+    assert InboxEvent.objects.get(failed_at__isnull=False).payload == "poison"
+    # its wake-up: a drain of the kind delayed until the retry is due
+    assert len(wake_ups) == 1
+    queue = get_queue(inbox.queues.INBOX)
+    (delayed,) = [queue.fetch_job(job_id) for job_id in queue.scheduled_job_registry.get_job_ids()]
+    assert (
+        delayed is not None
+        and delayed.kwargs == {"kind": kind}
+        and delayed.id.startswith("inbox-retry-test-later-")
+    )
+
+    given.clear()
+    assert inbox.drain_batch(kind) == 0 and not given  # not due
+    assert inbox.pending(kind) == 1
+    assert not any(spec.kwargs["kind"] == kind for spec in inbox._stranded())  # nor the sweep's
+    inbox.accept(kind=kind, payload="d")
+    assert inbox.drain_batch(kind) == 1 and given == [[(0, "d")]]
+
+    InboxEvent.objects.filter(pk=kept.pk).update(not_before=timezone.now() - inbox.SWEEP_AFTER * 2)
+    assert [spec.kwargs["kind"] for spec in inbox._stranded() if spec.kwargs["kind"] == kind] == [kind]
+    inbox.accept(kind=kind, payload="e")
+    given.clear()
+    assert inbox.drain_batch(kind) == 2
+    assert given == [[(1, "b"), (0, "e")]]  # the older one first, with what was left of it
+    assert inbox.pending(kind) == 0
