@@ -59,6 +59,7 @@ PAUSE = 0.05  # seconds a drain waits after a batch that was not full, gathering
 LINGER = 0.5  # seconds a drain job waits for more events before it ends
 DRAIN_BUDGET = 50.0  # seconds a drain job keeps draining before handing over to a new job
 QUEUED_TTL = 60  # seconds: a queued marker whose job died frees itself
+SET_ASIDE_KEEP = timedelta(days=30)  # set-aside events are deleted this long after (the admin shows them)
 SWEEP_AFTER = timedelta(seconds=20)  # events older (or due for so long) are the safety sweep's
 RETRY_DELAY = 5.0  # seconds before an event its handler could not apply yet is given to it again
 RETRY_MAX_DELAY = 600.0  # the delay doubles at each retry up to this
@@ -497,6 +498,20 @@ def pending(kind: str | None = None) -> int:
     excluded)."""
     events = InboxEvent.objects.filter(failed_at__isnull=True)
     return (events.filter(kind=kind) if kind else events).count()
+
+
+def set_aside_prune(*, limit: int = 10_000) -> int:
+    """Delete up to `limit` events set aside more than SET_ASIDE_KEEP ago (poison events, and ESP
+    events whose message never appeared: another system's, on a shared account); returns how many.
+    An operator has had a month to look at them in the admin."""
+    old = timezone.now() - SET_ASIDE_KEEP
+    ids = (
+        InboxEvent.objects.filter(failed_at__lt=old)
+        .order_by("failed_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    deleted, _ = InboxEvent.objects.filter(id__in=list(ids)).delete()
+    return deleted
 
 
 @recovery.register("inbox")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from crm import cron, recovery
+from crm import cron, inbox, recovery
 
 
 def recover_pass() -> dict[str, int]:
@@ -17,3 +17,11 @@ def cron_fire(name: str) -> str | None:
 
 def noop() -> None:
     """Does nothing; used by the worker benchmark and smoke tests."""
+
+
+def inbox_set_aside_prune() -> int:
+    """Cron (daily): delete the inbox events set aside more than a month ago, 10,000 at a time."""
+    total = 0
+    while pruned := inbox.set_aside_prune():
+        total += pruned
+    return total

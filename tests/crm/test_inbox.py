@@ -470,3 +470,20 @@ def test_an_event_its_handler_cannot_apply_yet_is_kept_and_given_again_in_accept
     assert inbox.drain_batch(kind) == 2
     assert given == [[(1, "b"), (0, "e")]]  # the older one first, with what was left of it
     assert inbox.pending(kind) == 0
+
+
+def test_set_aside_events_are_deleted_a_month_later_and_not_before(db):
+    from datetime import timedelta
+
+    from crm import tasks
+    from crm.models import InboxEvent
+
+    now = timezone.now()
+    old = InboxEvent.objects.create(
+        kind="esp", payload="{}", failed_at=now - inbox.SET_ASIDE_KEEP - timedelta(hours=1)
+    )
+    recent = InboxEvent.objects.create(kind="esp", payload="{}", failed_at=now - timedelta(days=1))
+    waiting = InboxEvent.objects.create(kind="esp", payload="{}")
+    assert tasks.inbox_set_aside_prune() == 1
+    assert set(InboxEvent.objects.values_list("id", flat=True)) == {recent.pk, waiting.pk}
+    assert not InboxEvent.objects.filter(pk=old.pk).exists()
