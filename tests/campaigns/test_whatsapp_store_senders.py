@@ -156,6 +156,40 @@ def test_a_batch_sends_each_number_s_messages_at_that_number_s_pace_and_never_sl
     assert sorted(_sent_from(sandbox).values()) == sorted([PHONE_NUMBER_ID] * 4 + [SHOPPING_ID] * 3)
 
 
+def test_a_graph_url_the_outbound_guard_refuses_pauses_its_number_and_strands_no_message(
+    wa, stores, sandbox, settings, run_jobs, english
+):
+    """Nothing was sent: the number waits for its URL to be fixed, its messages QUEUED (not SENDING
+    until the in-flight reconciliation); the other numbers go on."""
+    from integrations import outbound
+
+    settings.ALLOW_PRIVATE_OUTBOUND_URLS = False
+    outbound.trust_origin(sandbox.url)  # the sandbox's 127.0.0.1, as `demo --graph-url` trusts it
+    shopping = stores["shopping_number"]
+    WhatsappNumber.objects.filter(pk=shopping.pk).update(
+        graph_url=sandbox.url.replace("127.0.0.1", "localhost")
+    )
+    people = wa["customers"](4)
+    for person in people[:2]:
+        stores["sale"](person, stores["shopping"], days_ago=1)
+    campaign = services.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
+    run_jobs(settle=1)
+
+    number = WhatsappNumber.objects.get(pk=shopping.pk)
+    assert number.paused_at is not None and "not allowed" in number.paused_reason
+    rows = WhatsappMessage.objects.filter(campaign=campaign)
+    assert set(rows.filter(whatsapp_number=number).values_list("status", "attempts")) == {(S.QUEUED, 0)}
+    assert rows.exclude(whatsapp_number=number).filter(status=S.SENT).count() == 2
+    assert set(_sent_from(sandbox).values()) == {PHONE_NUMBER_ID}
+
+    WhatsappNumber.objects.filter(pk=number.pk).update(graph_url=sandbox.url)  # the operator's fix
+    whatsapp_numbers_resume(numbers=WhatsappNumber.objects.filter(pk=number.pk))
+    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    run_jobs()
+    assert set(rows.values_list("status", flat=True)) == {S.SENT}
+    assert sandbox.stats()["by_recipient_max"] == 1
+
+
 def test_a_number_meta_refuses_pauses_only_its_own_messages_until_resumed(wa, stores, sandbox, run_jobs):
     people = wa["customers"](6)
     shopping_people = people[:3]
