@@ -483,7 +483,8 @@ def batch_may_send(*, campaign: Campaign, batch: int) -> bool:
         return False
     if campaign.status == Status.PAUSED:
         raise jobs.Defer(PAUSED_DELAY, "campaign paused")
-    paused = selectors.sending_paused(campaign=campaign)
+    # Not sending_paused: a number Meta paused holds only its own messages, which the send job leaves.
+    paused = selectors.organization_paused(campaign=campaign)
     if paused:
         raise jobs.Defer(PAUSED_DELAY * 2, f"organization's {campaign.channel} sending paused: {paused}")
     return campaign.status == Status.SENDING

@@ -228,6 +228,38 @@ def test_a_number_without_a_pace_gets_the_batch_size(wa, stores, settings):
     }
 
 
+def test_a_number_meta_refuses_in_a_paced_campaign_holds_only_its_own_messages(
+    wa, stores, sandbox, settings, run_jobs
+):
+    """Each of the campaign's batches holds some of the paused number's messages: every batch sends
+    the others' and leaves those, which go once the number is resumed."""
+    shopping = stores["shopping_number"].pk
+    campaign, customers = _paced_store_campaign(wa, stores, settings, rates=(40, 20, 10), people=(16, 8, 5))
+    batches = dict(WhatsappMessage.objects.filter(campaign=campaign).values_list("id", "batch"))
+    for phone in Customer.objects.filter(pk__in=customers[shopping]).values_list("phone", flat=True):
+        sandbox.add_rule(to=phone.lstrip("+"), code=131048)  # Meta: this number's quality
+    run_jobs(settle=1)
+
+    rows = WhatsappMessage.objects.filter(campaign=campaign)
+    assert WhatsappNumber.objects.get(pk=shopping).paused_at is not None
+    assert set(rows.filter(whatsapp_number_id=shopping).values_list("status", "attempts")) == {(S.QUEUED, 0)}
+    assert set(rows.exclude(whatsapp_number_id=shopping).values_list("status", flat=True)) == {S.SENT}
+    assert sorted(_sent_from(sandbox).values()) == sorted([PHONE_NUMBER_ID] * 16 + [ONLINE_ID] * 5)
+    assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENDING
+
+    sandbox.clear_rules()
+    whatsapp_numbers_resume(numbers=WhatsappNumber.objects.filter(pk=shopping))
+    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    run_jobs()
+    assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT
+    assert set(rows.values_list("status", flat=True)) == {S.SENT}
+    assert dict(rows.values_list("id", "batch")) == batches  # the batches kept their shares
+    assert sorted(_sent_from(sandbox).values()) == sorted(
+        [PHONE_NUMBER_ID] * 16 + [SHOPPING_ID] * 8 + [ONLINE_ID] * 5
+    )
+    assert sandbox.stats()["by_recipient_max"] == 1
+
+
 def test_a_batch_books_its_numbers_after_the_slots_another_job_holds(wa, stores, sandbox, settings):
     """Jobs that run side by side: the second books each number's share after the first's, and
     sends it all, instead of a slot each and a deferral."""
