@@ -135,15 +135,23 @@ def campaign_attribution(*, campaign_id: int) -> CampaignAttribution:
     )
 
 
-def sending_paused(*, campaign: Campaign) -> str:
-    """Why the campaign's sending waits, or "" when it does not: the organization's sending on the
-    campaign's channel is paused (its provider or mail server refused the account), or some of its
-    queued messages go from a WhatsApp number Meta refused (each named, with Meta's reason)."""
+def organization_paused(*, campaign: Campaign) -> str:
+    """Why the organization's sending on the campaign's channel is paused (its provider or mail
+    server refused the account), or "" when it is not: what holds all of the campaign's batches."""
     org = campaign.organization
     if campaign.channel == Channel.EMAIL:
         return (org.email_paused_reason or "paused") if org.email_paused_at else ""
-    if org.whatsapp_paused_at:
-        return org.whatsapp_paused_reason or "paused"
+    return (org.whatsapp_paused_reason or "paused") if org.whatsapp_paused_at else ""
+
+
+def sending_paused(*, campaign: Campaign) -> str:
+    """Why the campaign's sending waits, or "" when it does not: the organization's sending on the
+    campaign's channel is paused (organization_paused), or some of its queued messages go from a
+    WhatsApp number Meta refused (each named, with Meta's reason; only those messages wait)."""
+    org = campaign.organization
+    held = organization_paused(campaign=campaign)
+    if held or campaign.channel == Channel.EMAIL:
+        return held
     paused = dict(
         WhatsappNumber.objects.filter(organization_id=org.pk, paused_at__isnull=False).values_list(
             "pk", "display_phone_number"

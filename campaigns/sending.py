@@ -122,7 +122,10 @@ def _send_claimed(campaign: Campaign, batch: int, ids: list[int]) -> dict[str, i
     plan = batch_apply(campaign, batch_classify(outcomes, skipped=skipped, prices=prices), messages)
     delays = [d for d in (plan.delay, pace_wait) if d is not None]
     if delays:
-        raise Defer(min(delays), "messages wait for a retry, a throttle or their number's pacing")
+        # Before the batches queued meanwhile: its numbers' next slots are its own.
+        raise Defer(
+            min(delays), "messages wait for a retry, a throttle or their number's pacing", at_front=True
+        )
     return plan.counts
 
 
@@ -311,15 +314,21 @@ def _book_lanes(lanes: list[_Lane], *, claimed: list[int]) -> tuple[set[int], fl
 
 def _pace_horizon(lanes: list[_Lane]) -> float:
     """How far ahead each number books its pacing slots: WHATSAPP_PACE_WINDOW; when paced numbers
-    share the batch, about the time the quickest of them needs (1 s at least), so that a slow one
-    does not keep the job, and with it the others' next messages, waiting."""
+    share the batch, until a second after the first of them would be done with its share, its
+    wait for the slots other jobs booked before counted: a batch's shares take about as long
+    (services.batch_shares) and jobs that run side by side book one after the other, while a number
+    whose schedule is further ahead, or whose share is out of proportion, keeps neither the job
+    nor the others' next messages waiting."""
     window = float(settings.WHATSAPP_PACE_WINDOW)
-    needs = [
-        len(lane.items) / lane.number.messages_per_second for lane in lanes if lane.number.messages_per_second
-    ]
-    if len(needs) < 2:
+    paced = [lane for lane in lanes if lane.number.messages_per_second]
+    if len(paced) < 2:
         return window
-    return min(window, max(1.0, min(needs)))
+    waits = ratelimit.free_in([f"wa:{lane.number.pk}" for lane in paced])
+    done = [
+        wait + len(lane.items) / lane.number.messages_per_second
+        for wait, lane in zip(waits, paced, strict=True)
+    ]
+    return min(window, 1.0 + min(done))
 
 
 def _prepare(lane: _Lane, *, within: float) -> None:

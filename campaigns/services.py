@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Count, F, QuerySet
+from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
@@ -224,14 +225,14 @@ def campaign_fanout(*, campaign_id: int, chunk: int = 20_000) -> int:
     audience = selectors.campaign_audience(campaign=campaign)
     # An earlier (or concurrent) run wrote some: the pages leave out the messages that exist.
     again = model.objects.filter(campaign_id=campaign.pk).exists()
-    after, position = 0, 0
+    plan = BatchPlan(size=size, shares=batch_shares(campaign=campaign, size=size))
+    after = 0
     while True:
         page = audience.filter(pk__gt=after).order_by("pk").values("pk")[:chunk]
-        written = _fanout_page(campaign, model, page, first=position, size=size, again=again)
+        written = _fanout_page(campaign, model, page, plan=plan, again=again)
         if written is None:
             return 0  # the campaign was deleted meanwhile, its messages with it
-        read, queued, after, again = written
-        position += queued
+        read, _, after, again = written
         if read < chunk:
             break
     total = model.objects.filter(campaign_id=campaign.pk).count()
@@ -263,33 +264,80 @@ _FANOUT_FIELDS = (
     "status",
     "error_reason",
 )
-# The page's rows: a recipient the contact caps leave out (campaigns.caps) is written SKIPPED with
-# the reason; the others QUEUED, numbered among the audience's queued ones for their batch (their
-# first position, the batch size and the time as parameters). The link token as models._token
-# makes it (secrets.token_urlsafe(16): 22 characters of base64url), from the 16 bytes of a random
-# UUID (122 of them random, from the server's strong source). No row without the campaign's.
+# The page's rows: a recipient the contact caps (campaigns.caps) leave out is written SKIPPED with
+# the reason; the others QUEUED, each numbered among the audience's queued ones of its sending
+# number for its batch (BatchPlan: the plan's rows give each number's share and how many of its
+# messages the pages before wrote; a number not in it, `size` a batch; the size and the time as
+# parameters). The link token as models._token makes it (secrets.token_urlsafe(16): 22 characters
+# of base64url), from the 16 bytes of a random UUID (122 of them random, from the server's strong
+# source). No row without the campaign's.
 _FANOUT_ROWS = (
     "SELECT campaign.id, campaign.organization_id, capped.customer_id, "
     "CASE WHEN capped.reason IS NULL THEN "
-    "(%s + row_number() OVER (PARTITION BY capped.reason IS NULL ORDER BY capped.customer_id) - 1) / %s "
-    "ELSE 0 END, "
+    "(coalesce(plan.earlier, 0) + row_number() OVER "
+    "(PARTITION BY capped.reason IS NULL, capped.number_id ORDER BY capped.customer_id) - 1) "
+    "/ coalesce(plan.share, %s) ELSE 0 END, "
     "rtrim(translate(encode(uuid_send(gen_random_uuid()), 'base64'), '+/', '-_'), '='), "
     "%s::timestamptz, "
     "CASE WHEN capped.reason IS NULL THEN 'queued' ELSE 'skipped' END, "
-    "coalesce(capped.reason, ''){number} FROM capped CROSS JOIN campaign{sender}"
+    "coalesce(capped.reason, ''){number} FROM capped CROSS JOIN campaign "
+    "LEFT JOIN plan ON plan.number_id = coalesce(capped.number_id, 0)"
 )
 
 
+@dataclass
+class BatchPlan:
+    """How the fan-out numbers a campaign's queued messages into send batches: each sending
+    number's messages in audience order, `shares[number]` of them a batch (`size` for a number
+    without a share), so that batch n holds the n-th share of every number; `written` counts each
+    number's messages of the pages written so far. Number 0: no number (an email campaign's)."""
+
+    size: int
+    shares: dict[int, int] = field(default_factory=dict)
+    written: dict[int, int] = field(default_factory=dict)
+
+    def rows(self) -> tuple[list[int], list[int | None], list[int]]:
+        """(number ids, their shares, their messages written) for the page's `plan` rows."""
+        numbers = sorted(set(self.shares) | set(self.written))
+        return numbers, [self.shares.get(n) for n in numbers], [self.written.get(n, 0) for n in numbers]
+
+
+def batch_shares(*, campaign: Campaign, size: int) -> dict[int, int]:
+    """Each paced number's messages per batch of a campaign that sends from its customers' stores,
+    in proportion to its pace (WhatsappNumber.messages_per_second): the fastest of the numbers the
+    campaign may send from gets `size`, a number at half its pace half as many (rounded up). All
+    the numbers of a batch then take about as long to send their share, so one job keeps every
+    number busy at its own pace instead of the slowest's. An unpaced number is not in it (`size`).
+
+    The numbers it may send from: its own and those the organization's stores send from."""
+    if campaign.channel == Channel.EMAIL or campaign.sender != Sender.STORE:
+        return {}  # one number: `size` a batch
+    from integrations.models import WhatsappNumber
+
+    rates = dict(
+        WhatsappNumber.objects.filter(
+            Q(pk=campaign.whatsapp_number_id)
+            | Q(organization_id=campaign.organization_id, sending_stores__isnull=False),
+            messages_per_second__gt=0,
+        ).values_list("pk", "messages_per_second")
+    )
+    if not rates:
+        return {}
+    fastest = max(rates.values())
+    return {pk: -(-rate * size // fastest) for pk, rate in rates.items()}
+
+
 def _sender_sql(campaign: Campaign) -> tuple[str, str]:
-    """The WhatsApp number each message goes from: (its column, what to join for it).
+    """The WhatsApp number each message goes from: (its expression over `page` and `campaign`,
+    what to join for it); NULL for an email.
 
     From the customer's store (Campaign.sender): the store of the customer's latest sale (one
     index probe of sale_customer_sold_at per customer), its number when it has one of the
     organization's, else the campaign's."""
     if campaign.channel == Channel.EMAIL:
-        return "", ""
+        return "NULL::bigint", ""
     if campaign.sender != Sender.STORE:
-        return ", campaign.whatsapp_number_id", ""
+        return "campaign.whatsapp_number_id", ""
     from crm.models import Sale, Store
     from integrations.models import WhatsappNumber
 
@@ -299,20 +347,19 @@ def _sender_sql(campaign: Campaign) -> tuple[str, str]:
         " LEFT JOIN LATERAL ("  # noqa: S608 - table names from the models' metadata
         f"SELECT sn.id AS number_id FROM {sale} sa JOIN {store} st ON st.id = sa.store_id "
         f"LEFT JOIN {number} sn ON sn.id = st.whatsapp_number_id AND sn.organization_id = st.organization_id "
-        "WHERE sa.customer_id = capped.customer_id ORDER BY sa.sold_at DESC, sa.id DESC LIMIT 1"
+        "WHERE sa.customer_id = page.customer_id ORDER BY sa.sold_at DESC, sa.id DESC LIMIT 1"
         ") AS latest ON true"
     )
-    return ", COALESCE(latest.number_id, campaign.whatsapp_number_id)", join
+    return "COALESCE(latest.number_id, campaign.whatsapp_number_id)", join
 
 
 def _fanout_page(
-    campaign: Campaign, model: type[Message], page: QuerySet, *, first: int, size: int, again: bool
+    campaign: Campaign, model: type[Message], page: QuerySet, *, plan: BatchPlan, again: bool
 ) -> tuple[int, int, int, bool] | None:
-    """Write the messages of one page of the audience (customer ids in ascending order, the first
-    queued one at position `first` among the audience's queued ones): one statement, one
-    transaction. Returns (recipients read, recipients queued — the others the contact caps
-    skipped —, the last one's id, whether some messages existed already), or None when the
-    campaign is gone.
+    """Write the messages of one page of the audience (customer ids in ascending order), numbered
+    into batches by `plan`, which then counts them: one statement, one transaction. Returns
+    (recipients read, recipients queued — the others the contact caps skipped —, the last one's
+    id, whether some messages existed already), or None when the campaign is gone.
 
     A straight INSERT when no message of the campaign existed; ON CONFLICT DO NOTHING when an
     earlier run wrote some, or when a concurrent run wrote some meanwhile (the straight INSERT
@@ -320,20 +367,21 @@ def _fanout_page(
     if not again:
         try:
             with transaction.atomic():
-                return _insert_page(campaign, model, page, first=first, size=size, ignore=False)
+                return _insert_page(campaign, model, page, plan=plan, ignore=False)
         except IntegrityError:
             pass
     with transaction.atomic():
-        return _insert_page(campaign, model, page, first=first, size=size, ignore=True)
+        return _insert_page(campaign, model, page, plan=plan, ignore=True)
 
 
 def _insert_page(
-    campaign: Campaign, model: type[Message], page: QuerySet, *, first: int, size: int, ignore: bool
+    campaign: Campaign, model: type[Message], page: QuerySet, *, plan: BatchPlan, ignore: bool
 ) -> tuple[int, int, int, bool] | None:
     audience, audience_params = page.query.get_compiler(connection=connection).as_sql()
     number, sender = _sender_sql(campaign)
-    fields = (*_FANOUT_FIELDS, "whatsapp_number_id") if number else _FANOUT_FIELDS
-    rows = _FANOUT_ROWS.format(number=number, sender=sender)
+    whatsapp = model is WhatsappMessage
+    fields = (*_FANOUT_FIELDS, "whatsapp_number_id") if whatsapp else _FANOUT_FIELDS
+    rows = _FANOUT_ROWS.format(number=", capped.number_id" if whatsapp else "")
     insert, defaults = bulk.insert_select(model, fields, rows, ignore_conflicts=ignore)
     now = timezone.now()
     reason, reason_params = caps.skip_reason_sql(campaign=campaign, customer="page.customer_id", now=now)
@@ -346,21 +394,26 @@ def _insert_page(
         f"WITH campaign AS (SELECT id, organization_id, whatsapp_number_id "  # noqa: S608
         f"FROM {Campaign._meta.db_table} WHERE id = %s FOR KEY SHARE), "
         f"page (customer_id) AS MATERIALIZED ({audience}), "
-        f"capped AS MATERIALIZED (SELECT page.customer_id, {reason} AS reason FROM page), "
+        f"capped AS MATERIALIZED (SELECT page.customer_id, {reason} AS reason, {number} AS number_id "
+        f"FROM page CROSS JOIN campaign{sender}), "
+        "plan (number_id, share, earlier) AS "
+        "(SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[])), "
         f"written AS ({insert} RETURNING status), "
         f"counted AS (UPDATE {CampaignMetric._meta.db_table} SET skipped = skipped + "
         "(SELECT count(*) FROM written WHERE status = 'skipped') WHERE campaign_id = %s RETURNING 1) "
         "SELECT (SELECT count(*) FROM campaign), (SELECT count(*) FROM page), "
         "(SELECT count(*) FROM capped WHERE reason IS NULL), (SELECT max(customer_id) FROM page), "
-        "(SELECT count(*) FROM counted)"
+        "(SELECT count(*) FROM counted), "
+        "(SELECT array_agg(ARRAY[coalesce(number_id, 0), n]) FROM "
+        "(SELECT number_id, count(*) AS n FROM capped WHERE reason IS NULL GROUP BY number_id) AS queued)"
     )
     params = [
         campaign.pk,
         *audience_params,
         *reason_params,
+        *plan.rows(),
         *defaults,
-        first,
-        size,
+        plan.size,
         now,
         campaign.pk,
     ]
@@ -369,9 +422,11 @@ def _insert_page(
         # compiling it (JIT, ~1.6 s a page measured) than on running it (~0.5 s).
         cursor.execute("SET LOCAL jit = off")
         cursor.execute(sql, params)
-        found, read, queued, last, _ = cursor.fetchone()
+        found, read, queued, last, _, per_number = cursor.fetchone()
     if not found:
         return None
+    for number_id, n in per_number or []:
+        plan.written[number_id] = plan.written.get(number_id, 0) + n
     return int(read), int(queued), int(last or 0), ignore
 
 
@@ -428,7 +483,8 @@ def batch_may_send(*, campaign: Campaign, batch: int) -> bool:
         return False
     if campaign.status == Status.PAUSED:
         raise jobs.Defer(PAUSED_DELAY, "campaign paused")
-    paused = selectors.sending_paused(campaign=campaign)
+    # Not sending_paused: a number Meta paused holds only its own messages, which the send job leaves.
+    paused = selectors.organization_paused(campaign=campaign)
     if paused:
         raise jobs.Defer(PAUSED_DELAY * 2, f"organization's {campaign.channel} sending paused: {paused}")
     return campaign.status == Status.SENDING

@@ -57,13 +57,15 @@ class Defer(Exception):
     """Raise inside a job to run it again later without spending an attempt ("delay, don't fail").
 
     For rate limits, an open circuit or a paused handler: the job is put back in the scheduled
-    registry `seconds` from now with its retries untouched.
+    registry `seconds` from now with its retries untouched. `at_front`: when due, it runs before
+    the jobs queued meanwhile (work under way that only waits for its slot); else after them.
     """
 
-    def __init__(self, seconds: float, reason: str = "") -> None:
+    def __init__(self, seconds: float, reason: str = "", *, at_front: bool = False) -> None:
         super().__init__(reason or f"deferred {seconds}s")
         self.seconds = max(float(seconds), 0.0)
         self.reason = reason
+        self.at_front = at_front
 
 
 def check_payload(value: Any, path: str = "kwargs") -> None:

@@ -7,6 +7,7 @@ chunk; the schedule survives restarts and retries, and holds across processes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from crm.jobs import get_connection
@@ -67,3 +68,16 @@ def reserve(key: str, n: int, per_second: float, *, within: float | None = None)
     raw = script(keys=[f"crm:pace:{key}"], args=[n, repr(interval), repr(horizon)])
     booked, start = (raw.decode() if isinstance(raw, bytes) else str(raw)).split()
     return Slots(float(start), interval, None if within is None else int(booked))
+
+
+def free_in(keys: Sequence[str]) -> list[float]:
+    """Seconds from now until each schedule's next free slot (0: free now), by Redis's clock, in
+    one round trip: what a caller weighs before booking several schedules. Read only."""
+    if not keys:
+        return []
+    pipe = get_connection().pipeline(transaction=False)
+    pipe.time()
+    pipe.mget([f"crm:pace:{key}" for key in keys])
+    (seconds, micros), booked = pipe.execute()
+    now = seconds + micros / 1_000_000
+    return [max(0.0, float(tat) - now) if tat else 0.0 for tat in booked]

@@ -174,6 +174,7 @@ class Worker(SimpleWorker):
                 job.meta["deferred_reason"] = exc.reason
                 job.set_status(JobStatus.SCHEDULED, pipeline=pipeline)
                 pipeline.hset(job.key, "meta", job.serializer.dumps(job.meta))
+                job.enqueue_at_front = exc.at_front  # where crm.promote enqueues it when due
                 queue.schedule_job(job, when, pipeline=pipeline)
                 pipeline.execute()
             job._status = JobStatus.SCHEDULED

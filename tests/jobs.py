@@ -19,12 +19,12 @@ def fail(key: str, message: str = "boom") -> None:
     raise RuntimeError(message)
 
 
-def defer_once(key: str, seconds: float = 1) -> str:
+def defer_once(key: str, seconds: float = 1, at_front: bool = False) -> str:
     """Defers the first time it runs, succeeds the second."""
     connection = get_connection()
     runs = connection.rpush(f"crm:test:{key}", "run")
     if runs == 1:
-        raise Defer(seconds, "rate limited")
+        raise Defer(seconds, "rate limited", at_front=at_front)
     return "done"
 
 

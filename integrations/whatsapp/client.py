@@ -12,6 +12,7 @@ import aiohttp
 
 from integrations import retry
 from integrations.errors import IntegrationError
+from integrations.outbound import OutboundURLError
 from integrations.whatsapp.errors import Action, classify
 from integrations.whatsapp.parameters import template_text
 
@@ -150,6 +151,10 @@ class GraphClient:
                     data = None
         except (TimeoutError, aiohttp.ClientError) as exc:
             return _no_answer(exc)
+        except OutboundURLError as exc:
+            # The outbound guard refused the Graph URL's address before anything was sent: the
+            # number's URL (or the deployment's) must change, whoever the recipient. Its sends stop.
+            return SendResult(error=IntegrationError(str(exc), retryable=False), action=Action.PAUSE_NUMBER)
         if status == 200:
             try:
                 assert isinstance(data, dict)

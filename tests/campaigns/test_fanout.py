@@ -130,7 +130,7 @@ def test_a_page_straight_insert_that_meets_messages_written_meanwhile_is_written
     WhatsappMessage.objects.create(campaign=campaign, organization=campaign.organization, customer=people[70])
     page = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:100]
     read, queued, last, again = services._fanout_page(
-        campaign, WhatsappMessage, page, first=0, size=50, again=False
+        campaign, WhatsappMessage, page, plan=services.BatchPlan(size=50), again=False
     )
     assert (read, queued, last, again) == (100, 100, people[99].pk, True)
     messages = WhatsappMessage.objects.filter(campaign=campaign)
@@ -150,7 +150,9 @@ def test_a_campaign_deleted_while_a_page_is_written_takes_that_page_with_it(wa):
     def write_page() -> None:
         try:
             with transaction.atomic():
-                services._fanout_page(campaign, WhatsappMessage, page, first=0, size=50, again=False)
+                services._fanout_page(
+                    campaign, WhatsappMessage, page, plan=services.BatchPlan(size=50), again=False
+                )
                 written.set()
                 finish.wait(60)
         except BaseException as exc:
@@ -190,7 +192,10 @@ def test_a_campaign_deleted_while_a_page_is_written_takes_that_page_with_it(wa):
     assert not Campaign.objects.filter(pk=campaign.pk).exists()
     assert not WhatsappMessage.objects.filter(campaign_id=campaign.pk).exists()  # no orphan
     rest = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:300]
-    assert services._fanout_page(campaign, WhatsappMessage, rest, first=300, size=50, again=True) is None
+    assert (
+        services._fanout_page(campaign, WhatsappMessage, rest, plan=services.BatchPlan(size=50), again=True)
+        is None
+    )
     assert not WhatsappMessage.objects.filter(campaign_id=campaign.pk).exists()
 
 

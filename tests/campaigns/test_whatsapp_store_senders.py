@@ -10,6 +10,7 @@ from io import StringIO
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
+from django.db.models import Count
 from django.utils import timezone
 
 from campaigns import selectors, sending, services
@@ -154,6 +155,157 @@ def test_a_batch_sends_each_number_s_messages_at_that_number_s_pace_and_never_sl
     assert set(rows.filter(whatsapp_number=busy).values_list("status", flat=True)) == {S.QUEUED}
     assert set(rows.filter(status=S.QUEUED).values_list("attempts", flat=True)) == {0}
     assert sorted(_sent_from(sandbox).values()) == sorted([PHONE_NUMBER_ID] * 4 + [SHOPPING_ID] * 3)
+
+
+def _paced_store_campaign(wa, stores, settings, *, rates: tuple[int, int, int], people: tuple[int, int, int]):
+    """A campaign from the customers' stores, batches of 8: `people` of (no sale: the campaign's
+    number, Shopping's, Online's), their pks interleaved, each number paced at its rate in `rates`.
+    Returns (the campaign, number id -> its customers' ids in audience order)."""
+    import random
+
+    settings.WHATSAPP_BATCH_SIZE = 8
+    numbers = (wa["number"], stores["shopping_number"], stores["online_number"])
+    for number, rate in zip(numbers, rates, strict=True):
+        WhatsappNumber.objects.filter(pk=number.pk).update(messages_per_second=rate)
+    kinds = [kind for kind, n in enumerate(people) for _ in range(n)]
+    random.Random(7).shuffle(kinds)
+    customers: dict[int, list[int]] = {n.pk: [] for n in numbers}
+    for person, kind in zip(wa["customers"](len(kinds)), kinds, strict=True):
+        if kind:
+            stores["sale"](person, stores[("shopping", "online")[kind - 1]], days_ago=1)
+        customers[numbers[kind].pk].append(person.pk)
+    campaign = services.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
+    services.campaign_fanout(campaign_id=campaign.pk, chunk=5)  # pages of 5: shares carried over
+    return campaign, customers
+
+
+def _composition(campaign: Campaign) -> dict[int, dict[int, int]]:
+    """batch -> {number id: its messages in the batch}."""
+    rows = (
+        WhatsappMessage.objects.filter(campaign=campaign)
+        .values_list("batch", "whatsapp_number_id")
+        .annotate(n=Count("id"))
+    )
+    composition: dict[int, dict[int, int]] = {}
+    for batch, number_id, n in rows:
+        composition.setdefault(batch, {})[number_id] = n
+    return composition
+
+
+def test_a_batch_holds_each_number_s_messages_in_proportion_to_its_pace(
+    wa, stores, sandbox, settings, run_jobs
+):
+    own, shopping, online = wa["number"].pk, stores["shopping_number"].pk, stores["online_number"].pk
+    campaign, customers = _paced_store_campaign(wa, stores, settings, rates=(40, 20, 10), people=(16, 8, 5))
+
+    # The fastest number (40/s) gets the batch size, 8, a number at half its pace 4, at a quarter 2:
+    # each number's share takes the same 0.2 s, so one job keeps all three at their own pace.
+    assert _composition(campaign) == {
+        0: {own: 8, shopping: 4, online: 2},
+        1: {own: 8, shopping: 4, online: 2},
+        2: {online: 1},
+    }
+    share = {own: 8, shopping: 4, online: 2}
+    batches = dict(WhatsappMessage.objects.filter(campaign=campaign).values_list("customer_id", "batch"))
+    for number_id, ids in customers.items():  # each number's customers in audience order, share by share
+        assert [batches[c] for c in ids] == [k // share[number_id] for k in range(len(ids))]
+
+    run_jobs()
+    assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT
+    assert set(WhatsappMessage.objects.filter(campaign=campaign).values_list("status", flat=True)) == {S.SENT}
+    assert sorted(_sent_from(sandbox).values()) == sorted(
+        [PHONE_NUMBER_ID] * 16 + [SHOPPING_ID] * 8 + [ONLINE_ID] * 5
+    )
+    assert sandbox.stats()["accepted"] == 29 and sandbox.stats()["by_recipient_max"] == 1
+
+
+def test_a_number_without_a_pace_gets_the_batch_size(wa, stores, settings):
+    own, shopping, online = wa["number"].pk, stores["shopping_number"].pk, stores["online_number"].pk
+    campaign, _ = _paced_store_campaign(wa, stores, settings, rates=(0, 20, 10), people=(10, 8, 5))
+    assert _composition(campaign) == {
+        0: {own: 8, shopping: 8, online: 4},  # unpaced: 8; Shopping, the fastest paced one: 8 too
+        1: {own: 2, online: 1},
+    }
+
+
+def test_a_number_meta_refuses_in_a_paced_campaign_holds_only_its_own_messages(
+    wa, stores, sandbox, settings, run_jobs
+):
+    """Each of the campaign's batches holds some of the paused number's messages: every batch sends
+    the others' and leaves those, which go once the number is resumed."""
+    shopping = stores["shopping_number"].pk
+    campaign, customers = _paced_store_campaign(wa, stores, settings, rates=(40, 20, 10), people=(16, 8, 5))
+    batches = dict(WhatsappMessage.objects.filter(campaign=campaign).values_list("id", "batch"))
+    for phone in Customer.objects.filter(pk__in=customers[shopping]).values_list("phone", flat=True):
+        sandbox.add_rule(to=phone.lstrip("+"), code=131048)  # Meta: this number's quality
+    run_jobs(settle=1)
+
+    rows = WhatsappMessage.objects.filter(campaign=campaign)
+    assert WhatsappNumber.objects.get(pk=shopping).paused_at is not None
+    assert set(rows.filter(whatsapp_number_id=shopping).values_list("status", "attempts")) == {(S.QUEUED, 0)}
+    assert set(rows.exclude(whatsapp_number_id=shopping).values_list("status", flat=True)) == {S.SENT}
+    assert sorted(_sent_from(sandbox).values()) == sorted([PHONE_NUMBER_ID] * 16 + [ONLINE_ID] * 5)
+    assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENDING
+
+    sandbox.clear_rules()
+    whatsapp_numbers_resume(numbers=WhatsappNumber.objects.filter(pk=shopping))
+    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    run_jobs()
+    assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT
+    assert set(rows.values_list("status", flat=True)) == {S.SENT}
+    assert dict(rows.values_list("id", "batch")) == batches  # the batches kept their shares
+    assert sorted(_sent_from(sandbox).values()) == sorted(
+        [PHONE_NUMBER_ID] * 16 + [SHOPPING_ID] * 8 + [ONLINE_ID] * 5
+    )
+    assert sandbox.stats()["by_recipient_max"] == 1
+
+
+def test_a_batch_books_its_numbers_after_the_slots_another_job_holds(wa, stores, sandbox, settings):
+    """Jobs that run side by side: the second books each number's share after the first's, and
+    sends it all, instead of a slot each and a deferral."""
+    campaign, _ = _paced_store_campaign(wa, stores, settings, rates=(16, 8, 4), people=(8, 4, 2))
+    assert set(WhatsappMessage.objects.filter(campaign=campaign).values_list("batch", flat=True)) == {0}
+    for number in (wa["number"], stores["shopping_number"], stores["online_number"]):
+        rate = WhatsappNumber.objects.get(pk=number.pk).messages_per_second
+        ratelimit.reserve(f"wa:{number.pk}", rate, rate)  # another batch holds each one's next second
+
+    assert sending.whatsapp_send_batch(campaign_id=campaign.pk, batch=0)["sent"] == 14  # no Defer
+    assert set(WhatsappMessage.objects.filter(campaign=campaign).values_list("status", flat=True)) == {S.SENT}
+    assert sandbox.stats()["accepted"] == 14
+
+
+def test_a_graph_url_the_outbound_guard_refuses_pauses_its_number_and_strands_no_message(
+    wa, stores, sandbox, settings, run_jobs, english
+):
+    """Nothing was sent: the number waits for its URL to be fixed, its messages QUEUED (not SENDING
+    until the in-flight reconciliation); the other numbers go on."""
+    from integrations import outbound
+
+    settings.ALLOW_PRIVATE_OUTBOUND_URLS = False
+    outbound.trust_origin(sandbox.url)  # the sandbox's 127.0.0.1, as `demo --graph-url` trusts it
+    shopping = stores["shopping_number"]
+    WhatsappNumber.objects.filter(pk=shopping.pk).update(
+        graph_url=sandbox.url.replace("127.0.0.1", "localhost")
+    )
+    people = wa["customers"](4)
+    for person in people[:2]:
+        stores["sale"](person, stores["shopping"], days_ago=1)
+    campaign = services.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
+    run_jobs(settle=1)
+
+    number = WhatsappNumber.objects.get(pk=shopping.pk)
+    assert number.paused_at is not None and "not allowed" in number.paused_reason
+    rows = WhatsappMessage.objects.filter(campaign=campaign)
+    assert set(rows.filter(whatsapp_number=number).values_list("status", "attempts")) == {(S.QUEUED, 0)}
+    assert rows.exclude(whatsapp_number=number).filter(status=S.SENT).count() == 2
+    assert set(_sent_from(sandbox).values()) == {PHONE_NUMBER_ID}
+
+    WhatsappNumber.objects.filter(pk=number.pk).update(graph_url=sandbox.url)  # the operator's fix
+    whatsapp_numbers_resume(numbers=WhatsappNumber.objects.filter(pk=number.pk))
+    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    run_jobs()
+    assert set(rows.values_list("status", flat=True)) == {S.SENT}
+    assert sandbox.stats()["by_recipient_max"] == 1
 
 
 def test_a_number_meta_refuses_pauses_only_its_own_messages_until_resumed(wa, stores, sandbox, run_jobs):

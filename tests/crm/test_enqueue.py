@@ -170,6 +170,22 @@ def test_a_deferred_job_runs_later_without_spending_an_attempt(run_jobs):
     assert job.meta["deferrals"] == 1
 
 
+@pytest.mark.parametrize("at_front", [True, False])
+def test_a_job_deferred_at_front_comes_back_before_the_jobs_queued_meanwhile(redis_db, at_front):
+    """A batch under way that waits for its slot (at_front) is not sent behind the queue's new work."""
+    from crm import promote, workers
+
+    deferred = jobs.enqueue(
+        "tests.jobs.defer_once", queue="items-p3", kwargs={"key": "front", "seconds": 0, "at_front": at_front}
+    )
+    workers.make_worker(["items-p3"]).work(burst=True, max_jobs=1, logging_level="WARNING")
+    assert recorded("front") == ["run"]  # it ran once and deferred
+    queued = jobs.enqueue("tests.jobs.record", queue="items-p3", kwargs={"key": "front", "value": "new"})
+    assert promote.promote_due(["items-p3"]) == 1
+    order = jobs.get_queue("items-p3").job_ids
+    assert order == ([deferred, queued] if at_front else [queued, deferred])
+
+
 def test_enqueue_many_uses_one_round_trip_per_thousand_jobs(redis_db, run_jobs):
     import threading
 

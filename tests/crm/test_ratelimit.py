@@ -19,3 +19,11 @@ def test_consecutive_reservations_queue_up_behind_each_other():
 def test_zero_means_unpaced():
     slots = ratelimit.reserve("wa:3", 1000, 0)
     assert (slots.start, slots.offset(999)) == (0.0, 0.0)
+
+
+def test_free_in_reads_when_each_schedule_frees_without_booking(redis_db):
+    ratelimit.reserve("wa:4", 10, 5)  # booked for the next 2 s
+    booked, free = ratelimit.free_in(["wa:4", "wa:5"])
+    assert 0 < booked <= 2.0 and free == 0.0
+    assert ratelimit.reserve("wa:4", 1, 5).start <= booked  # reading it booked nothing
+    assert ratelimit.free_in([]) == []
