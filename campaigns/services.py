@@ -304,10 +304,12 @@ class BatchPlan:
 
 def batch_shares(*, campaign: Campaign, size: int) -> dict[int, int]:
     """Each paced number's messages per batch of a campaign that sends from its customers' stores,
-    in proportion to its pace (WhatsappNumber.messages_per_second): the fastest of the numbers the
-    campaign may send from gets `size`, a number at half its pace half as many (rounded up). All
-    the numbers of a batch then take about as long to send their share, so one job keeps every
-    number busy at its own pace instead of the slowest's. An unpaced number is not in it (`size`).
+    in proportion to its pace (WhatsappNumber.messages_per_second): `size` split over the numbers
+    the campaign may send from, a number at half another's pace taking half as many (rounded down,
+    one at least). All the numbers of a batch then take about as long to send their share, so one
+    job keeps every number busy at its own pace instead of the slowest's, and a batch stays within
+    `size` (what a killed worker can leave with an unknown outcome). An unpaced number is not in
+    it (`size`).
 
     The numbers it may send from: its own and those the organization's stores send from."""
     if campaign.channel == Channel.EMAIL or campaign.sender != Sender.STORE:
@@ -323,8 +325,8 @@ def batch_shares(*, campaign: Campaign, size: int) -> dict[int, int]:
     )
     if not rates:
         return {}
-    fastest = max(rates.values())
-    return {pk: -(-rate * size // fastest) for pk, rate in rates.items()}
+    total = sum(rates.values())
+    return {pk: max(1, rate * size // total) for pk, rate in rates.items()}
 
 
 def _sender_sql(campaign: Campaign) -> tuple[str, str]:

@@ -238,9 +238,8 @@ WHATSAPP_APP_SECRET = env.str("WHATSAPP_APP_SECRET", default="")
 WHATSAPP_VERIFY_TOKEN = env.str("WHATSAPP_VERIFY_TOKEN", default="")
 # A CSV rate card (country,category,price,currency) the weekly pricing job loads; empty = edit in the admin.
 WHATSAPP_PRICING_URL = env.str("WHATSAPP_PRICING_URL", default="")
-# Messages per send job (sent from customers' stores: of its fastest number, each other number's in
-# proportion to its pace, campaigns.services.batch_shares), and HTTP requests one worker process
-# keeps in flight.
+# Messages per send job (sent from customers' stores: split over the numbers in proportion to their
+# pace, campaigns.services.batch_shares), and HTTP requests one worker process keeps in flight.
 WHATSAPP_BATCH_SIZE = env.int("WHATSAPP_BATCH_SIZE", default=500)
 WHATSAPP_MAX_IN_FLIGHT = env.int("WHATSAPP_MAX_IN_FLIGHT", default=500)
 # A send job books each number's pacing slots this many seconds ahead at most; the rest of that

@@ -157,13 +157,15 @@ def test_a_batch_sends_each_number_s_messages_at_that_number_s_pace_and_never_sl
     assert sorted(_sent_from(sandbox).values()) == sorted([PHONE_NUMBER_ID] * 4 + [SHOPPING_ID] * 3)
 
 
-def _paced_store_campaign(wa, stores, settings, *, rates: tuple[int, int, int], people: tuple[int, int, int]):
-    """A campaign from the customers' stores, batches of 8: `people` of (no sale: the campaign's
-    number, Shopping's, Online's), their pks interleaved, each number paced at its rate in `rates`.
-    Returns (the campaign, number id -> its customers' ids in audience order)."""
+def _paced_store_campaign(
+    wa, stores, settings, *, rates: tuple[int, int, int], people: tuple[int, int, int], size: int = 8
+):
+    """A campaign from the customers' stores, batches of `size`: `people` of (no sale: the
+    campaign's number, Shopping's, Online's), their pks interleaved, each number paced at its rate
+    in `rates`. Returns (the campaign, number id -> its customers' ids in audience order)."""
     import random
 
-    settings.WHATSAPP_BATCH_SIZE = 8
+    settings.WHATSAPP_BATCH_SIZE = size
     numbers = (wa["number"], stores["shopping_number"], stores["online_number"])
     for number, rate in zip(numbers, rates, strict=True):
         WhatsappNumber.objects.filter(pk=number.pk).update(messages_per_second=rate)
@@ -198,14 +200,15 @@ def test_a_batch_holds_each_number_s_messages_in_proportion_to_its_pace(
     own, shopping, online = wa["number"].pk, stores["shopping_number"].pk, stores["online_number"].pk
     campaign, customers = _paced_store_campaign(wa, stores, settings, rates=(40, 20, 10), people=(16, 8, 5))
 
-    # The fastest number (40/s) gets the batch size, 8, a number at half its pace 4, at a quarter 2:
-    # each number's share takes the same 0.2 s, so one job keeps all three at their own pace.
+    # The batch size, 8, split in proportion to the paces 40, 20 and 10/s: 4, 2 and 1 (rounded down,
+    # so a batch stays within the size): each number's share takes the same 0.1 s, so one job keeps
+    # all three at their own pace.
     assert _composition(campaign) == {
-        0: {own: 8, shopping: 4, online: 2},
-        1: {own: 8, shopping: 4, online: 2},
-        2: {online: 1},
+        **{b: {own: 4, shopping: 2, online: 1} for b in range(4)},
+        4: {online: 1},
     }
-    share = {own: 8, shopping: 4, online: 2}
+    assert all(sum(numbers.values()) <= 8 for numbers in _composition(campaign).values())
+    share = {own: 4, shopping: 2, online: 1}
     batches = dict(WhatsappMessage.objects.filter(campaign=campaign).values_list("customer_id", "batch"))
     for number_id, ids in customers.items():  # each number's customers in audience order, share by share
         assert [batches[c] for c in ids] == [k // share[number_id] for k in range(len(ids))]
@@ -223,8 +226,9 @@ def test_a_number_without_a_pace_gets_the_batch_size(wa, stores, settings):
     own, shopping, online = wa["number"].pk, stores["shopping_number"].pk, stores["online_number"].pk
     campaign, _ = _paced_store_campaign(wa, stores, settings, rates=(0, 20, 10), people=(10, 8, 5))
     assert _composition(campaign) == {
-        0: {own: 8, shopping: 8, online: 4},  # unpaced: 8; Shopping, the fastest paced one: 8 too
-        1: {own: 2, online: 1},
+        0: {own: 8, shopping: 5, online: 2},  # unpaced: 8; the paced ones split 8 as 20:10 (5, 2)
+        1: {own: 2, shopping: 3, online: 2},
+        2: {online: 1},
     }
 
 
@@ -263,7 +267,7 @@ def test_a_number_meta_refuses_in_a_paced_campaign_holds_only_its_own_messages(
 def test_a_batch_books_its_numbers_after_the_slots_another_job_holds(wa, stores, sandbox, settings):
     """Jobs that run side by side: the second books each number's share after the first's, and
     sends it all, instead of a slot each and a deferral."""
-    campaign, _ = _paced_store_campaign(wa, stores, settings, rates=(16, 8, 4), people=(8, 4, 2))
+    campaign, _ = _paced_store_campaign(wa, stores, settings, rates=(16, 8, 4), people=(8, 4, 2), size=14)
     assert set(WhatsappMessage.objects.filter(campaign=campaign).values_list("batch", flat=True)) == {0}
     for number in (wa["number"], stores["shopping_number"], stores["online_number"]):
         rate = WhatsappNumber.objects.get(pk=number.pk).messages_per_second
