@@ -119,7 +119,9 @@ class Statement:
     sql: str
     columns: tuple[tuple[str, str], ...]  # (name, PostgreSQL type)
 
-    def render(self) -> str:
+    @functools.cached_property
+    def sql_rendered(self) -> str:
+        """The statement with its `requests` relation, built once (it runs on every group commit)."""
         arrays = ", ".join(f"%s::{kind}[]" for _, kind in self.columns)
         names = ", ".join(name for name, _ in self.columns)
         requests = f"requests AS (SELECT * FROM unnest({arrays}) WITH ORDINALITY AS r({names}, n))"  # noqa: S608 - the statement's own column names
@@ -158,7 +160,7 @@ def write(statement: Statement, row: Sequence[Any]) -> tuple[Any, ...] | None:
     database's error when the statement or its commit fails."""
     if connection.in_atomic_block:
         with connection.cursor() as cursor:
-            cursor.execute(statement.render(), statement.params([row]))
+            cursor.execute(statement.sql_rendered, statement.params([row]))
             found = cursor.fetchone() if cursor.description else None
         return tuple(found[1:]) if found else None
     return _group().write(statement, row)
@@ -243,7 +245,7 @@ def _pipelined(batch: list[_Write]) -> None:
             for items in groups.values():
                 statement = items[0].statement
                 cursor = psycopg.Cursor(raw)  # server-side binding: no quoting of the arrays in Python
-                cursor.execute(statement.render(), statement.params([item.row for item in items]))
+                cursor.execute(statement.sql_rendered, statement.params([item.row for item in items]))
                 cursors.append((cursor, items))
         for cursor, items in cursors:
             if cursor.description:

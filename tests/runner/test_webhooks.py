@@ -240,7 +240,7 @@ def test_one_group_commit_statement_sorts_deliveries_repeats_and_anonymous_event
     rows = [[py_handler.pk, org_id, key, f"x{i}", json.dumps({"i": i}), now] for i, key in enumerate(keys)]
     statement = services._RECEIVE
     with connection.cursor() as cursor:
-        cursor.execute(statement.render(), statement.params(rows))
+        cursor.execute(statement.sql_rendered, statement.params(rows))
         found = {n: (created, repeat) for n, created, repeat in cursor.fetchall()}
     results = [found[i + 1] for i in range(len(keys))]
     created = {i: c for i, (c, _) in enumerate(results) if c is not None}
