@@ -68,6 +68,8 @@ from integrations.email.bounces import Failure, SmtpFailure, classify_exception
 from integrations.email.smtp import OutcomeUnknown, SmtpServer
 from integrations.models import EmailSettings
 from integrations.text import fold_whitespace
+from messaging import decisions
+from messaging.decisions import Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -443,46 +445,42 @@ def chunk_classify(ready: list[EmailMessage], outcomes: list[Delivery | None], *
     for m, outcome in zip(ready, outcomes, strict=True):
         if outcome is None:
             plan.release.append(m.pk)
-        elif outcome.unknown:
-            m.error_reason, m.failed_at = OUTCOME_UNKNOWN, now
-            plan.failed.append(m)
-        elif outcome.transient:
-            plan.transient = outcome.transient
-            plan.retry_after = max(plan.retry_after, outcome.retry_after or 0.0)
-            plan.release.append(m.pk)
-        elif outcome.failure is None:
-            m.status, m.smtp_reply, m.sent_at = Status.SENT, outcome.reply[:2000], now
-            m.esp_message_id = outcome.message_id or None
-            plan.sent.append(m)
         else:
-            _classify_failure(plan, m, outcome.failure, now=now)
+            _classify_outcome(plan, m, outcome, now=now)
     return plan
 
 
-def _classify_failure(plan: ChunkPlan, m: EmailMessage, failure: SmtpFailure, *, now: datetime) -> None:
-    """A refusal: the sender's own (the account: the message is released, the organization paused),
-    a policy block (the address is kept), a soft bounce with attempts left (retried), else a bounce
-    (a hard one suppresses the address)."""
-    if failure.kind is Failure.SENDER:
-        plan.sender_failure = plan.sender_failure or _describe(failure)
+def _classify_outcome(plan: ChunkPlan, m: EmailMessage, outcome: Delivery, *, now: datetime) -> None:
+    """One hand-over, as every sender decides it (messaging.decisions.email), into the plan: an
+    unknown outcome failed (never resent), the ESP's or our account's refusal released (the
+    organization paused for the latter), a policy block kept apart (the address kept), a soft
+    bounce with attempts left retried, else a bounce (a hard one suppresses the address)."""
+    decision = decisions.email(outcome, attempts=m.attempts, max_attempts=ATTEMPTS)
+    if decision.verdict is Verdict.SENT:
+        m.status, m.smtp_reply, m.sent_at = Status.SENT, outcome.reply[:2000], now
+        m.esp_message_id = outcome.message_id or None
+        plan.sent.append(m)
+    elif decision.verdict is Verdict.UNKNOWN:
+        m.error_reason, m.failed_at = OUTCOME_UNKNOWN, now
+        plan.failed.append(m)
+    elif decision.verdict is Verdict.RELEASE:
+        if outcome.transient:
+            plan.transient = outcome.transient
+            plan.retry_after = max(plan.retry_after, outcome.retry_after or 0.0)
+        plan.sender_failure = plan.sender_failure or decision.pause_organization
         plan.release.append(m.pk)
-    elif failure.kind is Failure.BLOCKED:
-        m.bounce_message, m.failed_at = _describe(failure), now
-        plan.blocked.append(m)
-    elif failure.kind is Failure.SOFT_BOUNCE and m.attempts < ATTEMPTS:
-        m.bounce_message = _describe(failure)
+    elif decision.verdict is Verdict.RETRY:
+        m.bounce_message = decision.reason
         plan.retry.append(m)
+    elif decision.blocked:
+        m.bounce_message, m.failed_at = decision.reason, now
+        plan.blocked.append(m)
     else:
-        m.bounce_type = BounceType.HARD if failure.kind is Failure.HARD_BOUNCE else BounceType.SOFT
-        m.bounce_message, m.failed_at = _describe(failure), now
+        m.bounce_type = BounceType.HARD if decision.bounce == "hard" else BounceType.SOFT
+        m.bounce_message, m.failed_at = decision.reason, now
         plan.bounced.append(m)
         if m.bounce_type == BounceType.HARD:
             plan.suppress.append((m.email.lower(), m.bounce_message))
-
-
-def _describe(failure: SmtpFailure) -> str:
-    parts = [str(failure.code) if failure.code else "", failure.enhanced or "", failure.message]
-    return " ".join(p for p in parts if p)[:2000]
 
 
 def chunk_apply(campaign: Campaign, chunk: ChunkPlan, counts: Counter[str]) -> None:

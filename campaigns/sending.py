@@ -46,9 +46,10 @@ from integrations.clients import graph_client
 from integrations.models import WhatsappNumber, WhatsappPrice
 from integrations.services import whatsapp_numbers_pause
 from integrations.whatsapp.client import GraphClient, SendResult, TemplateMessage, UrlButton
-from integrations.whatsapp.errors import Action
 from integrations.whatsapp.parameters import template_text
 from integrations.whatsapp.phones import normalize_phone, phone_region
+from messaging import decisions
+from messaging.decisions import Verdict
 
 logger = logging.getLogger(__name__)
 
@@ -518,37 +519,29 @@ def batch_classify(
 
 
 def _classify_refusal(plan: BatchPlan, o: Outcome) -> None:
-    """Meta's error, by its action (integrations.whatsapp.errors): never resent when Meta may have
-    accepted it; released (no attempt spent) when throttled or when the account or the number is
-    refused, which pauses them; retried while attempts are left; else failed for good, opting the
-    customer out or stopping the campaign when that is what Meta said."""
+    """Meta's error, as every sender decides it (messaging.decisions.whatsapp), into the plan. An
+    unknown outcome is never resent and never "failed": a late status webhook settles it
+    (campaigns.statuses)."""
     r = o.result
     assert r.error is not None
     plan.retry_after = max(plan.retry_after, r.retry_after or 0.0)
-    action = r.action
-    if r.maybe_accepted and action == Action.RETRY:
-        # The request went out and no answer came back (a timeout, a connection broken after the
-        # write): Meta may have accepted it, and its API takes no idempotency key, so a resend
-        # could reach the customer twice. Never resent, never "failed": a late status webhook
-        # settles it (campaigns.statuses).
-        plan.unknown[o.message_id] = f"outcome unknown: {r.error.message}; not resent"
-    elif action == Action.THROTTLED:
+    decision = decisions.whatsapp(r, attempts=o.attempts, max_attempts=ATTEMPTS)
+    if decision.verdict is Verdict.UNKNOWN:
+        plan.unknown[o.message_id] = decision.reason
+    elif decision.verdict is Verdict.RELEASE:
         plan.release.append(o.message_id)
-    elif action == Action.RETRY and o.attempts < ATTEMPTS:
+        if decision.pause_organization:
+            plan.pause_organization = decision.pause_organization
+        if decision.pause_number:
+            plan.pause_numbers[o.number_id] = decision.pause_number
+    elif decision.verdict is Verdict.RETRY:
         plan.retry.append(o.message_id)
-    elif action == Action.STOP_ORGANIZATION:
-        plan.release.append(o.message_id)
-        plan.pause_organization = str(r.error)
-    elif action == Action.PAUSE_NUMBER:
-        plan.release.append(o.message_id)
-        plan.pause_numbers[o.number_id] = str(r.error)
     else:
-        if action == Action.OPT_OUT:
+        if decision.opt_out:
             plan.opt_out.append(o.customer_id)
-        if action == Action.STOP_CAMPAIGN:
-            plan.stop_campaign = str(r.error)
-        details = f" — {r.error.details}" if r.error.details else ""
-        plan.failed[o.message_id] = Refused(code=r.error.code, reason=(r.error.message + details)[:2000])
+        if decision.stop_campaign:
+            plan.stop_campaign = decision.stop_campaign
+        plan.failed[o.message_id] = Refused(code=r.error.code, reason=decision.reason)
 
 
 # --- Apply the plan ------------------------------------------------------------------------------

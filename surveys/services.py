@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -32,12 +32,12 @@ from crm.models import Customer, OptOutSource, Organization, Sale
 from crm.names import first_name
 from crm.services import customers_opt_out, organizations_pause
 from integrations.clients import graph_client
-from integrations.email.bounces import Failure, SmtpFailure
 from integrations.models import EmailSettings, WhatsappNumber
 from integrations.services import whatsapp_numbers_pause
 from integrations.whatsapp.client import SendResult, TemplateMessage, UrlButton
-from integrations.whatsapp.errors import Action
 from integrations.whatsapp.phones import normalize_phone
+from messaging import decisions
+from messaging.decisions import Verdict
 from surveys import links
 from surveys.models import COMMENT_MAX, OUTCOME_UNKNOWN, SCORE_MAX, SCORE_MIN, Survey
 
@@ -431,11 +431,6 @@ def _wait_for_slot(key: str, per_second: float, survey: Survey) -> None:
         time.sleep(slots.start)
 
 
-def _describe(failure: SmtpFailure) -> str:
-    parts = [str(failure.code) if failure.code else "", failure.enhanced or "", failure.message]
-    return " ".join(p for p in parts if p)
-
-
 @contextmanager
 def _failed_attempt_on_error(survey: Survey) -> Iterator[None]:
     """Nothing is handed over in the block: an error there is a failed attempt, retried like any other
@@ -492,33 +487,50 @@ def _email_prepared(survey: Survey) -> tuple[EmailSettings, SmtpServer | EspAcco
 
 
 def _email_outcome(survey: Survey, outcome: Delivery) -> str:
-    """Record what the server (or ESP) answered; raises Defer or SurveyRetry when the send waits."""
-    if outcome.unknown:
-        _fail(survey, f"{OUTCOME_UNKNOWN} ({outcome.unknown})")
-        return "failed"
-    if outcome.transient:
-        # The ESP cannot take it now (429, 5xx, unreachable): nothing was sent, no attempt spent.
-        _release(survey)
-        raise Defer(settings.EMAIL_RETRY_BACKOFF, f"email provider unavailable: {outcome.transient}")
-    if outcome.failure is None:
-        _mark_sent(survey, outcome.reply)
+    """Record what the server (or ESP) answered as every sender decides it (messaging.decisions.email);
+    raises Defer or SurveyRetry when the send waits. An unknown outcome is never resent."""
+    decision = decisions.email(outcome, attempts=survey.attempts, max_attempts=ATTEMPTS)
+    settled = _settled(survey, decision, channel="email", reference=outcome.reply)
+    if settled:
+        return settled
+    if decision.verdict is Verdict.RELEASE:
+        raise Defer(settings.EMAIL_RETRY_BACKOFF, decision.reason)
+    if decision.verdict is Verdict.RETRY:
+        _retry_or_fail(survey, f"soft bounce: {decision.reason}")
+        raise SurveyRetry(f"soft bounce: {decision.reason}")
+    return _email_refused(survey, decision)
+
+
+def _settled(
+    survey: Survey, decision: decisions.Decision, *, channel: Literal["whatsapp", "email"], reference: str
+) -> str:
+    """What both channels record alike: sent, an unknown outcome (failed, never resent), and the
+    survey released (no attempt spent), raising Defer when the organization's channel is paused
+    for it. "" when the channel's own handling follows."""
+    if decision.verdict is Verdict.SENT:
+        _mark_sent(survey, reference)
         return "sent"
-    return _email_refused(survey, outcome.failure)
-
-
-def _email_refused(survey: Survey, failure: SmtpFailure) -> str:
-    text = _describe(failure)
-    if failure.kind is Failure.SENDER:
-        # Our side is broken (login, relay, TLS): the customer is left alone until an operator fixes it.
-        organizations_pause(organization_ids=[survey.organization_id], channel="email", reason=text)
+    if decision.verdict is Verdict.UNKNOWN:
+        _fail(survey, f"{OUTCOME_UNKNOWN} ({decision.reason})")
+        return "failed"
+    if decision.verdict is Verdict.RELEASE:
         _release(survey)
-        raise Defer(PAUSED_DELAY, f"email sending paused: {text}")
-    if failure.kind is Failure.SOFT_BOUNCE and _retry_or_fail(survey, f"soft bounce: {text}"):
-        raise SurveyRetry(f"soft bounce: {text}")
-    if failure.kind is Failure.BLOCKED:
+        if decision.pause_organization:
+            reason = decision.pause_organization
+            organizations_pause(organization_ids=[survey.organization_id], channel=channel, reason=reason)
+            label = "WhatsApp" if channel == "whatsapp" else channel
+            raise Defer(PAUSED_DELAY, f"{label} sending paused: {reason}")
+    return ""
+
+
+def _email_refused(survey: Survey, decision: decisions.Decision) -> str:
+    text = decision.reason
+    if decision.blocked:
         # The receiving server's policy refused it (blocklist, reputation): the address is kept.
         _fail(survey, f"blocked: {text}")
-    if failure.kind is Failure.HARD_BOUNCE:
+    elif decision.bounce == "soft":
+        _fail(survey, f"soft bounce: {text}")
+    else:
         _fail(survey, f"hard bounce: {text}")
         EmailSuppression.objects.bulk_create(
             [
@@ -588,29 +600,24 @@ def _survey_template(survey: Survey, template: str) -> TemplateMessage:
 
 
 def _whatsapp_outcome(survey: Survey, number: WhatsappNumber, result: SendResult) -> str:
-    """Record Meta's answer; raises Defer (account, number or rate limit) or SurveyRetry when it waits."""
-    if result.ok:
-        _mark_sent(survey, result.wamid)
-        return "sent"
-    assert result.error is not None
-    error = result.error
-    text = str(error) + (f" — {error.details}" if error.details else "")
-    if result.action == Action.THROTTLED:
-        _release(survey)
-        raise Defer(THROTTLE_DELAY, f"WhatsApp throttled: {text}")
-    if result.action == Action.STOP_ORGANIZATION:
-        organizations_pause(organization_ids=[survey.organization_id], channel="whatsapp", reason=text)
-        _release(survey)
-        raise Defer(PAUSED_DELAY, f"WhatsApp sending paused: {text}")
-    if result.action == Action.PAUSE_NUMBER:
-        whatsapp_numbers_pause(organization_id=survey.organization_id, number_ids=[number.pk], reason=text)
-        _release(survey)
-        raise Defer(PAUSED_DELAY, f"WhatsApp number paused: {text}")
-    if result.action == Action.RETRY:
-        if _retry_or_fail(survey, text):
-            raise SurveyRetry(text)
-        return "failed"
-    if result.action == Action.OPT_OUT:
+    """Record Meta's answer as every sender decides it (messaging.decisions.whatsapp); raises Defer
+    (account, number or rate limit) or SurveyRetry when it waits. An unknown outcome is never resent."""
+    decision = decisions.whatsapp(result, attempts=survey.attempts, max_attempts=ATTEMPTS)
+    settled = _settled(survey, decision, channel="whatsapp", reference=result.wamid)
+    if settled:
+        return settled
+    if decision.verdict is Verdict.RELEASE:
+        if decision.pause_number:
+            reason = decision.pause_number
+            whatsapp_numbers_pause(
+                organization_id=survey.organization_id, number_ids=[number.pk], reason=reason
+            )
+            raise Defer(PAUSED_DELAY, f"WhatsApp number paused: {reason}")
+        raise Defer(max(THROTTLE_DELAY, result.retry_after or 0), f"WhatsApp throttled: {decision.reason}")
+    if decision.verdict is Verdict.RETRY:
+        _retry_or_fail(survey, decision.reason)
+        raise SurveyRetry(decision.reason)
+    if decision.opt_out:
         customers_opt_out(customer_ids=[survey.customer_id], channel="whatsapp", source=OptOutSource.PROVIDER)
-    _fail(survey, text)
+    _fail(survey, decision.reason)
     return "failed"

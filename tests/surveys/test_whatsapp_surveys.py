@@ -12,6 +12,7 @@ from integrations.models import WhatsappNumber
 from integrations.whatsapp.sandbox import SandboxServer
 from surveys import links, services
 from surveys.models import Survey
+from tests.conftest import wait_for
 from tests.surveys.conftest import ORG_NUMBER_ID, PHONE_NUMBER_ID, Shop, reload
 
 S = Survey.Status
@@ -187,4 +188,31 @@ def test_a_graph_outage_spends_an_attempt_and_rq_retries_the_survey(
     # the retry, run now
     assert services.survey_send(survey_id=survey.pk) == "sent"
     assert (reload(survey).status, reload(survey).attempts) == (S.SENT, 2)
+    assert len(meta.messages()) == 1
+
+
+def test_a_survey_whose_send_timed_out_is_never_sent_twice(
+    whatsapp_shop: Shop, meta: SandboxServer, run_jobs, monkeypatch
+):
+    import aiohttp
+
+    from integrations import http
+
+    # Meta answers after the worker stopped waiting: the request may well have been accepted, and
+    # the Graph API takes no idempotency key, so a second try could reach the customer twice.
+    monkeypatch.setattr(
+        http, "ASYNC_TIMEOUT", aiohttp.ClientTimeout(total=2.0, sock_connect=2.0, sock_read=0.3)
+    )
+    meta.configure(latency_ms=1000)
+    survey = whatsapp_shop.due_survey(whatsapp_shop.ana, store=whatsapp_shop.shopping)
+
+    _send_due(run_jobs)
+    wait_for(lambda: meta.messages(), timeout=30, what="the sandbox to record the send")
+    meta.configure(latency_ms=0)
+    survey = reload(survey)
+    assert survey.status == S.FAILED and survey.attempts == 1
+    assert survey.reason.startswith("outcome unknown")
+    # Nothing sends it again: not the job's retries, not the next dispatch, not a direct send.
+    assert _send_due(run_jobs) == 0
+    assert services.survey_send(survey_id=survey.pk) == "nothing to do"
     assert len(meta.messages()) == 1
