@@ -39,7 +39,13 @@ def _dashboard_url(org: Organization) -> str:
 def _customers(org: Organization, n: int) -> list[Customer]:
     return Customer.objects.bulk_create(
         [
-            Customer(organization=org, erp_id=f"D{i}", name=f"Cliente {i}", phone=f"+55119{70000000 + i:08d}")
+            Customer(
+                marketing_consent=True,
+                organization=org,
+                erp_id=f"D{i}",
+                name=f"Cliente {i}",
+                phone=f"+55119{70000000 + i:08d}",
+            )
             for i in range(n)
         ]
     )

@@ -68,6 +68,7 @@ def em(transactional_db, smtp, settings) -> dict:
         return Customer.objects.bulk_create(
             [
                 Customer(
+                    marketing_consent=True,
                     organization=org,
                     erp_id=f"C{i}",
                     name=fields.get("name", f"Cliente{i} Silva"),
