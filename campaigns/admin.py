@@ -87,7 +87,7 @@ class ArchivedFilter(admin.SimpleListFilter):
     parameter_name = "archived"
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
-        return [("yes", _("Archived")), ("all", _("All"))]
+        return [("yes", _("Archived")), ("all", _("All campaigns"))]
 
     def choices(self, changelist: Any) -> Any:
         yield {

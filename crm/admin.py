@@ -93,6 +93,7 @@ class OrganizationAdmin(TenantAdmin):
                     "block_multiple_campaigns",
                     "contact_caps_scope",
                     "attribution_window_days",
+                    ("cost_conversion_rate", "cost_conversion_currency"),
                 )
             },
         ),
@@ -234,7 +235,7 @@ class CustomerAdmin(TenantAdmin):
     )
     list_select_related = ("organization",)
     search_fields = ("name", "=email", "=phone", "=erp_id", "=cpf_cnpj")
-    list_filter = ("organization", "marketing_consent", OptOutFilter)
+    list_filter = ("organization", "marketing_consent", "marketing_consent_source", OptOutFilter)
     show_full_result_count = False  # no second COUNT(*) over a million rows
     # Consent is changed only by the actions below (who and when are kept), never typed in the form.
     readonly_fields = (
