@@ -142,6 +142,7 @@ class CampaignAdmin(TenantAdmin):
         "parent",
         "occurrence_at",
         "archived_at",
+        "audience_counts",
     )
     change_form_template = "admin/campaigns/campaign/change_form.html"
     actions = [
@@ -187,7 +188,14 @@ class CampaignAdmin(TenantAdmin):
         ),
         (
             _("Audience"),
-            {"fields": ("audience_store", "audience_purchased_within_days", "audience_segment")},
+            {
+                "fields": (
+                    "audience_store",
+                    "audience_purchased_within_days",
+                    "audience_segment",
+                    "audience_counts",
+                )
+            },
         ),
         (
             _("Schedule"),
@@ -396,6 +404,21 @@ class CampaignAdmin(TenantAdmin):
             data["rate"],
             _("ETA"),
             data["eta_seconds"] or "—",
+        )
+
+    @admin.display(description=_("audience now"))
+    def audience_counts(self, obj: Campaign) -> str:
+        """Before the start, who would receive it and who is left out, by reason (no consent first:
+        marketing needs a recorded consent). Once started, the messages' counts tell it."""
+        if not obj.pk or obj.content_locked:
+            return "—"
+        counts = selectors.campaign_audience_counts(campaign=obj)
+        return str(
+            _(
+                "%(receives)s will receive it · left out: %(no_consent)s without consent, %(opted_out)s "
+                "opted out, %(no_contact)s without a phone or address"
+            )
+            % {key: number(value) for key, value in counts.items()}
         )
 
     @admin.display(description=_("what it sold"))

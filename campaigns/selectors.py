@@ -7,7 +7,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Lower
 from django.utils import timezone
 
@@ -57,6 +57,33 @@ def campaign_audience(*, campaign: Campaign) -> QuerySet[Customer]:
             organization_id=campaign.organization_id, email=Lower(OuterRef("email"))
         )
         qs = qs.filter(~Exists(suppressed))
+    return _narrowed(campaign, qs)
+
+
+def campaign_audience_counts(*, campaign: Campaign) -> dict[str, int]:
+    """Before the start: who the audience's filters select, and why those who will not receive it
+    are left out — "no_consent" (no recorded marketing consent), "opted_out" (of this channel), and
+    "no_contact" (no phone or address). "receives" is campaign_audience's count (suppressed email
+    addresses excluded too). Two aggregate queries; contact caps are applied when it sends."""
+    channel_out = (
+        Q(email_opted_out_at__isnull=False)
+        if campaign.channel == Channel.EMAIL
+        else Q(whatsapp_opted_out_at__isnull=False)
+    )
+    no_contact = Q(email="") if campaign.channel == Channel.EMAIL else Q(phone="")
+    consent = Q(marketing_consent=True)
+    selected = _narrowed(campaign, Customer.objects.filter(organization_id=campaign.organization_id))
+    counts = selected.aggregate(
+        selected=Count("pk"),
+        no_consent=Count("pk", filter=~consent),
+        opted_out=Count("pk", filter=consent & channel_out),
+        no_contact=Count("pk", filter=consent & ~channel_out & no_contact),
+    )
+    return {**counts, "receives": campaign_audience(campaign=campaign).count()}
+
+
+def _narrowed(campaign: Campaign, qs: QuerySet[Customer]) -> QuerySet[Customer]:
+    """`qs` narrowed by the campaign's audience filters: store, recent purchase, RFM segment."""
     sales = Sale.objects.filter(customer_id=OuterRef("pk"))
     if campaign.audience_store_id:
         sales = sales.filter(store_id=campaign.audience_store_id)

@@ -50,7 +50,8 @@ ROLES = ("anonymous", "nonstaff", "viewer", "manager", "operator", "superuser")
 SECRET = b"bravo"  # in every name of B's objects
 
 # What only a platform operator may do even on a tenant's model (the admins say so too).
-OPERATOR_ONLY = {("add", Organization), ("delete", Organization), ("add", Handler)}
+# The world's campaign has messages: history, archived by a manager, deleted only by an operator.
+OPERATOR_ONLY = {("add", Organization), ("delete", Organization), ("add", Handler), ("delete", Campaign)}
 # Custom views whose <pk> is another model's than their admin's.
 PK_MODEL = {"runner_dashboard_pause": Handler, "runner_dashboard_resume": Handler}
 # Sample values for the platform pages' path parameters (an operator may get a 404 for some).
