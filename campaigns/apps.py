@@ -7,12 +7,13 @@ class CampaignsConfig(AppConfig):
     verbose_name = _("Campaigns")
 
     def ready(self) -> None:
-        from django.db.models.signals import post_save, pre_delete
+        from django.db.models.signals import pre_delete
 
         # The recoverer, the inbox handler, the /metrics collector, the organization dashboard.
         from campaigns import admin_dashboard, attribution, inbox, metrics, services  # noqa: F401
         from campaigns.models import Campaign
-        from crm.models import Sale
+        from crm import hooks
 
         pre_delete.connect(services.campaign_deleting, sender=Campaign, dispatch_uid="campaigns.deleting")
-        post_save.connect(attribution.sale_saved, sender=Sale, dispatch_uid="campaigns.sale_attribution")
+        # Last: its statement takes the organization's attribution lock, held until the commit.
+        hooks.on_sales_written("attributed", attribution.sales_written, order=100)

@@ -8,8 +8,8 @@ every message, or after the window, is not attributed. Each sale has at most one
 row (its primary key), and CampaignRevenue sums them per campaign (database triggers, see
 campaigns.models.CampaignRevenue).
 
-Attribution is evaluated when a sale is written — the ERP sync's pages (erp.services.sales_sync)
-and a sale saved through the ORM or the admin (post_save) — from the sale's own sold_at, so a sale
+Attribution is evaluated when a sale is written — the platform's "sales written" hook
+(crm.hooks), which every path that writes sales fires — from the sale's own sold_at, so a sale
 the ERP delivers late is credited to the message before it, and a message sent after a sale never
 changes it. `manage.py attribute` evaluates every sale of an organization again (after a change of
 the window, or of message outcomes settled late), in pages; a repeat writes nothing.
@@ -34,6 +34,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Max, Min
 
 from campaigns.models import EmailMessage, WhatsappMessage
+from crm import hooks
 from crm.models import Sale
 
 # Messages that reached their customer: sent and not failed, bounced or blocked since.
@@ -210,8 +211,6 @@ def organization_attribute(
     return total
 
 
-def sale_saved(sender: type[Sale], instance: Sale, created: bool, raw: bool = False, **kwargs: Any) -> None:
-    """post_save of Sale (the admin, single ORM saves): evaluate that sale's attribution. The ERP
-    sync's bulk upserts send no signal and call sales_attribute per page themselves."""
-    if not raw:
-        sales_attribute(organization_id=instance.organization_id, sale_ids=[instance.pk])
+def sales_written(event: hooks.SalesWritten) -> int:
+    """The "sales written" hook: evaluate those sales' attribution; returns how many are credited."""
+    return sales_attribute(organization_id=event.organization_id, sale_ids=event.sale_ids).attributed

@@ -35,7 +35,7 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 
-from crm import jobs, prometheus, queues
+from crm import hooks, jobs, prometheus, queues
 from crm import services as crm_services
 from crm.cli import number
 from crm.models import ConsentSource, Customer, JobRun, Organization, Sale, Store
@@ -329,6 +329,7 @@ class SalesUpsert:
     changed: int = 0
     customers_created: int = 0
     new_sale_ids: tuple[int, ...] = ()
+    sale_ids: tuple[int, ...] = ()  # every sale of the page, new or not
 
 
 def sales_upsert(*, store: Store, sales: Sequence[ErpSale]) -> SalesUpsert:
@@ -383,16 +384,14 @@ def sales_upsert(*, store: Store, sales: Sequence[ErpSale]) -> SalesUpsert:
         where=_SALE_NEWER,
     )
     new_erp_ids = [erp_id for erp_id in erp_ids if erp_id not in existing]
-    new_ids: tuple[int, ...] = ()
-    if new_erp_ids:
-        new_ids = tuple(
-            Sale.objects.filter(organization_id=org_id, erp_id__in=new_erp_ids).values_list("pk", flat=True)
-        )
+    ids = dict(Sale.objects.filter(organization_id=org_id, erp_id__in=erp_ids).values_list("erp_id", "pk"))
+    new_ids = tuple(ids[erp_id] for erp_id in new_erp_ids if erp_id in ids)
     return SalesUpsert(
         created=len(new_erp_ids),
         changed=max(written - len(new_erp_ids), 0),
         customers_created=customers_created,
         new_sale_ids=new_ids,
+        sale_ids=tuple(ids.values()),
     )
 
 
@@ -607,9 +606,6 @@ def sales_sync(
 
     Each page (sales, placeholders, surveys, issues) commits as one; running the same window
     twice leaves the same database."""
-    from campaigns.attribution import sales_attribute
-    from surveys.services import surveys_schedule
-
     began, started = timezone.now(), time.monotonic()
     if connection is None:
         connection = ErpConnection.objects.get(organization_id=store.organization_id)
@@ -624,10 +620,10 @@ def sales_sync(
             ours, malformed, future = _sales_refuse(page, store=store)
             with transaction.atomic():
                 outcome = sales_upsert(store=store, sales=ours)
-                surveys = surveys_schedule(sale_ids=outcome.new_sale_ids) if outcome.new_sale_ids else 0
                 sync_issues_record(organization_id=org_id, store_id=store.pk, issues=malformed)
-                # Last in the page: it holds the organization's attribution lock until the commit.
-                attributed = sales_attribute(organization_id=org_id, erp_ids=[s.erp_id for s in ours])
+                told = hooks.sales_written(
+                    organization_id=org_id, sale_ids=outcome.sale_ids, created_ids=outcome.new_sale_ids
+                )
             prometheus.count("erp_sync_rows", len(ours), kind="sales")
             result.pages += 1
             result.read += page.size
@@ -635,8 +631,8 @@ def sales_sync(
             result.created += outcome.created
             result.changed += outcome.changed
             result.customers_created += outcome.customers_created
-            result.surveys += surveys
-            result.attributed += attributed.attributed
+            result.surveys += told.get("surveys", 0)
+            result.attributed += told.get("attributed", 0)
             result.skipped += len(malformed) - future
             result.future += future
             result.trans_id = max(result.trans_id, page.next_trans_id)

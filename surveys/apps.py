@@ -1,5 +1,4 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_save
 from django.utils.translation import gettext_lazy as _
 
 
@@ -8,7 +7,7 @@ class SurveysConfig(AppConfig):
     verbose_name = _("Post-sale surveys")
 
     def ready(self) -> None:
-        from crm.models import Sale
+        from crm import hooks
         from surveys import services  # also registers the recoverer
 
-        post_save.connect(services.sale_saved, sender=Sale, dispatch_uid="surveys.sale_saved")
+        hooks.on_sales_written("surveys", services.sales_written)

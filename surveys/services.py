@@ -14,7 +14,7 @@ import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -26,7 +26,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone, translation
 
 from campaigns.models import EmailSuppression
-from crm import aio, jobs, queues, ratelimit, recovery
+from crm import aio, hooks, jobs, queues, ratelimit, recovery
 from crm.jobs import Defer
 from crm.models import Customer, OptOutSource, Organization, Sale
 from crm.names import first_name
@@ -141,12 +141,9 @@ def surveys_schedule(*, sale_ids: Iterable[int]) -> int:
     return created
 
 
-def sale_saved(sender: type[Sale], instance: Sale, created: bool, raw: bool = False, **kwargs: Any) -> None:
-    """post_save of Sale: a sale created one by one (admin, ORM) gets its survey scheduled.
-
-    Bulk writers (the ERP sync's upserts send no signal) call surveys_schedule themselves."""
-    if created and not raw:
-        surveys_schedule(sale_ids=[instance.pk])
+def sales_written(event: hooks.SalesWritten) -> int:
+    """The "sales written" hook: each new sale gets its survey scheduled; returns how many."""
+    return surveys_schedule(sale_ids=event.created_ids) if event.created_ids else 0
 
 
 # --- Dispatch ------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-DOCS = (ROOT / "docs" / "architecture.md", ROOT / "docs" / "benchmarks.md")
+DOCS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 # A path with at least one directory (so `models.py` or `<app>/schedules.py` name no file), and
 # the name after a colon without a trailing period.
 REFERENCE = re.compile(r"(?<![\w/<>*.-])(\w+(?:/\w+)+\.py)(?::([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*))?")
