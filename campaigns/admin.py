@@ -23,6 +23,7 @@ from django.utils.translation import gettext_lazy as _
 
 from campaigns import segments, selectors, services
 from campaigns.models import (
+    CONTENT_FIELDS,
     Campaign,
     CampaignMetric,
     Channel,
@@ -59,6 +60,16 @@ def now_labels(channel: str) -> dict[str, Any]:
     return labels
 
 
+def _per_cost(figures: selectors.CampaignAttribution) -> str:
+    """Revenue ÷ cost when both are in reais, else through the organization's conversion rate,
+    labelled an estimate; "—" when neither (two currencies are never divided as if one)."""
+    if figures.revenue_per_cost is not None:
+        return number(figures.revenue_per_cost, 2)
+    if figures.revenue_per_cost_estimate is not None:
+        return str(_("%(ratio)s (estimate)") % {"ratio": number(figures.revenue_per_cost_estimate, 2)})
+    return "—"
+
+
 def _act(request: HttpRequest, queryset: QuerySet[Campaign], fn, done: str) -> None:
     for campaign in queryset:
         try:
@@ -67,6 +78,36 @@ def _act(request: HttpRequest, queryset: QuerySet[Campaign], fn, done: str) -> N
             messages.error(request, f"{campaign}: {exc}")
         else:
             messages.success(request, f"{campaign}: {done}")
+
+
+class ArchivedFilter(admin.SimpleListFilter):
+    """Archived campaigns are hidden unless asked for: the default list shows the others."""
+
+    title = _("archived")
+    parameter_name = "archived"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, Any]]:
+        return [("yes", _("Archived")), ("all", _("All campaigns"))]
+
+    def choices(self, changelist: Any) -> Any:
+        yield {
+            "selected": self.value() is None,
+            "query_string": changelist.get_query_string(remove=[self.parameter_name]),
+            "display": _("Not archived"),
+        }
+        for lookup, title in self.lookup_choices:
+            yield {
+                "selected": self.value() == lookup,
+                "query_string": changelist.get_query_string({self.parameter_name: lookup}),
+                "display": title,
+            }
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
+        if self.value() == "yes":
+            return queryset.filter(archived_at__isnull=False)
+        if self.value() == "all":
+            return queryset
+        return queryset.filter(archived_at__isnull=True)
 
 
 @admin.register(Campaign)
@@ -85,7 +126,7 @@ class CampaignAdmin(TenantAdmin):
     )
     list_display_links = ("id", "name")
     list_select_related = ("organization", "metric")
-    list_filter = ("status", "channel", "organization")
+    list_filter = (ArchivedFilter, "status", "channel", "organization")
     search_fields = ("name", "template_name")
     raw_id_fields = ("audience_store",)
     readonly_fields = (
@@ -100,11 +141,23 @@ class CampaignAdmin(TenantAdmin):
         "recurrence_until",
         "parent",
         "occurrence_at",
+        "archived_at",
+        "audience_counts",
     )
     change_form_template = "admin/campaigns/campaign/change_form.html"
-    actions = ["start", "cancel", "pause", "resume", "retry_failed", "recurrence_activate", "recurrence_stop"]
+    actions = [
+        "start",
+        "cancel",
+        "pause",
+        "resume",
+        "retry_failed",
+        "recurrence_activate",
+        "recurrence_stop",
+        "archive",
+        "unarchive",
+    ]
     fieldsets = (
-        (None, {"fields": ("organization", "name", "channel", "status", "stop_reason")}),
+        (None, {"fields": ("organization", "name", "channel", "status", "stop_reason", "archived_at")}),
         (
             _("WhatsApp template"),
             {
@@ -135,7 +188,14 @@ class CampaignAdmin(TenantAdmin):
         ),
         (
             _("Audience"),
-            {"fields": ("audience_store", "audience_purchased_within_days", "audience_segment")},
+            {
+                "fields": (
+                    "audience_store",
+                    "audience_purchased_within_days",
+                    "audience_segment",
+                    "audience_counts",
+                )
+            },
         ),
         (
             _("Schedule"),
@@ -178,6 +238,36 @@ class CampaignAdmin(TenantAdmin):
             return fieldsets
         other = "channel-whatsapp" if obj.channel == Channel.EMAIL else "channel-email"
         return [fs for fs in fieldsets if other not in fs[1].get("classes", ())]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Campaign | None = None) -> Any:
+        """What a started campaign sent is history: its content is shown, never edited (the model
+        refuses the change on any other path too)."""
+        fields = tuple(super().get_readonly_fields(request, obj))
+        if obj is not None and obj.pk and obj.content_locked:
+            fields += tuple(f for f in CONTENT_FIELDS if f not in fields)
+        return fields
+
+    def has_delete_permission(self, request: HttpRequest, obj: Campaign | None = None) -> bool:
+        """A campaign with messages is history: a manager archives it, never deletes it (its messages
+        and credited sales stay). Platform operators keep the delete."""
+        if not super().has_delete_permission(request, obj):
+            return False
+        if obj is None or tenancy.is_operator(request.user):
+            return True
+        return not services.campaign_has_messages(campaign=obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Campaign]) -> None:
+        """The list's bulk delete deletes only campaigns without messages (unless by an operator)."""
+        if not tenancy.is_operator(request.user):
+            kept = [c for c in queryset if services.campaign_has_messages(campaign=c)]
+            if kept:
+                messages.error(
+                    request,
+                    _("Campaigns with messages are archived, not deleted: %(names)s")
+                    % {"names": ", ".join(str(c) for c in kept)},
+                )
+                queryset = queryset.exclude(pk__in=[c.pk for c in kept])
+        super().delete_queryset(request, queryset)
 
     def get_urls(self):
         from django.urls import path
@@ -316,13 +406,28 @@ class CampaignAdmin(TenantAdmin):
             data["eta_seconds"] or "—",
         )
 
+    @admin.display(description=_("audience now"))
+    def audience_counts(self, obj: Campaign) -> str:
+        """Before the start, who would receive it and who is left out, by reason (no consent first:
+        marketing needs a recorded consent). Once started, the messages' counts tell it."""
+        if not obj.pk or obj.content_locked:
+            return "—"
+        counts = selectors.campaign_audience_counts(campaign=obj)
+        return str(
+            _(
+                "%(receives)s will receive it · left out: %(no_consent)s without consent, %(opted_out)s "
+                "opted out, %(no_contact)s without a phone or address"
+            )
+            % {key: number(value) for key, value in counts.items()}
+        )
+
     @admin.display(description=_("what it sold"))
     def attribution(self, obj: Campaign) -> str:
         """Attributed revenue and sales against the customers reached and the cost (campaigns.attribution)."""
         if not obj.pk:
             return "—"
         figures = selectors.campaign_attribution(campaign_id=obj.pk)
-        rate, per_cost = figures.conversion_rate, figures.revenue_per_cost
+        rate = figures.conversion_rate
         rows = (
             ("revenue", _("revenue"), format_money(figures.revenue)),
             ("conversions", _("conversions (attributed sales)"), number(figures.conversions)),
@@ -332,7 +437,7 @@ class CampaignAdmin(TenantAdmin):
                 _("conversion rate (customers who bought ÷ reached)"),
                 "—" if rate is None else f"{number(100 * rate, 1)}%",
             ),
-            ("revenue_per_cost", _("revenue ÷ cost"), "—" if per_cost is None else number(per_cost, 2)),
+            ("revenue_per_cost", _("revenue ÷ cost"), _per_cost(figures)),
         )
         return format_html(
             '<table id="campaign-attribution">{}</table><p class="help">{}</p>',
@@ -438,6 +543,16 @@ class CampaignAdmin(TenantAdmin):
     @admin.action(description=_("Stop recurrence"), permissions=["change"])
     def recurrence_stop(self, request, queryset):
         _act(request, queryset, services.campaign_recurrence_stop, _("recurrence stopped"))
+
+    @admin.action(
+        description=_("Archive (hide from the list; messages and sales stay)"), permissions=["change"]
+    )
+    def archive(self, request, queryset):
+        _act(request, queryset, services.campaign_archive, _("archived"))
+
+    @admin.action(description=_("Unarchive"), permissions=["change"])
+    def unarchive(self, request, queryset):
+        _act(request, queryset, services.campaign_unarchive, _("unarchived"))
 
 
 # PostgreSQL's row count of a table as its planner sees it: the last ANALYZE's rows per page times the
@@ -602,7 +717,7 @@ class WhatsappMessageAdmin(BigTableAdmin):
         short_datetime("sent_at", _("sent at")),
         "cost_display",
     )
-    list_select_related = ("campaign", "customer")
+    list_select_related = ("campaign__metric", "customer")
     list_filter = (CampaignFilter, "status", ErrorCodeFilter)
     search_fields = ("phone", "wamid")  # how they are searched: get_search_results
     search_help_text = _("A phone number or its beginning (+5511…), or a Meta message id (wamid.…).")
@@ -628,7 +743,9 @@ class WhatsappMessageAdmin(BigTableAdmin):
 
     @admin.display(description=_("cost"), ordering="cost")
     def cost_display(self, obj: WhatsappMessage) -> str:
-        return format_money(obj.cost, places=4)
+        # A cost recorded before currencies were kept is in its campaign's total's currency.
+        currency = obj.cost_currency or getattr(getattr(obj.campaign, "metric", None), "cost_currency", "USD")
+        return format_money(obj.cost, currency, places=4)
 
 
 @admin.register(EmailMessage)
@@ -645,7 +762,7 @@ class EmailMessageAdmin(BigTableAdmin):
         short_datetime("opened_at", _("opened at")),
         short_datetime("clicked_at", _("clicked at")),
     )
-    list_select_related = ("campaign", "customer")
+    list_select_related = ("campaign__metric", "customer")
     list_filter = (CampaignFilter, "status", "bounce_type")
     search_fields = ("email", "esp_message_id")  # how they are searched: get_search_results
     search_help_text = _("An address (in any case) or the provider's message id.")
@@ -725,7 +842,7 @@ class CampaignMetricAdmin(BigTableAdmin):
 
     @admin.display(description=_("cost"), ordering="cost")
     def cost_display(self, obj: CampaignMetric) -> str:
-        return format_money(obj.cost)
+        return format_money(obj.cost, obj.cost_currency)
 
 
 class SegmentDayFilter(admin.SimpleListFilter):

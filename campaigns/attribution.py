@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Max, Min
 
@@ -89,7 +90,8 @@ WITH page AS (
         ) latest
         ORDER BY latest.sent_at DESC, (latest.channel = 'whatsapp') DESC
         LIMIT 1
-    ) touch ON true
+    -- A sale stamped in the future (a wrong ERP clock) is never credited: no touch, no attribution.
+    ) touch ON s.sold_at <= now() + make_interval(secs => %(future_tolerance)s)
     WHERE s.organization_id = %(org)s AND {where}
 ),
 removed AS (
@@ -155,6 +157,7 @@ def _evaluate(organization_id: int, where: str, params: dict[str, Any]) -> Attri
                     "org": organization_id,
                     "whatsapp_reached": list(WHATSAPP_REACHED),
                     "email_reached": list(EMAIL_REACHED),
+                    "future_tolerance": settings.SALE_FUTURE_TOLERANCE_SECONDS,
                     **params,
                 },
             )

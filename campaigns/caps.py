@@ -42,6 +42,8 @@ _TABLES: dict[str, str] = {
 }
 _LABELS: dict[str, str] = {Channel.WHATSAPP: "WhatsApp", Channel.EMAIL: "email"}
 
+# Skip reason of a customer without a recorded marketing consent (crm.models.ConsentSource).
+NO_CONSENT = "no consent"
 SENT_WITHIN_24H = "sent another campaign within 24 h"
 BEING_SENT = "another campaign is being sent to this customer right now"
 QUEUED_EARLIER = "waiting in a campaign that started earlier"

@@ -203,7 +203,11 @@ def _empty_series(
         "totals": dict.fromkeys((s.key for s in kinds), 0),
         "cost": [],
         "cost_total": "0.000000",
-        "currency": DEFAULT_CURRENCY,
+        # The cost's currency (ISO 4217): the campaign total's, never reais by assumption.
+        "currency": CampaignMetric.objects.filter(campaign_id=campaign.pk)
+        .values_list("cost_currency", flat=True)
+        .first()
+        or DEFAULT_CURRENCY,
         # The time axis: at least MIN_POINTS buckets wide, so a campaign's first minutes get a
         # readable axis (its minutes, in the organization's zone) rather than a lone point.
         "x_range": [],
@@ -269,6 +273,7 @@ class CampaignRow:
     clicked: int = 0
     failed: int = 0  # bounced and blocked included
     cost: Decimal = Decimal("0")
+    cost_currency: str = "USD"
     revenue: Decimal = Decimal("0")  # attributed sales (campaigns.attribution), whenever sold
     conversions: int = 0
 
@@ -289,6 +294,7 @@ class CampaignRow:
             clicked=metric.clicked,
             failed=metric.failed + metric.bounced + metric.blocked,
             cost=metric.cost,
+            cost_currency=metric.cost_currency,
         )
 
 
@@ -326,7 +332,7 @@ class OrganizationDashboard:
     until: datetime
     campaigns: list[CampaignRow]  # started in the window, newest first
     more_campaigns: bool  # more than DASHBOARD_MAX_CAMPAIGNS started in the window
-    days: list[dict[str, Any]]  # per local day: whatsapp_sent, email_sent, cost
+    days: list[dict[str, Any]]  # per local day: whatsapp_sent, email_sent, cost by currency
     nps: NpsRow  # every store together (month: the window's first day)
     nps_stores: list[NpsRow]
     stores: list[StoreRevenue]  # attributed sales sold in the window, per store
@@ -390,18 +396,24 @@ def organization_dashboard(
     )
     # Sends are counted on the day their campaign started (its metric): bounded by the number of
     # campaigns, where the messages' own timestamps would mean scanning every message of the month.
-    per_day = {
-        row["day"]: row
-        for row in CampaignMetric.objects.filter(campaign__in=started)
+    per_day: dict[date, dict[str, Any]] = {}
+    # Grouped by currency too: a day's costs in two currencies are two amounts, never one sum.
+    for row in (
+        CampaignMetric.objects.filter(campaign__in=started)
         .annotate(day=TruncDate("campaign__started_at", tzinfo=zone))
-        .values("day")
+        .values("day", "cost_currency")
         .annotate(
             whatsapp_sent=Sum("sent", filter=Q(campaign__channel=Channel.WHATSAPP)),
             email_sent=Sum("sent", filter=Q(campaign__channel=Channel.EMAIL)),
             cost=Sum("cost"),
         )
         .order_by()
-    }
+    ):
+        day_row = per_day.setdefault(row["day"], {"whatsapp_sent": 0, "email_sent": 0, "cost": {}})
+        day_row["whatsapp_sent"] += row["whatsapp_sent"] or 0
+        day_row["email_sent"] += row["email_sent"] or 0
+        if row["cost"]:
+            day_row["cost"][row["cost_currency"]] = row["cost"]
     first_day: date = since.astimezone(zone).date()
     days = []
     for i in range(DASHBOARD_DAYS):
@@ -412,7 +424,7 @@ def organization_dashboard(
                 "day": day,
                 "whatsapp_sent": row.get("whatsapp_sent") or 0,
                 "email_sent": row.get("email_sent") or 0,
-                "cost": row.get("cost") or Decimal("0"),
+                "cost": row.get("cost") or {},  # by currency (ISO 4217)
             }
         )
     nps, nps_stores = nps_window(organization=organization, since=since, until=until)

@@ -366,8 +366,10 @@ def chunk_eligible(*, campaign: Campaign, ids: list[int]) -> tuple[list[EmailMes
 
 
 def _skip_reason(m: EmailMessage, *, suppressed: set[str], capped: dict[int, str]) -> str:
+    if not m.customer.marketing_consent:
+        return caps.NO_CONSENT
     if not m.customer.can_receive_email:
-        return "customer opted out or has no consent"
+        return "customer opted out or has no address"
     if m.email.lower() in suppressed:
         return "address suppressed (an earlier hard bounce or complaint)"
     if m.customer_id in capped:

@@ -49,18 +49,12 @@ def redirect(request: HttpRequest, signed: str, index: int | None = None) -> Htt
     """302 to the campaign's URL, counting the message's first click; 404 for a bad link.
 
     A WhatsApp button has one target (the campaign's redirect URL); an email's link n is the n-th
-    tracked link of its body. The target comes from the campaign, never from the request: no open
-    redirect."""
+    tracked link of its body. The target is the one frozen when the campaign started, never from the
+    request: no open redirect, and no later edit moves a link someone already received."""
     message = links.message_for("r", signed)
     if message is None:
         return _invalid(request)
-    if isinstance(message, EmailMessage):
-        from campaigns.email_sending import compiled_email
-
-        targets = compiled_email(message.campaign).links
-        target = targets[index] if index is not None and index < len(targets) else ""
-    else:
-        target = message.campaign.redirect_url if index is None else ""
+    target = links.message_target(message, index)
     if not target:
         return _invalid(request)
     # HEAD comes from link-preview bots, not from a person tapping the button.

@@ -16,7 +16,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from campaigns.models import CampaignMetric, EmailMessage, WhatsappMessage
+from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage
 from crm.models import OptOutSource
 from crm.services import SendingChannel, customers_opt_out
 
@@ -35,6 +35,47 @@ def _signer(kind: str) -> signing.Signer:
     # signed value needs no escaping inside the button's URL path ("r/<token>.<signature>", 68 chars).
     # Built per call so a rotated SECRET_KEY (or SECRET_KEY_FALLBACKS) is honoured.
     return signing.Signer(salt=f"campaigns.link.{kind}", sep=".")
+
+
+def link_targets(*, campaign: Campaign) -> dict[str, object]:
+    """The campaign's tracked link targets now, to freeze when it starts (Campaign.sent_links): the
+    WhatsApp button's redirect URL and, for emails, the body's tracked links in order."""
+    targets: list[str] = []
+    if campaign.channel == Channel.EMAIL:
+        from campaigns import email_render
+
+        try:
+            targets = list(
+                email_render.compile_email(
+                    subject=campaign.email_subject,
+                    body=campaign.email_body,
+                    body_format=campaign.email_body_format,
+                ).links
+            )
+        except email_render.TemplateError:
+            targets = []  # campaign_validate refused it already; nothing is sent, no link exists
+    return {"redirect_url": campaign.redirect_url, "email": targets}
+
+
+def message_target(message: Message, index: int | None) -> str:
+    """Where the message's tracked link `index` (None: the WhatsApp button) goes: the target frozen
+    when its campaign started, so what a recipient received never changes; "" when there is none.
+    Only a campaign started before targets were frozen reads its (locked) content."""
+    campaign = message.campaign
+    frozen = campaign.sent_links if isinstance(campaign.sent_links, dict) else None
+    if isinstance(message, EmailMessage):
+        if index is None:
+            return ""
+        if frozen is not None:
+            targets = [str(t) for t in frozen.get("email") or []]
+        else:
+            from campaigns.email_sending import compiled_email
+
+            targets = list(compiled_email(campaign).links)
+        return targets[index] if index < len(targets) else ""
+    if index is not None:
+        return ""
+    return str(frozen.get("redirect_url") or "") if frozen is not None else campaign.redirect_url
 
 
 def link_token(kind: str, message: Message) -> str:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import secrets
 from decimal import Decimal
+from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now, Upper
@@ -30,6 +32,28 @@ class Sender(models.TextChoices):
 class BodyFormat(models.TextChoices):
     MJML = "mjml", _("MJML")
     HTML = "html", _("HTML")
+
+
+# What a recipient received: once a campaign has started, none of it changes (history is history).
+CONTENT_FIELDS = (
+    "channel",
+    "whatsapp_number",
+    "sender",
+    "template_name",
+    "template_language",
+    "template_category",
+    "template_variables",
+    "header_image_url",
+    "redirect_url",
+    "redirect_button_index",
+    "unsubscribe_button_index",
+    "email_subject",
+    "email_body_format",
+    "email_body",
+    "audience_store",
+    "audience_purchased_within_days",
+    "audience_segment",
+)
 
 
 class Campaign(models.Model):
@@ -165,6 +189,12 @@ class Campaign(models.Model):
     started_at = models.DateTimeField(_("started at"), null=True, blank=True)
     finished_at = models.DateTimeField(_("finished at"), null=True, blank=True)
     stop_reason = models.TextField(_("stop reason"), blank=True, default="")
+    # The tracked links' targets as they were when the campaign started: {"redirect_url": str,
+    # "email": [str, ...]}. A delivered link goes there whatever happens to the campaign later.
+    sent_links = models.JSONField(_("link targets when sent"), null=True, blank=True, editable=False)
+    # Hidden from the default list; its messages and credited sales stay (a campaign that sent is
+    # archived, never deleted, by a manager).
+    archived_at = models.DateTimeField(_("archived at"), null=True, blank=True, editable=False)
     created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
 
     class Meta:
@@ -179,10 +209,71 @@ class Campaign(models.Model):
     def __str__(self) -> str:
         return self.name
 
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """Refuses to change the content of a campaign that has started, whatever the path (admin,
+        a service, a shell): ValidationError."""
+        update_fields = kwargs.get("update_fields")
+        if update_fields is None or set(update_fields) & _CONTENT_COLUMNS:
+            changed = self.content_changes()
+            if changed:
+                raise ValidationError(
+                    _("A campaign that has started cannot change what it sent: %(fields)s")
+                    % {"fields": ", ".join(changed)}
+                )
+        super().save(*args, **kwargs)
+
+    def clean(self) -> None:
+        super().clean()
+        changed = self.content_changes()
+        if changed:
+            raise ValidationError(
+                dict.fromkeys(changed, _("A campaign that has started cannot change what it sent."))
+            )
+
+    @property
+    def content_locked(self) -> bool:
+        """Has it started (sending, paused, sent, stopped, or cancelled after starting)? Then its
+        content is what recipients received and cannot change."""
+        return self.started_at is not None or self.status in (
+            self.Status.SENDING,
+            self.Status.PAUSED,
+            self.Status.SENT,
+            self.Status.STOPPED,
+        )
+
+    def content_changes(self) -> list[str]:
+        """The content fields this instance changes on a campaign that has started (its stored row);
+        [] when it has not started or nothing changed."""
+        if self.pk is None:
+            return []
+        columns = list(CONTENT_COLUMNS)
+        stored = type(self).objects.filter(pk=self.pk).values(*columns, "status", "started_at").first()
+        if stored is None:
+            return []
+        before = type(self)(status=stored["status"], started_at=stored["started_at"])
+        if not before.content_locked:
+            return []
+        return [
+            name
+            for name, column in zip(CONTENT_FIELDS, columns, strict=True)
+            if getattr(self, column) != stored[column]
+        ]
+
     @property
     def message_model(self) -> type[WhatsappMessage] | type[EmailMessage]:
         """The model holding this campaign's messages (one row per recipient)."""
         return EmailMessage if self.channel == Channel.EMAIL else WhatsappMessage
+
+
+def _attname(name: str) -> str:
+    field = Campaign._meta.get_field(name)
+    assert isinstance(field, models.Field)
+    return field.attname
+
+
+# The same, as the model's attribute names (whatsapp_number_id…): what a recurring copy copies too.
+CONTENT_COLUMNS = tuple(_attname(name) for name in CONTENT_FIELDS)
+_CONTENT_COLUMNS = {*CONTENT_FIELDS, *CONTENT_COLUMNS}
 
 
 class CampaignMetric(models.Model):
@@ -204,6 +295,8 @@ class CampaignMetric(models.Model):
     # WhatsApp messages whose send may or may not have reached Meta (see WhatsappMessage.Status.UNKNOWN).
     unknown = models.PositiveIntegerField(_("outcome unknown"), default=0)
     cost = models.DecimalField(_("cost"), max_digits=14, decimal_places=6, default=Decimal("0"))
+    # ISO 4217 of `cost`: the rate card's when the campaign started (one currency per total).
+    cost_currency = models.CharField(_("cost currency"), max_length=3, default="USD")
 
     class Meta:
         verbose_name = _("campaign metric")
@@ -381,6 +474,7 @@ class WhatsappMessage(CampaignMessage):
     wamid = models.CharField(_("Meta message id"), max_length=128, null=True, blank=True)  # noqa: DJ001
     error_code = models.IntegerField(_("error code"), null=True, blank=True)
     cost = models.DecimalField(_("cost"), max_digits=10, decimal_places=6, default=Decimal("0"))
+    cost_currency = models.CharField(_("cost currency"), max_length=3, blank=True, default="")
     delivered_at = models.DateTimeField(_("delivered at"), null=True, blank=True)
     read_at = models.DateTimeField(_("read at"), null=True, blank=True)
     chatwoot_mirrored_at = models.DateTimeField(_("mirrored to Chatwoot at"), null=True, blank=True)

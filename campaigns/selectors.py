@@ -7,7 +7,7 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, Exists, OuterRef, QuerySet, Subquery
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Lower
 from django.utils import timezone
 
@@ -23,8 +23,9 @@ from campaigns.models import (
     WhatsappMessage,
 )
 from crm.models import Customer, Sale
-from crm.money import format_money
+from crm.money import DEFAULT_CURRENCY, cost_estimate, format_cost
 from integrations.models import WhatsappNumber
+from integrations.services import whatsapp_price_currency
 
 COUNT_KEYS = (
     "queued",
@@ -56,6 +57,33 @@ def campaign_audience(*, campaign: Campaign) -> QuerySet[Customer]:
             organization_id=campaign.organization_id, email=Lower(OuterRef("email"))
         )
         qs = qs.filter(~Exists(suppressed))
+    return _narrowed(campaign, qs)
+
+
+def campaign_audience_counts(*, campaign: Campaign) -> dict[str, int]:
+    """Before the start: who the audience's filters select, and why those who will not receive it
+    are left out — "no_consent" (no recorded marketing consent), "opted_out" (of this channel), and
+    "no_contact" (no phone or address). "receives" is campaign_audience's count (suppressed email
+    addresses excluded too). Two aggregate queries; contact caps are applied when it sends."""
+    channel_out = (
+        Q(email_opted_out_at__isnull=False)
+        if campaign.channel == Channel.EMAIL
+        else Q(whatsapp_opted_out_at__isnull=False)
+    )
+    no_contact = Q(email="") if campaign.channel == Channel.EMAIL else Q(phone="")
+    consent = Q(marketing_consent=True)
+    selected = _narrowed(campaign, Customer.objects.filter(organization_id=campaign.organization_id))
+    counts = selected.aggregate(
+        selected=Count("pk"),
+        no_consent=Count("pk", filter=~consent),
+        opted_out=Count("pk", filter=consent & channel_out),
+        no_contact=Count("pk", filter=consent & ~channel_out & no_contact),
+    )
+    return {**counts, "receives": campaign_audience(campaign=campaign).count()}
+
+
+def _narrowed(campaign: Campaign, qs: QuerySet[Customer]) -> QuerySet[Customer]:
+    """`qs` narrowed by the campaign's audience filters: store, recent purchase, RFM segment."""
     sales = Sale.objects.filter(customer_id=OuterRef("pk"))
     if campaign.audience_store_id:
         sales = sales.filter(store_id=campaign.audience_store_id)
@@ -92,11 +120,14 @@ class CampaignAttribution:
     """What a campaign sold (campaigns.attribution): attributed revenue and sales, against the
     customers it reached (messages sent: one per customer) and what it cost."""
 
-    revenue: Decimal
+    revenue: Decimal  # in reais (the sales' currency)
     conversions: int
     buyers: int  # customers with at least one attributed sale
     reached: int
     cost: Decimal
+    cost_currency: str = DEFAULT_CURRENCY
+    # The cost in reais at the organization's conversion rate (None without one): an estimate.
+    cost_estimate: Decimal | None = None
 
     @property
     def conversion_rate(self) -> Decimal | None:
@@ -105,7 +136,17 @@ class CampaignAttribution:
 
     @property
     def revenue_per_cost(self) -> Decimal | None:
+        """Revenue ÷ cost only when both are in reais; None otherwise (see revenue_per_cost_estimate)."""
+        if self.cost_currency != DEFAULT_CURRENCY:
+            return None
         return self.revenue / self.cost if self.cost else None
+
+    @property
+    def revenue_per_cost_estimate(self) -> Decimal | None:
+        """Revenue ÷ the cost converted at the organization's rate, when the currencies differ."""
+        if self.cost_currency == DEFAULT_CURRENCY or not self.cost_estimate:
+            return None
+        return self.revenue / self.cost_estimate
 
 
 def campaign_revenue(*, campaign_id: int) -> tuple[Decimal, int]:
@@ -120,8 +161,18 @@ def campaign_attribution(*, campaign_id: int) -> CampaignAttribution:
     """The campaign page's revenue figures: two primary-key reads, and the distinct buyers among
     the campaign's attributed sales (its index on campaign, each sale by primary key)."""
     revenue, conversions = campaign_revenue(campaign_id=campaign_id)
-    metric = CampaignMetric.objects.filter(campaign_id=campaign_id).values_list("sent", "cost").first()
-    sent, cost = metric or (0, Decimal("0"))
+    metric = (
+        CampaignMetric.objects.filter(campaign_id=campaign_id)
+        .values_list(
+            "sent",
+            "cost",
+            "cost_currency",
+            "campaign__organization__cost_conversion_rate",
+            "campaign__organization__cost_conversion_currency",
+        )
+        .first()
+    )
+    sent, cost, currency, rate, rate_currency = metric or (0, Decimal("0"), DEFAULT_CURRENCY, None, "")
     buyers = (
         SaleAttribution.objects.filter(campaign_id=campaign_id, sale__customer__isnull=False)
         .values("sale__customer_id")
@@ -131,7 +182,13 @@ def campaign_attribution(*, campaign_id: int) -> CampaignAttribution:
         else 0
     )
     return CampaignAttribution(
-        revenue=revenue, conversions=conversions, buyers=buyers, reached=sent, cost=cost
+        revenue=revenue,
+        conversions=conversions,
+        buyers=buyers,
+        reached=sent,
+        cost=cost,
+        cost_currency=currency,
+        cost_estimate=cost_estimate(cost, currency, rate=rate, rate_currency=rate_currency),
     )
 
 
@@ -204,6 +261,14 @@ def campaign_status(*, campaign: Campaign) -> dict[str, Any]:
         rate = sent_total / elapsed if elapsed else 0.0
     remaining = counts["queued"] + counts["sending"]
     revenue, conversions = campaign_revenue(campaign_id=campaign.pk)
+    org = campaign.organization
+    currency = metric.cost_currency if metric else whatsapp_price_currency()
+    estimate = cost_estimate(
+        metric.cost if metric else Decimal("0"),
+        currency,
+        rate=org.cost_conversion_rate,
+        rate_currency=org.cost_conversion_currency,
+    )
     return {
         "id": campaign.pk,
         "name": campaign.name,
@@ -218,7 +283,17 @@ def campaign_status(*, campaign: Campaign) -> dict[str, Any]:
         "processed": done,
         "reached": metric.sent if metric else sent_total,  # cumulative: a read message was sent
         "cost": str(metric.cost if metric else 0),
-        "cost_display": format_money(metric.cost if metric else 0),
+        # ISO 4217 of "cost": WhatsApp costs are in the rate card's currency (usually USD), never reais
+        # by assumption.
+        "cost_currency": currency,
+        "cost_display": format_cost(
+            metric.cost if metric else 0,
+            currency,
+            rate=org.cost_conversion_rate,
+            rate_currency=org.cost_conversion_currency,
+        ),
+        # The cost in reais at the organization's rate (None without one): labelled an estimate.
+        "cost_estimate": None if estimate is None else str(estimate.quantize(Decimal("0.01"))),
         "rate": round(rate, 2),
         "eta_seconds": round(remaining / rate) if rate and remaining else None,
         "stop_reason": campaign.stop_reason,

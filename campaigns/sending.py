@@ -44,7 +44,7 @@ from crm.models import Customer, OptOutSource, Store
 from crm.services import customers_opt_out, organizations_pause
 from integrations.clients import graph_client
 from integrations.models import WhatsappNumber, WhatsappPrice
-from integrations.services import whatsapp_numbers_pause
+from integrations.services import whatsapp_numbers_pause, whatsapp_price_currency
 from integrations.whatsapp.client import GraphClient, SendResult, TemplateMessage, UrlButton
 from integrations.whatsapp.parameters import template_text
 from integrations.whatsapp.phones import normalize_phone, phone_region
@@ -119,7 +119,7 @@ def _send_claimed(campaign: Campaign, batch: int, ids: list[int]) -> dict[str, i
         messages = [m for m in messages if m.pk not in held]
         lanes = [lane for lane in lanes if lane.items]
     outcomes = batch_send(campaign, batch, lanes)
-    prices = _prices(campaign.template_category) if outcomes else {}
+    prices = _prices(campaign) if outcomes else {}
     plan = batch_apply(campaign, batch_classify(outcomes, skipped=skipped, prices=prices), messages)
     delays = [d for d in (plan.delay, pace_wait) if d is not None]
     if delays:
@@ -246,8 +246,10 @@ def _skip_reason(m: WhatsappMessage, capped: dict[int, str]) -> str:
     """Why the message must not go to its customer now, or "": consent, a valid phone (the message
     takes its E.164 form), the contact caps."""
     customer = m.customer
+    if not customer.marketing_consent:
+        return caps.NO_CONSENT
     if not customer.can_receive_whatsapp:
-        return "customer opted out or has no consent"
+        return "customer opted out or has no phone"
     phone = normalize_phone(customer.phone)
     if phone is None:
         return f"invalid phone number {customer.phone!r}"
@@ -391,8 +393,18 @@ async def _send_all(lanes: list[_Lane]) -> list[Outcome]:
     )
 
 
-def _prices(category: str) -> dict[str, Decimal]:
-    return dict(WhatsappPrice.objects.filter(category=category).values_list("country", "price"))
+def _prices(campaign: Campaign) -> dict[str, Decimal]:
+    """The rate card's prices of the campaign's category in the currency of its cost total (the
+    card's when it started): a card changed to another currency since prices nothing, so a total
+    never adds two currencies."""
+    currency = _cost_currency(campaign)
+    rows = WhatsappPrice.objects.filter(category=campaign.template_category, currency=currency)
+    return dict(rows.values_list("country", "price"))
+
+
+def _cost_currency(campaign: Campaign) -> str:
+    metric = CampaignMetric.objects.filter(campaign_id=campaign.pk).values_list("cost_currency", flat=True)
+    return metric.first() or whatsapp_price_currency()
 
 
 # --- Classify into a plan (pure) -----------------------------------------------------------------
@@ -565,7 +577,7 @@ def batch_apply(campaign: Campaign, plan: BatchPlan, messages: list[WhatsappMess
             if cost:
                 priced.add(pk)
         plan = plan.reconciled(current, priced)
-        _write_messages(plan, {m.pk: m for m in messages})
+        _write_messages(plan, {m.pk: m for m in messages}, _cost_currency(campaign))
         if plan.retry:
             WhatsappMessage.objects.filter(id__in=plan.retry).update(status=Status.QUEUED, sending_at=None)
         _release(plan.release)
@@ -584,15 +596,30 @@ def batch_apply(campaign: Campaign, plan: BatchPlan, messages: list[WhatsappMess
     return plan
 
 
-def _write_messages(plan: BatchPlan, by_id: dict[int, WhatsappMessage]) -> None:
-    """The plan's messages in a few bulk statements, each writing the phone's E.164 form too."""
+def _write_messages(plan: BatchPlan, by_id: dict[int, WhatsappMessage], currency: str) -> None:
+    """The plan's messages in a few bulk statements, each writing the phone's E.164 form too, and a
+    cost with its currency."""
     now = timezone.now()
     sending = {"status": Status.SENDING}
     settled = plan.settled.items()
     _update(by_id, {pk: {"wa_id": a.wa_id} for pk, a in settled if a.cost is None})
-    _update(by_id, {pk: {"wa_id": a.wa_id, "cost": a.cost} for pk, a in settled if a.cost is not None})
+    _update(
+        by_id,
+        {
+            pk: {"wa_id": a.wa_id, "cost": a.cost, "cost_currency": currency}
+            for pk, a in settled
+            if a.cost is not None
+        },
+    )
     sent = {
-        pk: {"status": Status.SENT, "wamid": a.wamid, "wa_id": a.wa_id, "sent_at": now, "cost": a.cost}
+        pk: {
+            "status": Status.SENT,
+            "wamid": a.wamid,
+            "wa_id": a.wa_id,
+            "sent_at": now,
+            "cost": a.cost,
+            "cost_currency": currency if a.cost is not None else "",
+        }
         for pk, a in plan.sent.items()
     }
     _update(by_id, sent, only_if=sending)

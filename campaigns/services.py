@@ -13,8 +13,9 @@ from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from campaigns import caps, selectors
+from campaigns import caps, links, selectors
 from campaigns.models import (
+    CONTENT_COLUMNS,
     OUTCOME_UNKNOWN,
     BounceType,
     Campaign,
@@ -27,6 +28,7 @@ from campaigns.models import (
 from crm import bulk, jobs, promote, queues, recovery
 from crm.checkpoints import jobrun_enqueue
 from crm.crypto import DecryptionError
+from integrations.services import whatsapp_price_currency
 
 logger = logging.getLogger(__name__)
 
@@ -110,8 +112,14 @@ def campaign_start(*, campaign: Campaign) -> Campaign:
     campaign_validate(campaign=campaign)
     with transaction.atomic():
         now = timezone.now()
+        # The row locked, its content read fresh: the links frozen are those of what is sent.
+        fresh = Campaign.objects.select_for_update().filter(pk=campaign.pk).first()
         updated = Campaign.objects.filter(pk=campaign.pk, status__in=[Status.DRAFT, Status.SCHEDULED]).update(
-            status=Status.SENDING, started_at=now, finished_at=None, stop_reason=""
+            status=Status.SENDING,
+            started_at=now,
+            finished_at=None,
+            stop_reason="",
+            sent_links=links.link_targets(campaign=fresh) if fresh is not None else None,
         )
         if not updated:
             campaign.refresh_from_db()
@@ -119,7 +127,10 @@ def campaign_start(*, campaign: Campaign) -> Campaign:
                 _("campaign %(id)s is %(status)s; only a draft or scheduled campaign can start")
                 % {"id": campaign.pk, "status": campaign.get_status_display()}
             )
-        CampaignMetric.objects.get_or_create(campaign=campaign)
+        # Its costs add up in the rate card's currency as it is now (one currency per total).
+        CampaignMetric.objects.get_or_create(
+            campaign=campaign, defaults={"cost_currency": whatsapp_price_currency()}
+        )
         jobrun_enqueue(
             kind="campaign-fanout",
             key=str(campaign.pk),
@@ -432,6 +443,31 @@ def _insert_page(
     return int(read), int(queued), int(last or 0), ignore
 
 
+def campaign_archive(*, campaign: Campaign) -> bool:
+    """Hide the campaign from the default list, keeping its messages and credited sales; True when this
+    call archived it. A campaign still sending (or paused) is refused: cancel it first."""
+    if campaign.status in (Status.SENDING, Status.PAUSED):
+        raise CampaignError(
+            _("campaign %(id)s is %(status)s; cancel it before archiving")
+            % {"id": campaign.pk, "status": campaign.get_status_display()}
+        )
+    return bool(
+        Campaign.objects.filter(pk=campaign.pk, archived_at__isnull=True)
+        .exclude(status__in=[Status.SENDING, Status.PAUSED])
+        .update(archived_at=timezone.now())
+    )
+
+
+def campaign_unarchive(*, campaign: Campaign) -> bool:
+    """Show an archived campaign in the default list again; True when this call did it."""
+    return bool(Campaign.objects.filter(pk=campaign.pk, archived_at__isnull=False).update(archived_at=None))
+
+
+def campaign_has_messages(*, campaign: Campaign) -> bool:
+    """Whether any message was written for the campaign (then it is history: archived, never deleted)."""
+    return campaign.message_model.objects.filter(campaign_id=campaign.pk).exists()
+
+
 def campaign_deleting(sender: type[Campaign], instance: Campaign, **kwargs: object) -> None:
     """pre_delete of a campaign, inside the deletion's transaction: its row locked before its
     messages are deleted. A fan-out page holds the row FOR KEY SHARE while it writes (the message
@@ -725,26 +761,7 @@ RECURRING_LOCK_TTL = 300  # the seed's SET NX EX 300 around a dispatch pass
 # An occurrence is "missed" when the dispatch finds it later than this (the pass runs every 5
 # minutes, so a live system is never this late); the campaign's misfire policy then applies.
 MISFIRE_GRACE = timedelta(minutes=10)
-_COPIED_FIELDS = (
-    "organization_id",
-    "channel",
-    "whatsapp_number_id",
-    "sender",
-    "template_name",
-    "template_language",
-    "template_category",
-    "template_variables",
-    "header_image_url",
-    "redirect_url",
-    "redirect_button_index",
-    "unsubscribe_button_index",
-    "email_subject",
-    "email_body_format",
-    "email_body",
-    "audience_store_id",
-    "audience_purchased_within_days",
-    "audience_segment",
-)
+_COPIED_FIELDS = ("organization_id", *CONTENT_COLUMNS)
 
 
 def _occurrences(campaign: Campaign, *, after: datetime, until: datetime) -> list[datetime]:

@@ -15,9 +15,10 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
+from typing import Any
 
 from django.db import transaction
-from django.db.models import F, Q
+from django.db.models import Case, F, Q, When
 from django.db.models.functions import Greatest
 
 from campaigns import services
@@ -26,6 +27,7 @@ from crm import bulk
 from crm.models import Customer, OptOutSource
 from crm.services import customers_opt_out, customers_opt_out_undo
 from integrations.models import WhatsappNumber, WhatsappPrice
+from integrations.services import whatsapp_price_currency
 from integrations.whatsapp.phones import phone_region
 from integrations.whatsapp.pricing import rate_category
 from integrations.whatsapp.webhooks import PreferenceEvent, StatusEvent
@@ -49,6 +51,7 @@ EVENT_RANK = {"sent": 1, "delivered": 2, "read": 3}
 COUNTERS = ("sent", "delivered", "read", "failed", "unknown")
 FIELDS = [
     "cost",
+    "cost_currency",
     "status",
     "wamid",
     "wa_id",
@@ -170,15 +173,16 @@ def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
     # Meta batches are not ordered; oldest first makes a failure after a delivery lose, as it should.
     ordered = sorted(events, key=lambda e: e.timestamp)
     prices = _prices(ordered)
+    currency = whatsapp_price_currency() if prices else ""
     with transaction.atomic():
         by_wamid, by_id = _locked_messages(ordered)
-        tracked = _track(ordered, by_wamid, by_id, prices, counts)
+        tracked = _track(ordered, by_wamid, by_id, prices, counts, currency)
         changes = _changes(tracked.values())
         counts["settled"] = changes.settled
         if changes.dirty:
             bulk.update_rows(WhatsappMessage, changes.dirty, FIELDS)
         for campaign_id, delta in changes.deltas.items():
-            _metric_add(campaign_id, delta, changes.costs[campaign_id])
+            _metric_add(campaign_id, delta, changes.costs[campaign_id], currency)
     for campaign_id in sorted(changes.deltas):
         services.campaign_complete_if_done(campaign_id=campaign_id)
     if counts["settled"]:
@@ -217,6 +221,7 @@ def _track(
     by_id: dict[int, WhatsappMessage],
     prices: dict[tuple[str, str], Decimal],
     counts: dict[str, int],
+    currency: str,
 ) -> dict[int, _Tracked]:
     """Apply the events in order to their messages, in memory; counts applied/ignored/unknown."""
     tracked: dict[int, _Tracked] = {}
@@ -237,6 +242,7 @@ def _track(
             # The send never recorded what Meta charged (its worker died, or it is still
             # recording: it then keeps this cost, sending.BatchPlan.reconciled).
             t.cost = message.cost = _priced(message, event, prices)
+            message.cost_currency = currency if t.cost else message.cost_currency
         by_wamid[event.wamid] = message
     return tracked
 
@@ -266,13 +272,15 @@ def _changes(tracked: Iterable[_Tracked]) -> _Changes:
     return changes
 
 
-def _metric_add(campaign_id: int, delta: Counter[str], cost: Decimal) -> None:
-    """One UPDATE of the campaign's counters and cost; a decrement never takes one below zero."""
-    changes = {
+def _metric_add(campaign_id: int, delta: Counter[str], cost: Decimal, currency: str) -> None:
+    """One UPDATE of the campaign's counters and cost; a decrement never takes one below zero. A
+    cost in another currency than the campaign's total is never added to it (it stays on its
+    message, with its currency)."""
+    changes: dict[str, Any] = {
         name: F(name) + n if n > 0 else Greatest(F(name) + n, 0) for name, n in delta.items() if n != 0
     }
     if cost:
-        changes["cost"] = F("cost") + cost
+        changes["cost"] = Case(When(cost_currency=currency, then=F("cost") + cost), default=F("cost"))
     if changes:
         CampaignMetric.objects.filter(campaign_id=campaign_id).update(**changes)
 

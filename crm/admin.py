@@ -15,9 +15,19 @@ from django.utils.translation import gettext_lazy as _
 from django_rq.admin import QueueAdmin
 from django_rq.models import Dashboard
 
-from crm import tenancy
+from crm import services, tenancy
 from crm.admin_columns import short_datetime
-from crm.models import Customer, InboxEvent, JobRun, Membership, Organization, Sale, Store
+from crm.models import (
+    ConsentChange,
+    ConsentSource,
+    Customer,
+    InboxEvent,
+    JobRun,
+    Membership,
+    Organization,
+    Sale,
+    Store,
+)
 from crm.money import format_money
 from crm.tenancy import TenantAdmin, TenantInline
 
@@ -83,6 +93,7 @@ class OrganizationAdmin(TenantAdmin):
                     "block_multiple_campaigns",
                     "contact_caps_scope",
                     "attribution_window_days",
+                    ("cost_conversion_rate", "cost_conversion_currency"),
                 )
             },
         ),
@@ -195,6 +206,22 @@ class OptOutFilter(admin.SimpleListFilter):
         return queryset
 
 
+class ConsentChangeInline(TenantInline):
+    """The customer's consent history, read-only (written by crm.services.customers_consent_set)."""
+
+    model = ConsentChange
+    extra = 0
+    can_delete = False
+    fields = readonly_fields = ("at", "given", "source", "by")
+    ordering = ("-at",)
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Customer)
 class CustomerAdmin(TenantAdmin):
     list_display = (
@@ -208,17 +235,29 @@ class CustomerAdmin(TenantAdmin):
     )
     list_select_related = ("organization",)
     search_fields = ("name", "=email", "=phone", "=erp_id", "=cpf_cnpj")
-    list_filter = ("organization", "marketing_consent", OptOutFilter)
+    list_filter = ("organization", "marketing_consent", "marketing_consent_source", OptOutFilter)
     show_full_result_count = False  # no second COUNT(*) over a million rows
-    readonly_fields = ("created_at", "updated_at", "erp_trans_id", "erp_registered_at")
+    # Consent is changed only by the actions below (who and when are kept), never typed in the form.
+    readonly_fields = (
+        "created_at",
+        "updated_at",
+        "erp_trans_id",
+        "erp_registered_at",
+        "marketing_consent",
+        "consent_at",
+        "marketing_consent_source",
+        "marketing_consent_by",
+    )
+    actions = ("consent_record", "consent_withdraw")
+    inlines = (ConsentChangeInline,)
     fieldsets = (
         (None, {"fields": ("organization", "erp_id", "name", "cpf_cnpj", "email", "phone")}),
         (
             _("Consent and opt-out"),
             {
                 "fields": (
-                    "marketing_consent",
-                    "consent_at",
+                    ("marketing_consent", "marketing_consent_source"),
+                    ("consent_at", "marketing_consent_by"),
                     ("whatsapp_opted_out_at", "whatsapp_opt_out_source"),
                     ("email_opted_out_at", "email_opt_out_source"),
                 )
@@ -226,6 +265,26 @@ class CustomerAdmin(TenantAdmin):
         ),
         (_("Record"), {"fields": ("created_at", "updated_at", "erp_trans_id", "erp_registered_at")}),
     )
+
+    @admin.action(
+        description=_("Record marketing consent (given by the customer to me)"), permissions=["change"]
+    )
+    def consent_record(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._consent(request, queryset, given=True, done=_("Consent recorded for %(n)d customer(s)."))
+
+    @admin.action(description=_("Withdraw marketing consent"), permissions=["change"])
+    def consent_withdraw(self, request: HttpRequest, queryset: QuerySet) -> None:
+        self._consent(request, queryset, given=False, done=_("Consent withdrawn for %(n)d customer(s)."))
+
+    def _consent(self, request: HttpRequest, queryset: QuerySet, *, given: bool, done: Any) -> None:
+        """Consent as the manager records it: source "admin", who and when kept, with its history."""
+        changed = services.customers_consent_set(
+            customer_ids=queryset.values_list("pk", flat=True),
+            given=given,
+            source=ConsentSource.ADMIN,
+            by_id=request.user.pk,
+        )
+        self.message_user(request, str(done) % {"n": changed})
 
     @admin.display(description=_("opted out"), ordering="whatsapp_opted_out_at")
     def opted_out(self, obj: Customer) -> str:

@@ -8,12 +8,14 @@ import unicodedata
 from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
+from typing import Any
 
 import phonenumbers
 from django.db import transaction
 from django.utils import timezone
 
 from crm.models import Customer, Organization, Sale, Store
+from integrations.millennium.client import ErpCustomer
 
 DEMO_SLUG = "demo"
 DEMO_STORES = [("001", "Centro"), ("002", "Shopping Ibirapuera"), ("003", "Loja online")]
@@ -56,9 +58,16 @@ def demo_phone(i: int) -> str:
 
 
 def demo_load(
-    *, customers: int = 50, batch: int = 2000, progress: Callable[[int], None] | None = None
+    *,
+    customers_upsert: Callable[..., Any],
+    customers: int = 50,
+    batch: int = 2000,
+    progress: Callable[[int], None] | None = None,
 ) -> Organization:
-    """Create or update the demo organization, its stores and `customers` customers. Safe to run twice."""
+    """Create or update the demo organization, its stores and `customers` customers. The customers
+    arrive as ERP records that carry the ERP's opt-in, written by `customers_upsert` (the ERP sync's,
+    given by the composition root): consent comes only from a source that carries it, the demo's
+    too. Safe to run twice."""
     # Contact caps counted per channel in the demo (only when created: an operator's choice stays),
     # so the demo's WhatsApp campaign and then its email campaign both reach everyone.
     org, _ = Organization.objects.update_or_create(
@@ -72,29 +81,24 @@ def demo_load(
     )
     for code, name in DEMO_STORES:
         Store.objects.update_or_create(organization=org, erp_code=code, defaults={"name": name})
-    now = timezone.now()
     for start in range(0, customers, batch):
         rows = []
         for i in range(start, min(start + batch, customers)):
             first, last = _FIRST[i % len(_FIRST)], _LAST[(i // len(_FIRST)) % len(_LAST)]
             rows.append(
-                Customer(
-                    organization=org,
+                ErpCustomer(
                     erp_id=f"DEMO-{i:07d}",
+                    trans_id=1,
                     name=f"{first} {last}",
+                    cpf_cnpj="",
                     email=f"{_ascii(first)}.{i}@example.com.br",
                     phone=demo_phone(i),
-                    marketing_consent=True,
-                    consent_at=now,
+                    registered_at=None,
+                    marketing_opt_in=True,
                 )
             )
         with transaction.atomic():
-            Customer.objects.bulk_create(
-                rows,
-                update_conflicts=True,
-                unique_fields=["organization", "erp_id"],
-                update_fields=["name", "email", "phone"],
-            )
+            customers_upsert(organization_id=org.pk, customers=rows)
         if progress:
             progress(len(rows))
     demo_sales(org=org, customers=customers)

@@ -94,6 +94,20 @@ class Organization(models.Model):
             "recomputes the older ones."
         ),
     )
+    # Costs are recorded in the provider's currency (WhatsApp: the rate card's, usually USD). With a
+    # rate, pages also show them in the organization's currency (reais), labelled as an estimate.
+    cost_conversion_rate = models.DecimalField(
+        _("cost conversion rate"),
+        max_digits=12,
+        decimal_places=6,
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0)],
+        help_text=_("How many reais one unit of the currency below is worth, e.g. 5.40 for USD."),
+    )
+    cost_conversion_currency = models.CharField(
+        _("cost conversion currency"), max_length=3, default="USD", help_text=_("ISO 4217, e.g. USD.")
+    )
     # Set when a provider says the account itself is unusable (expired token, locked, unpaid):
     # every send of the organization on that channel waits until an operator clears it.
     whatsapp_paused_at = models.DateTimeField(_("WhatsApp sending paused at"), null=True, blank=True)
@@ -227,6 +241,19 @@ class OptOutSource(models.TextChoices):
     ERP = "erp", _("ERP")
 
 
+class ConsentSource(models.TextChoices):
+    """Where a customer's marketing consent (given or withdrawn) came from: only a source that carries
+    one sets it; a customer that arrives without one has none."""
+
+    ERP = "erp", _("ERP opt-in field")
+    FORM = "form", _("sign-up form")
+    IMPORT = "import", _("import with a consent column")
+    ADMIN = "admin", _("recorded in the admin")
+    INTEGRATION = "integration", _("integration")
+    # Consent held before its source was recorded (kept, never invented: no time when none was kept).
+    LEGACY = "legacy", _("legacy (recorded before its source was kept)")
+
+
 class Customer(models.Model):
     organization = models.ForeignKey(
         Organization, on_delete=models.CASCADE, related_name="customers", verbose_name=_("organization")
@@ -245,8 +272,21 @@ class Customer(models.Model):
     # (created here, or a placeholder for a customer a synced sale refers to).
     erp_trans_id = models.BigIntegerField(_("ERP trans_id"), null=True, blank=True)
     erp_registered_at = models.DateTimeField(_("registered in the ERP at"), null=True, blank=True)
-    marketing_consent = models.BooleanField(_("marketing consent"), default=True)
+    # LGPD: marketing needs a recorded legal basis, so consent is "not given" until a source that
+    # carries one sets it (crm.services.customers_consent_set), with its source, time and who.
+    marketing_consent = models.BooleanField(_("marketing consent"), default=False)
     consent_at = models.DateTimeField(_("consent given at"), null=True, blank=True)
+    marketing_consent_source = models.CharField(
+        _("consent source"), max_length=20, blank=True, default="", choices=ConsentSource.choices
+    )
+    marketing_consent_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("consent recorded by"),
+    )
     whatsapp_opted_out_at = models.DateTimeField(_("WhatsApp opt-out at"), null=True, blank=True)
     whatsapp_opt_out_source = models.CharField(
         _("WhatsApp opt-out source"), max_length=20, blank=True, default="", choices=OptOutSource.choices
@@ -281,6 +321,37 @@ class Customer(models.Model):
     @property
     def can_receive_email(self) -> bool:
         return bool(self.email) and self.marketing_consent and self.email_opted_out_at is None
+
+
+class ConsentChange(models.Model):
+    """One change of a customer's marketing consent: the history behind the customer's current value."""
+
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="+", verbose_name=_("organization")
+    )
+    customer = models.ForeignKey(
+        Customer, on_delete=models.CASCADE, related_name="consent_changes", verbose_name=_("customer")
+    )
+    given = models.BooleanField(_("consent given"))
+    source = models.CharField(_("source"), max_length=20, choices=ConsentSource.choices)
+    at = models.DateTimeField(_("at"), default=dj_timezone.now)
+    by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        verbose_name=_("recorded by"),
+    )
+
+    class Meta:
+        verbose_name = _("consent change")
+        verbose_name_plural = _("consent changes")
+        ordering = ["customer_id", "-at"]
+        indexes = [models.Index(fields=["customer", "at"], name="consentchange_customer_at")]
+
+    def __str__(self) -> str:
+        return f"{self.customer_id} {self.given} {self.source}"
 
 
 class Sale(models.Model):

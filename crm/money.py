@@ -28,3 +28,39 @@ def format_money(
         "\u00a0" if (get_language() or "").lower().startswith("pt") or symbol == currency.upper() else ""
     )
     return f"{'-' if value < 0 else ''}{symbol}{separator}{number}"
+
+
+def cost_estimate(
+    amount: Decimal, currency: str, *, rate: Decimal | None, rate_currency: str
+) -> Decimal | None:
+    """`amount` of `currency` in reais: itself when it is in reais, converted at the organization's
+    `rate` when that rate is for `currency` — an estimate —, else None (never a guess)."""
+    if currency.upper() == DEFAULT_CURRENCY:
+        return amount
+    if rate is None or rate_currency.upper() != currency.upper():
+        return None
+    return amount * rate
+
+
+def format_cost(
+    amount: Decimal | int | str | None,
+    currency: str,
+    *,
+    rate: Decimal | None = None,
+    rate_currency: str = "",
+    places: int = 2,
+) -> str:
+    """A cost in its own currency, and, when it is not reais and a conversion rate for it is set,
+    also in reais labelled as an estimate: "US$ 3,13 (≈ R$ 16,90, estimativa)"."""
+    from django.utils.translation import gettext
+
+    shown = format_money(amount, currency, places=places)
+    if amount is None or amount == "" or currency.upper() == DEFAULT_CURRENCY:
+        return shown
+    estimate = cost_estimate(Decimal(str(amount)), currency, rate=rate, rate_currency=rate_currency)
+    if estimate is None:
+        return shown
+    return gettext("%(cost)s (≈ %(estimate)s, estimate)") % {
+        "cost": shown,
+        "estimate": format_money(estimate, DEFAULT_CURRENCY, places=places),
+    }

@@ -10,7 +10,7 @@ from typing import Any, Literal
 from django.db import connection, transaction
 from django.utils import timezone
 
-from crm.models import Customer, OptOutSource, Organization
+from crm.models import ConsentChange, ConsentSource, Customer, OptOutSource, Organization
 
 logger = logging.getLogger(__name__)
 
@@ -35,23 +35,68 @@ def customer_signup(
                 email=email,
                 name=name,
                 phone=phone,
-                marketing_consent=marketing_consent,
-                consent_at=timezone.now() if marketing_consent else None,
             )
+            if marketing_consent:
+                customers_consent_set(customer_ids=[customer.pk], given=True, source=ConsentSource.FORM)
             return customer.pk, "created"
         changes: dict[str, Any] = {}
         if name and name != customer.name:
             changes["name"] = name
         if phone and phone != customer.phone:
             changes["phone"] = phone
-        if marketing_consent and not customer.marketing_consent:
-            changes.update(marketing_consent=True, consent_at=timezone.now())
+        consented = marketing_consent and not customer.marketing_consent
+        if consented:
+            customers_consent_set(customer_ids=[customer.pk], given=True, source=ConsentSource.FORM)
         if not changes:
-            return customer.pk, "unchanged"
+            return customer.pk, ("updated" if consented else "unchanged")
         for field, value in changes.items():
             setattr(customer, field, value)
         customer.save(update_fields=[*changes, "updated_at"])
         return customer.pk, "updated"
+
+
+# --- consent ---------------------------------------------------------------------------------------
+
+
+def customers_consent_set(
+    *,
+    customer_ids: Iterable[int],
+    given: bool,
+    source: ConsentSource,
+    by_id: int | None = None,
+    at: datetime | None = None,
+    only_from: Iterable[ConsentSource] | None = None,
+) -> int:
+    """Give (or withdraw) the customers' marketing consent as of `at` (now), keeping its source, time
+    and who recorded it, plus one ConsentChange row each. Customers whose consent already is `given`
+    are left alone (their source and time stay); with `only_from`, only a consent recorded from those
+    sources is changed (an ERP flag going false withdraws what the ERP gave, not a form's). Returns how
+    many changed; one UPDATE … RETURNING and one bulk insert. Safe to run twice."""
+    when = at or timezone.now()
+    customers = Customer.objects.filter(pk__in=list(customer_ids)).exclude(marketing_consent=given)
+    if only_from is not None:
+        customers = customers.filter(marketing_consent_source__in=list(only_from))
+    with transaction.atomic():
+        # QuerySet.update returns no rows: lock and read the ids first, then update exactly those.
+        changed = list(customers.select_for_update().values_list("pk", "organization_id"))
+        if not changed:
+            return 0
+        Customer.objects.filter(pk__in=[pk for pk, _org in changed]).update(
+            marketing_consent=given,
+            consent_at=when if given else None,
+            marketing_consent_source=source,
+            marketing_consent_by_id=by_id,
+            updated_at=timezone.now(),
+        )
+        ConsentChange.objects.bulk_create(
+            [
+                ConsentChange(
+                    organization_id=org, customer_id=pk, given=given, source=source, at=when, by_id=by_id
+                )
+                for pk, org in changed
+            ]
+        )
+    return len(changed)
 
 
 # --- memberships ------------------------------------------------------------------------------------

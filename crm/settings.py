@@ -272,6 +272,13 @@ if ANYMAIL_WEBHOOK_SECRET and ":" not in ANYMAIL_WEBHOOK_SECRET:
     raise config.setting_error("ANYMAIL_WEBHOOK_SECRET", 'must be "user:password"')
 ANYMAIL = {"WEBHOOK_SECRET": ANYMAIL_WEBHOOK_SECRET or f"refused:{secrets.token_urlsafe(32)}"}
 
+# --- Sales -------------------------------------------------------------------------------------
+# A sale stamped more than this many seconds ahead of now (a wrong ERP clock) is refused by the
+# sync, counted, and never attributed to a campaign.
+SALE_FUTURE_TOLERANCE_SECONDS = env.int("SALE_FUTURE_TOLERANCE_SECONDS", default=300)
+if SALE_FUTURE_TOLERANCE_SECONDS < 0:
+    raise config.setting_error("SALE_FUTURE_TOLERANCE_SECONDS", "must be 0 or more")
+
 # --- Segments -----------------------------------------------------------------------------------
 # Daily RFM segment snapshots kept per organization (the newest and the days before it); older
 # ones are deleted by the daily job.

@@ -26,6 +26,7 @@ from datetime import time as day_time
 from typing import Any
 from zoneinfo import ZoneInfo
 
+from django.conf import settings
 from django.db import connection as db
 from django.db import models, transaction
 from django.db.models import F, Value
@@ -35,8 +36,9 @@ from django.utils.translation import gettext as _
 from django.utils.translation import pgettext
 
 from crm import hooks, jobs, prometheus, queues
+from crm import services as crm_services
 from crm.cli import number
-from crm.models import Customer, JobRun, Organization, Sale, Store
+from crm.models import ConsentSource, Customer, JobRun, Organization, Sale, Store
 from erp.models import ErpConnection, ErpSyncIssue
 from integrations.millennium.client import (
     CUSTOMERS_PATH,
@@ -80,6 +82,7 @@ class SyncResult:
     customers_created: int = 0  # placeholders for customers that synced sales refer to
     surveys: int = 0
     attributed: int = 0  # sales credited to a campaign (campaigns.attribution)
+    future: int = 0  # sales refused: stamped more than SALE_FUTURE_TOLERANCE_SECONDS ahead
     started_trans_id: int = 0
     trans_id: int = 0  # customers: the high-water mark after the sync
     resumed: bool = False
@@ -100,6 +103,7 @@ class SyncResult:
             "customers": number(self.customers_created),
             "surveys": number(self.surveys),
             "attributed": number(self.attributed),
+            "future": number(self.future),
             "trans_id": self.trans_id,
             "from": self.started_trans_id,
         }
@@ -117,6 +121,8 @@ class SyncResult:
         else:
             line += _(" — %(customers)s customers created, %(surveys)s surveys scheduled") % values
             line += _(", %(attributed)s attributed to campaigns") % values
+            if self.future:
+                line += _(", %(future)s refused (sold in the future)") % values
         return line
 
 
@@ -246,8 +252,9 @@ _SALE_NEWER = (
 
 
 def customers_upsert(*, organization_id: int, customers: Sequence[ErpCustomer]) -> tuple[int, int]:
-    """Insert or update customers by ERP id; returns (new, changed). Opt-outs and consent are
-    never touched. Safe to run twice: an unchanged record writes nothing."""
+    """Insert or update customers by ERP id; returns (new, changed). A new customer has no consent;
+    the ERP's opt-in field, where a record carries it, gives or withdraws consent (`_consent_apply`).
+    Opt-outs are never touched. Safe to run twice: an unchanged record writes nothing."""
     latest = _latest(customers)
     if not latest:
         return 0, 0
@@ -281,7 +288,39 @@ def customers_upsert(*, organization_id: int, customers: Sequence[ErpCustomer]) 
         )
         written += chunk_written
         created += chunk_created
+        _consent_apply(organization_id=organization_id, records=records)
     return created, written - created
+
+
+def _consent_apply(*, organization_id: int, records: Sequence[ErpCustomer]) -> None:
+    """The ERP's opt-in, recorded with source "erp": a yes gives consent to a customer without one; a
+    no withdraws only a consent the ERP gave or a legacy one (a form's or the admin's stays). A record
+    older than the customer's stored copy says nothing. Two bulk statements per page at most."""
+    flagged = {r.erp_id: r for r in records if r.marketing_opt_in is not None}
+    if not flagged:
+        return
+    rows: list[tuple[int, str | None, int | None]] = list(
+        Customer.objects.filter(organization_id=organization_id, erp_id__in=list(flagged)).values_list(
+            "pk", "erp_id", "erp_trans_id"
+        )
+    )
+    current = [
+        (pk, flagged[erp_id])
+        for pk, erp_id, trans_id in rows
+        if erp_id is not None and (trans_id or 0) <= flagged[erp_id].trans_id
+    ]
+    grant = [pk for pk, record in current if record.marketing_opt_in]
+    withdraw = [pk for pk, record in current if not record.marketing_opt_in]
+    if grant:
+        crm_services.customers_consent_set(customer_ids=grant, given=True, source=ConsentSource.ERP)
+    if withdraw:
+        crm_services.customers_consent_set(
+            customer_ids=withdraw,
+            given=False,
+            source=ConsentSource.ERP,
+            # A consent held from before sources were kept (the old "consent by default") yields too.
+            only_from=[ConsentSource.ERP, ConsentSource.LEGACY],
+        )
 
 
 @dataclass
@@ -530,6 +569,30 @@ def _customers_page_store(
     result.trans_id = max(result.trans_id, page.next_trans_id)
 
 
+def _sales_refuse(page: Page[ErpSale], *, store: Store) -> tuple[list[ErpSale], list[MalformedRecord], int]:
+    """A page's sales split into (those to store, the issues to record, how many of them are from the
+    future). Refused: a sale of another store, and one stamped more than SALE_FUTURE_TOLERANCE_SECONDS
+    ahead of now (a wrong clock in the ERP: stored, it would be credited to campaigns before it
+    happened; the sync of its hour reads it again once its time has come)."""
+    limit = timezone.now() + timedelta(seconds=settings.SALE_FUTURE_TOLERANCE_SECONDS)
+    ours: list[ErpSale] = []
+    issues = list(page.malformed)
+    future = 0
+    for s in page.records:
+        if s.store_code != store.erp_code:
+            reason = f"a sale of store {s.store_code!r} answered for store {store.erp_code!r}"
+        elif s.sold_at > limit:
+            reason = f"sold in the future: {s.sold_at.isoformat()} is ahead of the sync's clock"
+            future += 1
+        else:
+            ours.append(s)
+            continue
+        issues.append(
+            MalformedRecord(kind="sale", external_id=s.erp_id, trans_id=s.trans_id, reason=reason, excerpt="")
+        )
+    return ours, issues, future
+
+
 def sales_sync(
     *,
     store: Store,
@@ -554,18 +617,7 @@ def sales_sync(
         for page in client.sale_pages(
             store_code=store.erp_code, start=start, end=end, top=connection.page_size
         ):
-            ours = [s for s in page.records if s.store_code == store.erp_code]
-            malformed = list(page.malformed) + [
-                MalformedRecord(
-                    kind="sale",
-                    external_id=s.erp_id,
-                    trans_id=s.trans_id,
-                    reason=f"a sale of store {s.store_code!r} answered for store {store.erp_code!r}",
-                    excerpt="",
-                )
-                for s in page.records
-                if s.store_code != store.erp_code
-            ]
+            ours, malformed, future = _sales_refuse(page, store=store)
             with transaction.atomic():
                 outcome = sales_upsert(store=store, sales=ours)
                 sync_issues_record(organization_id=org_id, store_id=store.pk, issues=malformed)
@@ -581,7 +633,8 @@ def sales_sync(
             result.customers_created += outcome.customers_created
             result.surveys += told.get("surveys", 0)
             result.attributed += told.get("attributed", 0)
-            result.skipped += len(malformed)
+            result.skipped += len(malformed) - future
+            result.future += future
             result.trans_id = max(result.trans_id, page.next_trans_id)
             if progress:
                 progress(result)

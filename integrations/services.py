@@ -71,4 +71,12 @@ def whatsapp_prices_sync(*, url: str) -> dict[str, int]:
         unique_fields=["category", "country"],
         update_fields=["price", "currency", "updated_at"],
     )
+    if rates:
+        # A card in another currency replaces the old one whole: no price is left in the old currency.
+        WhatsappPrice.objects.exclude(currency=rates[0].currency).delete()
     return {"rates": len(rates), "skipped": len(problems)}
+
+
+def whatsapp_price_currency() -> str:
+    """The rate card's currency (ISO 4217; the card has one), Meta's USD when it is empty."""
+    return WhatsappPrice.objects.order_by("pk").values_list("currency", flat=True).first() or "USD"

@@ -155,6 +155,7 @@ def world(db) -> dict:
     store = Store.objects.create(organization=org, erp_code="001", name="Centro")
     customers = [
         Customer.objects.create(
+            marketing_consent=True,
             organization=org,
             erp_id="C1",
             name="Ana Silva",
@@ -162,13 +163,16 @@ def world(db) -> dict:
             phone="+5511999990001",
         ),
         Customer.objects.create(
+            marketing_consent=True,
             organization=org,
             erp_id="C2",
             name="Bruno Souza",
             email="bruno@example.com.br",
             phone="+5521999990002",
         ),
-        Customer.objects.create(organization=org, erp_id="C3", name="Carla Lima", email="", phone=""),
+        Customer.objects.create(
+            marketing_consent=True, organization=org, erp_id="C3", name="Carla Lima", email="", phone=""
+        ),
     ]
     return {"org": org, "store": store, "customers": customers}
 

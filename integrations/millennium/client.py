@@ -257,6 +257,9 @@ class ErpCustomer:
     email: str  # "" when absent or invalid
     phone: str  # E.164; "" when absent or invalid
     registered_at: datetime | None
+    # The ERP's marketing opt-in (aceita_marketing): True/False when the record carries it, None when
+    # it does not (or it cannot be read) — then nothing is known and no consent is assumed.
+    marketing_opt_in: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,6 +313,27 @@ def _excerpt(raw: Any) -> str:
     return text[:EXCERPT_CHARS]
 
 
+OPT_IN_FIELD = "aceita_marketing"
+_YES = frozenset({"s", "sim", "y", "yes", "true", "t", "1"})
+_NO = frozenset({"n", "nao", "não", "no", "false", "f", "0"})
+
+
+def parse_opt_in(value: Any) -> bool | None:
+    """The ERP's opt-in flag: True or False only for an unambiguous answer (a boolean, 1/0, "S"/"N",
+    "sim"/"não", "true"/"false"); None for anything else, absent or unreadable — never a consent."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return value == 1
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text in _YES:
+            return True
+        if text in _NO:
+            return False
+    return None
+
+
 def parse_customer(raw: Mapping[str, Any]) -> ErpCustomer:
     """A customer record of clientes/lista; raises ValueError saying what is wrong."""
     registered = raw.get("data_cadastro")
@@ -321,6 +345,7 @@ def parse_customer(raw: Mapping[str, Any]) -> ErpCustomer:
         email=normalize_email(raw.get("e_mail")),
         phone=mobile_e164(raw.get("ddd_celular"), raw.get("celular")),
         registered_at=parse_date(registered) if registered not in (None, "") else None,
+        marketing_opt_in=parse_opt_in(raw.get(OPT_IN_FIELD)),
     )
 
 

@@ -11,7 +11,10 @@ dates as ``/Date(ms-0300)/``, the ``trans_id`` cursor and ``$top`` page size, Ba
 Data is computed, not stored, so any size costs no memory: customer ``i`` (0 <= i < customers) is
 a pure function of ``i`` (``cliente`` = 1000 + i, ``trans_id`` = 10 (i + 1)), and each store's sales
 of a day are a pure function of (store, day): ``sales_per_day`` of them between 09:00 and 21:00
-(-03:00), every tenth without a customer. Later changes (:meth:`MillenniumSandbox.add_customers`,
+(-03:00), every tenth without a customer; a sale is served only once its time has come (unless
+``future_sales`` is set, to show what a broken ERP clock does). Each customer carries the
+opt-in field ``aceita_marketing`` (a boolean or "S"/"N"; one in five says no, one in thirteen
+lacks it). Later changes (:meth:`MillenniumSandbox.add_customers`,
 :meth:`~MillenniumSandbox.touch_customers`) get fresh trans_ids above every earlier one, as the
 ERP's own counter would.
 
@@ -48,6 +51,7 @@ from aiohttp import web
 
 from integrations.millennium.client import (
     CUSTOMERS_PATH,
+    OPT_IN_FIELD,
     SALES_PATH,
     cnpj_check_digits,
     cpf_check_digits,
@@ -162,6 +166,7 @@ class MillenniumSandbox(ThreadedAppServer):
         latency_ms: float = 0.0,
         malformed_every: int = 0,
         max_top: int = 5000,
+        future_sales: bool = False,
     ) -> None:
         super().__init__(host, port)
         self._stores = tuple(stores)
@@ -178,6 +183,7 @@ class MillenniumSandbox(ThreadedAppServer):
         self._latency_ms = float(latency_ms)
         self._malformed_every = int(malformed_every)
         self._max_top = int(max_top)
+        self._future_sales = bool(future_sales)
         self._state = self._fresh_state()
 
     def _fresh_state(self) -> _State:
@@ -212,6 +218,10 @@ class MillenniumSandbox(ThreadedAppServer):
     def set_latency(self, ms: float) -> None:
         """Delay every API answer by ``ms`` milliseconds (slow pages, or a client's read timeout)."""
         self._latency_ms = max(float(ms), 0.0)
+
+    def set_future_sales(self, on: bool) -> None:
+        """Serve the whole day's sales, those stamped later than now too (an ERP with a wrong clock)."""
+        self._future_sales = bool(on)
 
     def set_malformed_every(self, k: int) -> None:
         """Break every k-th customer and every k-th sale of a store's day (0 = none)."""
@@ -404,6 +414,9 @@ class MillenniumSandbox(ThreadedAppServer):
             digits = f"{(i * 7919) % 10**7:07d}"
             # Every eleventh number in the old 8-digit form, without the mobile's ninth digit.
             record["celular"] = f"9{digits}" if i % 11 == 10 else f"99{digits}"
+        if i % 13 != 12:  # the opt-in field, as ERPs write it: a boolean or "S"/"N"; some never asked
+            opted_in = i % 5 != 4
+            record[OPT_IN_FIELD] = opted_in if i % 2 == 0 else ("S" if opted_in else "N")
         if version:
             record["nome"] += f" (v{version})"
         if self.is_malformed_customer(i):
@@ -512,9 +525,11 @@ class MillenniumSandbox(ThreadedAppServer):
             raise _BadRequest("the window is longer than 400 days")
         found = []
         day = start.astimezone(OFFSET).date()
-        while datetime(day.year, day.month, day.day, tzinfo=OFFSET) < end:
+        # A sale exists once it has happened: the day's later sales come when their time does.
+        until = min(end, datetime.now(OFFSET)) if not self._future_sales else end
+        while datetime(day.year, day.month, day.day, tzinfo=OFFSET) < until:
             for record, sold_at in self._day_sales(store_code, day):
-                if start <= sold_at < end and record["trans_id"] > trans_id:
+                if start <= sold_at < until and record["trans_id"] > trans_id:
                     found.append(record)
             day += timedelta(days=1)
         found.sort(key=lambda r: r["trans_id"])
@@ -532,6 +547,8 @@ class MillenniumSandbox(ThreadedAppServer):
                     self.set_latency(float(data["latency_ms"]))
                 if "malformed_every" in data:
                     self.set_malformed_every(int(data["malformed_every"]))
+                if "future_sales" in data:
+                    self.set_future_sales(data["future_sales"] is True)
                 if "fail_next" in data:
                     rule = data["fail_next"]
                     self._state.fail_after = int(rule.get("after", 0))
@@ -546,6 +563,7 @@ class MillenniumSandbox(ThreadedAppServer):
                 "sales_per_day": self._sales_per_day,
                 "latency_ms": self._latency_ms,
                 "malformed_every": self._malformed_every,
+                "future_sales": self._future_sales,
                 "pending_failures": self._state.fail_count,
             }
         )

@@ -35,6 +35,13 @@ def parse_rate_card(text: str) -> tuple[list[Rate], list[str]]:
         country = (row.get("country") or "").strip().upper()
         category = (row.get("category") or "").strip().lower()
         currency = (row.get("currency") or "USD").strip().upper() or "USD"
+        if not (len(currency) == 3 and currency.isascii() and currency.isalpha()):
+            problems.append(f"line {line}: currency {currency!r} is not an ISO 4217 code")
+            continue
+        if rates and currency != rates[0].currency:
+            # Costs add up per campaign: one card, one currency, so no total ever adds two.
+            problems.append(f"line {line}: currency {currency} differs from the card's {rates[0].currency}")
+            continue
         if country != "*" and not (len(country) == 2 and country.isalpha()):
             problems.append(f"line {line}: country {country!r} is not an ISO code or *")
             continue

@@ -42,6 +42,7 @@ def wa(transactional_db, sandbox, settings) -> dict:
         return Customer.objects.bulk_create(
             [
                 Customer(
+                    marketing_consent=True,
                     organization=org,
                     erp_id=f"C{i}",
                     name=fields.get("name", f"Cliente{i} Silva"),

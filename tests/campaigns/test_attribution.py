@@ -386,7 +386,10 @@ def test_the_campaign_page_shows_revenue_conversions_rate_and_revenue_per_cost(w
     campaign = _campaign(org, "Black Friday")
     for customer in (ana, bruno, carla):
         _sent(campaign, customer, T0)
-    CampaignMetric.objects.create(campaign=campaign, queued=3, sent=3, cost=Decimal("0.187500"))
+    # A cost in reais, as the revenue: a plain ratio (a cost in dollars: see the next test).
+    CampaignMetric.objects.create(
+        campaign=campaign, queued=3, sent=3, cost=Decimal("0.187500"), cost_currency="BRL"
+    )
     _sale(store, ana, T0 + timedelta(days=1), "1000.00")
     _sale(store, ana, T0 + timedelta(days=2), "234.50")
     _sale(store, bruno, T0 + timedelta(days=1), "0.13")
@@ -525,3 +528,23 @@ def test_the_sql_attribution_equals_the_reference(world, window_days, messages, 
         0,
     )
     assert attributed() == expected
+
+
+def test_revenue_per_cost_never_divides_reais_by_dollars_but_by_the_labelled_estimate(world, admin_client):
+    org, store, ana = world["org"], world["store"], world["customers"][0]
+    campaign = _campaign(org, "Black Friday")
+    _sent(campaign, ana, T0)
+    CampaignMetric.objects.create(
+        campaign=campaign, queued=1, sent=1, cost=Decimal("0.0625"), cost_currency="USD"
+    )
+    _sale(store, ana, T0 + timedelta(days=1), "100.00")
+
+    def per_cost() -> str:
+        page = admin_client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
+        cell = page[page.index('data-field="revenue_per_cost">') :]
+        return cell[len('data-field="revenue_per_cost">') : cell.index("<")]
+
+    assert per_cost() == "—"  # R$ 100 ÷ US$ 0.0625 is no ratio
+    org.cost_conversion_rate, org.cost_conversion_currency = Decimal("5.00"), "USD"
+    org.save()
+    assert per_cost() == "320,00 (estimativa)"  # 100 ÷ (0.0625 * 5)

@@ -72,7 +72,7 @@ def test_the_campaign_commands_speak_portuguese_by_default(wa, run_jobs):
     CampaignMetric.objects.filter(campaign=campaign).update(cost="1234.5")
     lines = _status(campaign).splitlines()
     assert re.fullmatch(
-        rf"campanha {campaign.pk} 'Natal': enviada  100,0%  ritmo [\d,]+/s  custo 1\.234,500000", lines[0]
+        rf"campanha {campaign.pk} 'Natal': enviada  100,0%  ritmo [\d,]+/s  custo 1\.234,500000 USD", lines[0]
     ), lines
     assert lines[1].startswith("na fila 0  enviando 0  enviadas 3  entregues 0  lidas 0")
     with pytest.raises(CommandError) as raised:
@@ -92,7 +92,7 @@ def test_the_campaign_commands_in_english(wa, run_jobs, english):
     CampaignMetric.objects.filter(campaign=campaign).update(cost="1234.5")
     lines = _status(campaign).splitlines()
     assert re.fullmatch(
-        rf"campaign {campaign.pk} 'Xmas': sent  100.0%  rate [\d.]+/s  cost 1,234.500000", lines[0]
+        rf"campaign {campaign.pk} 'Xmas': sent  100.0%  rate [\d.]+/s  cost 1,234.500000 USD", lines[0]
     )
     assert lines[1].startswith("queued 0  sending 0  sent 3  delivered 0  read 0")
     with pytest.raises(CommandError, match=f"^campaign {campaign.pk} is sent; only a draft or scheduled"):

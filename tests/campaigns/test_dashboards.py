@@ -39,7 +39,13 @@ def _dashboard_url(org: Organization) -> str:
 def _customers(org: Organization, n: int) -> list[Customer]:
     return Customer.objects.bulk_create(
         [
-            Customer(organization=org, erp_id=f"D{i}", name=f"Cliente {i}", phone=f"+55119{70000000 + i:08d}")
+            Customer(
+                marketing_consent=True,
+                organization=org,
+                erp_id=f"D{i}",
+                name=f"Cliente {i}",
+                phone=f"+55119{70000000 + i:08d}",
+            )
             for i in range(n)
         ]
     )
@@ -228,8 +234,8 @@ def test_the_series_answer_in_few_queries_whatever_the_size(
             for i, c in enumerate(people)
         ]
     )
-    # session, user, campaign, time span, one GROUP BY per timestamp column (5)
-    with django_assert_max_num_queries(9):
+    # session, user, campaign, the cost's currency, time span, one GROUP BY per timestamp column (5)
+    with django_assert_max_num_queries(10):
         response = admin_client.get(_series_url(campaign))
     data = response.json()
     assert data["totals"]["sent"] == data["totals"]["delivered"] == 400
@@ -349,7 +355,8 @@ def test_the_dashboard_shows_the_last_30_days(
     cells = re.findall(r"<td>(.*?)</td>", row.group(1), re.S)
     assert cells[1:3] == ["WhatsApp", "sent"]
     assert cells[4:] == ["1,500", "1,234", "1,200", "800", "90", "7"]
-    assert '<td data-money="cost">R$77.13</td>' in row.group(1)  # money with its currency
+    # The cost in its own currency (the rate card's, US dollars), never as reais.
+    assert '<td data-money="cost" data-currency="USD">US$77.13</td>' in row.group(1)
     # shown in the organization's time zone
     started = board["recent"].started_at.astimezone(SAO_PAULO)
     assert (
@@ -375,7 +382,8 @@ def test_the_dashboard_in_portuguese_formats_numbers_the_brazilian_way(shop: Sho
     html = admin_client.get(_dashboard_url(shop.org)).content.decode()
     row = re.search(rf'<tr data-campaign="{board["recent"].pk}">(.*?)</tr>', html, re.S)
     assert row is not None
-    assert "<td>1.234</td>" in row.group(1) and '<td data-money="cost">R$\u00a077,13</td>' in row.group(1)
+    assert "<td>1.234</td>" in row.group(1)
+    assert '<td data-money="cost" data-currency="USD">US$\u00a077,13</td>' in row.group(1)
 
 
 def test_the_organization_page_links_the_dashboard(shop: Shop, admin_client):

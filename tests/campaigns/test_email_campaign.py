@@ -68,6 +68,7 @@ def em(transactional_db, smtp, settings) -> dict:
         return Customer.objects.bulk_create(
             [
                 Customer(
+                    marketing_consent=True,
                     organization=org,
                     erp_id=f"C{i}",
                     name=fields.get("name", f"Cliente{i} Silva"),
@@ -658,3 +659,18 @@ def test_pausing_a_campaign_stops_its_batch_between_claims(em, smtp, worker_proc
 
 def test_an_email_whose_customer_was_deleted_as_the_fan_out_wrote_it_is_skipped_and_counted(em, run_jobs):
     check_a_message_whose_customer_was_deleted_is_skipped(em, run_jobs)
+
+
+def test_a_delivered_email_link_goes_where_it_pointed_when_it_was_sent(em, run_jobs):
+    """History is history: whatever changes the campaign afterwards, a received link keeps its target."""
+    em["customers"](1)
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    run_jobs()
+    message = EmailMessage.objects.get(campaign=campaign)
+    assert message.status == S.SENT
+    Campaign.objects.filter(pk=campaign.pk).update(email_body=BODY.replace("/bf?", "/outra?"))
+    response = Client().get("/" + links.link_path("r", message) + "/0")
+    assert (response.status_code, response["Location"]) == (
+        302,
+        "https://loja.example.com.br/bf?utm=email&x=1",
+    )

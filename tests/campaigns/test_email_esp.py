@@ -85,7 +85,11 @@ def em(transactional_db, postmark, settings) -> dict:
         return Customer.objects.bulk_create(
             [
                 Customer(
-                    organization=org, erp_id=f"C{i}", name=f"Cliente{i} Silva", email=f"c{i}@example.com.br"
+                    marketing_consent=True,
+                    organization=org,
+                    erp_id=f"C{i}",
+                    name=f"Cliente{i} Silva",
+                    email=f"c{i}@example.com.br",
                 )
                 for i in range(start, start + n)
             ]

@@ -88,7 +88,7 @@ def esp(transactional_db, settings) -> dict[str, Any]:
         email.set_esp_webhook_key(MAILGUN_KEY if slug == "loja" else "key-of-the-other-account")
         email.save()
         customer = Customer.objects.create(
-            organization=org, erp_id="C1", name="Ana", email=f"ana@{slug}.com.br"
+            marketing_consent=True, organization=org, erp_id="C1", name="Ana", email=f"ana@{slug}.com.br"
         )
         campaign = Campaign.objects.create(organization=org, name="bf", channel=Channel.EMAIL, status="sent")
         CampaignMetric.objects.create(campaign=campaign, queued=1, sent=1, delivered=1)

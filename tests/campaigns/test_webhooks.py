@@ -92,7 +92,13 @@ def outbox(world):
         start = Customer.objects.count()
         people = Customer.objects.bulk_create(
             [
-                Customer(organization=org, erp_id=f"W{i}", name=f"Cliente {i}", phone=f"+55119{70000000 + i}")
+                Customer(
+                    marketing_consent=True,
+                    organization=org,
+                    erp_id=f"W{i}",
+                    name=f"Cliente {i}",
+                    phone=f"+55119{70000000 + i}",
+                )
                 for i in range(start, start + n)
             ]
         )
@@ -641,7 +647,13 @@ def _maker(campaign: Campaign):
         start = Customer.objects.count()
         people = Customer.objects.bulk_create(
             [
-                Customer(organization=org, erp_id=f"H{i}", name=f"Cliente {i}", phone=f"+55119{60000000 + i}")
+                Customer(
+                    marketing_consent=True,
+                    organization=org,
+                    erp_id=f"H{i}",
+                    name=f"Cliente {i}",
+                    phone=f"+55119{60000000 + i}",
+                )
                 for i in range(start, start + n)
             ]
         )
@@ -724,7 +736,9 @@ def test_a_stop_applies_only_in_the_organization_that_owns_the_receiving_number(
     settings.WHATSAPP_APP_SECRET = SECRET
     _receiving_number(world["org"])
     other = Organization.objects.create(name="Outra Loja", slug="outra")
-    elsewhere = Customer.objects.create(organization=other, erp_id="X1", name="Ana", phone="+5511999990001")
+    elsewhere = Customer.objects.create(
+        marketing_consent=True, organization=other, erp_id="X1", name="Ana", phone="+5511999990001"
+    )
     body = json.dumps(_payload(preferences=[_preference("5511999990001", "stop")])).encode()
     assert _post(client, body).status_code == 200
     drain_inbox()

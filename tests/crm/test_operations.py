@@ -21,7 +21,7 @@ from django.test import Client
 from rq.registry import FailedJobRegistry, FinishedJobRegistry, ScheduledJobRegistry
 
 from crm import cron, jobs, queues, stats
-from crm.models import Customer, JobRun, Organization, Sale, Store
+from crm.models import ConsentChange, Customer, JobRun, Organization, Sale, Store
 from tests.conftest import ROOT, child_env, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -229,6 +229,9 @@ def test_demo_is_idempotent_and_its_phones_are_valid_brazilian_mobiles():
         assert phonenumbers.number_type(parsed) == phonenumbers.PhoneNumberType.MOBILE
         assert phonenumbers.region_code_for_number(parsed) == "BR"
     assert org.customers.filter(email__endswith="@example.com.br").count() == 40
+    # Consenting through the ERP path, with its source and one history row each (not twice).
+    assert org.customers.filter(marketing_consent=True, marketing_consent_source="erp").count() == 40
+    assert ConsentChange.objects.filter(customer__organization=org, given=True, source="erp").count() == 40
 
 
 @pytest.mark.parametrize(

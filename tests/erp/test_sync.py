@@ -112,12 +112,13 @@ def test_an_older_copy_of_a_customer_never_overwrites_a_newer_one(erp):
     assert Customer.objects.get(organization=org, erp_id="77").email == "newer@example.com.br"
 
 
-def test_the_sync_never_touches_consent_or_opt_outs(erp):
+def test_a_record_without_an_opt_in_never_touches_consent(erp):
     org, connection = erp["org"], erp["connection"]
-    Customer.objects.create(organization=org, erp_id="1000", name="x", marketing_consent=False)
+    # Customer 12 of the sandbox carries no opt-in field: what is stored stays, either way.
+    Customer.objects.create(organization=org, erp_id="1012", name="x", marketing_consent=True)
     services.customers_sync(connection=connection, full=True)
-    ana = Customer.objects.get(organization=org, erp_id="1000")
-    assert ana.name == "ANA SILVA" and ana.marketing_consent is False
+    kept = Customer.objects.get(organization=org, erp_id="1012")
+    assert kept.name != "x" and kept.marketing_consent is True
 
 
 def test_malformed_customers_are_skipped_and_reported_once(sandbox_factory, transactional_db):

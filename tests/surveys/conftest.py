@@ -56,6 +56,7 @@ class Shop:
         self._sales = 0
 
     def customer(self, name: str, email: str = "", phone: str = "", **fields: Any) -> Customer:
+        fields.setdefault("marketing_consent", True)
         return Customer.objects.create(organization=self.org, name=name, email=email, phone=phone, **fields)
 
     def sale(

@@ -73,7 +73,7 @@ class Command(cli.CrmCommand):
                 "status": data["status_label"],
                 "progress": cli.number(100 * data["progress"], 1),
                 "rate": cli.number(data["rate"]),
-                "cost": cli.number(Decimal(data["cost"])),
+                "cost": f"{cli.number(Decimal(data['cost']))} {data['cost_currency']}",
             }
             + eta,
             "  ".join(f"{COUNT_LABELS.get(k, k)} {cli.number(v)}" for k, v in data["counts"].items()),

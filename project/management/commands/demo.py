@@ -13,6 +13,7 @@ from tqdm import tqdm
 from crm import cli, services
 from crm.demo import demo_load
 from crm.models import Membership, Organization
+from erp.services import customers_upsert
 from integrations import outbound
 
 
@@ -59,7 +60,7 @@ class Command(cli.CrmCommand):
         if n < 0:
             raise CommandError(_("--customers must be 0 or more"))
         with tqdm(total=n, unit=_(" customers"), disable=n < 5000 or not self.stdout.isatty()) as bar:
-            org = demo_load(customers=n, progress=bar.update)
+            org = demo_load(customers_upsert=customers_upsert, customers=n, progress=bar.update)
         if options["graph_url"]:
             from integrations.demo import whatsapp_number_demo
 
