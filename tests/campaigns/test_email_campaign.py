@@ -658,3 +658,19 @@ def test_pausing_a_campaign_stops_its_batch_between_claims(em, smtp, worker_proc
 
 def test_an_email_whose_customer_was_deleted_as_the_fan_out_wrote_it_is_skipped_and_counted(em, run_jobs):
     check_a_message_whose_customer_was_deleted_is_skipped(em, run_jobs)
+
+
+def test_a_sender_name_that_cannot_make_a_header_fails_the_messages_with_the_reason(em, smtp, run_jobs):
+    """A name saved with a line break (before the validator, or by a sync) after the start: every
+    message fails with the reason at once, none stays sending, the campaign ends, nothing is sent."""
+    em["customers"](3)
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    EmailSettings.objects.filter(pk=em["settings"].pk).update(sender_name="Loja\r\nBcc: todos@example.com")
+    run_jobs()
+    campaign.refresh_from_db()
+    assert _statuses(campaign) == {S.FAILED: 3}
+    reasons = set(EmailMessage.objects.filter(campaign=campaign).values_list("error_reason", flat=True))
+    assert len(reasons) == 1 and "cannot be built" in reasons.pop()
+    assert campaign.status in (Campaign.Status.SENT, Campaign.Status.STOPPED)
+    assert CampaignMetric.objects.get(campaign=campaign).failed == 3
+    assert smtp.messages() == []
