@@ -618,12 +618,13 @@ def test_uniqueness_errors_never_say_what_another_organization_holds(world: Worl
                 continue  # the manager may not change this model's rows (read-only, platform)
             body = response.content.decode()
             leaked = b.unique_error_message(model, fields).messages[0]
-            if response.status_code != 200 or leaked in body:
+            # A 302: the form has none of these fields to post (all read-only), nothing was said.
+            if response.status_code >= 400 or leaked in body:
                 wrong.append(f"{model.__name__} {fields}: {response.status_code}, {leaked!r}")
             if str(tenancy.TAKEN) in body:
                 generic.add(model)
     assert not wrong, "\n".join(wrong)
-    assert {Organization, WhatsappNumber, Handler} <= generic
+    assert {Organization, WhatsappNumber} <= generic
 
 
 def test_posting_another_organizations_id_to_the_campaign_form_shows_nothing_of_it(world: World) -> None:
