@@ -121,6 +121,12 @@ def parse_json(raw: bytes) -> Any:
     return value
 
 
+def check_json(value: Any) -> None:
+    """Raise BadBody when `value` (already parsed) holds what jsonb refuses: a NUL or a lone
+    surrogate in a string or key, or nesting deeper than MAX_DEPTH (a form's JSON field)."""
+    _check(value, 0, "the value")
+
+
 def _depth(text: str) -> int:
     """The deepest nesting of brackets outside strings."""
     depth = deepest = 0

@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from functools import wraps
 from typing import Any
 
+from django import forms
 from django.contrib import admin
 from django.contrib.admin import widgets
 from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
@@ -28,6 +29,8 @@ from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver
 from django.utils.translation import gettext_lazy as _
+
+from crm import intake
 
 OPERATE_PLATFORM = "crm.operate_platform"
 MANAGER = "manager"
@@ -199,6 +202,14 @@ class TenantRawIdWidget(widgets.ForeignKeyRawIdWidget):
         return super().label_and_url_for_value(value) if visible else ("", "")
 
 
+def storable_json(value: Any) -> None:
+    """A form validator: the JSON value holds nothing jsonb refuses (crm.intake's strict rules)."""
+    try:
+        intake.check_json(value)
+    except intake.BadBody as exc:
+        raise ValidationError(str(exc), code="invalid") from None
+
+
 UNIQUE_CODES = frozenset({"unique", "unique_together"})
 TAKEN = _("This value cannot be used. Choose another one.")
 
@@ -262,6 +273,14 @@ class TenantAdmin(admin.ModelAdmin):
         raise Http404
 
     # --- choices, prefilled values, errors ---------------------------------------------------------
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        """Every JSON field of every form refuses what PostgreSQL's jsonb cannot store (a form
+        error, not a 500 on save)."""
+        formfield = super().formfield_for_dbfield(db_field, request, **kwargs)
+        if isinstance(formfield, forms.JSONField):
+            formfield.validators.append(storable_json)
+        return formfield
+
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         related = db_field.remote_field.model
         if "queryset" not in kwargs:

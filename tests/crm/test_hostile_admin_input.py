@@ -14,12 +14,13 @@ from django.db import IntegrityError, transaction
 from django.test import Client
 
 from campaigns import services
-from campaigns.models import AUDIENCE_MAX_DAYS, Campaign, Channel
+from campaigns.models import Campaign, Channel
 from crm import recovery
 from crm.models import Membership
 from integrations.models import EmailSettings
 
 pytestmark = pytest.mark.django_db
+AUDIENCE_MAX_DAYS = 36_500  # campaigns.models: a hundred years
 User = get_user_model()
 
 
@@ -147,3 +148,24 @@ def test_segments_snapshot_takes_a_day_in_range(world) -> None:
     out = StringIO()
     call_command("segments_snapshot", "--date", date(2026, 11, 28).isoformat(), stdout=out)
     assert "total:" in out.getvalue()
+
+
+def test_a_json_field_with_an_escaped_nul_is_a_form_error_not_a_500(world, clients) -> None:
+    """PostgreSQL's jsonb refuses \\u0000 anywhere: the form says so instead of failing the save."""
+    response = clients["manager"].post(
+        "/admin/campaigns/campaign/add/",
+        {
+            "organization": world["org"].pk,
+            "name": "nul",
+            "channel": "whatsapp",
+            "email_body_format": "mjml",
+            "sender": "campaign",
+            "template_language": "pt_BR",
+            "template_category": "marketing",
+            "template_variables": '["first_name", "a\\u0000b"]',
+            "recurrence_misfire": "skip",
+        },
+    )
+    assert response.status_code == 200
+    assert "template_variables" in response.context["adminform"].form.errors
+    assert not Campaign.objects.filter(name="nul").exists()
