@@ -54,6 +54,7 @@ classics = st.sampled_from(CLASSICS)
 texts = st.one_of(
     classics,
     st.tuples(st.text(max_size=8), classics).map("".join),  # a classic after ordinary text
+    st.tuples(st.text(max_size=4), st.sampled_from(["\x00", "\\u0000"]), st.text(max_size=4)).map("".join),
     st.text(max_size=24),
     st.integers(min_value=-(2**70), max_value=2**70).map(str),
 )
