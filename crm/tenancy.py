@@ -25,6 +25,7 @@ from django import forms
 from django.contrib import admin
 from django.contrib.admin import widgets
 from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
+from django.db import models
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver
@@ -210,6 +211,22 @@ def storable_json(value: Any) -> None:
         raise ValidationError(str(exc), code="invalid") from None
 
 
+class StorableJSONField(forms.JSONField):
+    """A JSON form field that refuses what jsonb cannot store; with `empty_default`, an empty
+    value (or null) is that default, for a column that takes no NULL."""
+
+    def __init__(self, *, empty_default: Callable[[], Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.empty_default = empty_default
+        self.validators.append(storable_json)
+
+    def to_python(self, value: Any) -> Any:
+        converted = super().to_python(value)
+        if converted is None and self.empty_default is not None:
+            return self.empty_default()
+        return converted
+
+
 UNIQUE_CODES = frozenset({"unique", "unique_together"})
 TAKEN = _("This value cannot be used. Choose another one.")
 
@@ -274,12 +291,13 @@ class TenantAdmin(admin.ModelAdmin):
 
     # --- choices, prefilled values, errors ---------------------------------------------------------
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
-        """Every JSON field of every form refuses what PostgreSQL's jsonb cannot store (a form
-        error, not a 500 on save)."""
-        formfield = super().formfield_for_dbfield(db_field, request, **kwargs)
-        if isinstance(formfield, forms.JSONField):
-            formfield.validators.append(storable_json)
-        return formfield
+        """Every JSON field of every form refuses what PostgreSQL's jsonb cannot store, and an
+        emptied one of a NOT NULL column is its default (a form error or a value, not a 500)."""
+        if isinstance(db_field, models.JSONField):
+            kwargs.setdefault("form_class", StorableJSONField)
+            if not db_field.null and db_field.has_default():
+                kwargs.setdefault("empty_default", db_field.get_default)
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         related = db_field.remote_field.model

@@ -164,3 +164,12 @@ def test_a_json_field_with_an_escaped_nul_is_a_form_error_not_a_500(world, clien
     assert response.status_code == 200
     assert "template_variables" in response.context["adminform"].form.errors
     assert not Campaign.objects.filter(name="nul").exists()
+
+
+def test_an_emptied_json_field_of_a_not_null_column_saves_its_default(world, clients) -> None:
+    """Found by the admin fuzz: an emptied "template variables" box was a NULL and a 500."""
+    response = clients["manager"].post(
+        "/admin/campaigns/campaign/add/", _campaign_form(world, name="vazio", template_variables="")
+    )
+    assert response.status_code == 302
+    assert Campaign.objects.get(name="vazio").template_variables == []
