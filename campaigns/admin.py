@@ -305,10 +305,14 @@ class CampaignAdmin(TenantAdmin):
     def changeform_view(self, request, object_id=None, form_url="", extra_context=None):
         """Times on the form (the schedule) are read and shown in the organization's time zone."""
         org_id = request.POST.get("organization") if request.method == "POST" else None
-        if not org_id and object_id:
-            org_id = Campaign.objects.filter(pk=object_id).values_list("organization_id", flat=True).first()
+        if not org_id and str(object_id or "").isdigit():
+            visible = self.scoped(request, Campaign.objects.filter(pk=object_id))
+            org_id = visible.values_list("organization_id", flat=True).first()
+        # Only an organization the user may write into: a posted id of another names nothing of it.
         zone = (
-            Organization.objects.filter(pk=org_id).values_list("timezone", flat=True).first()
+            tenancy.scope(Organization.objects.filter(pk=org_id), request.user, "pk", managed=True)
+            .values_list("timezone", flat=True)
+            .first()
             if str(org_id or "").isdigit()
             else None
         )
@@ -853,7 +857,10 @@ class SegmentDayFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         org = request.GET.get("organization__id__exact", "")
-        days = segments.segment_days(organization_id=int(org) if org.isdigit() else None)
+        visible = tenancy.organization_ids(request.user)
+        if org.isdigit() and (visible is None or int(org) in visible):
+            visible = {int(org)}
+        days = segments.segment_days(organization_ids=visible)
         return [(d.isoformat(), date_format(d, "SHORT_DATE_FORMAT")) for d in days]
 
     def value(self) -> str | None:
@@ -870,7 +877,12 @@ class SegmentDayFilter(admin.SimpleListFilter):
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()
-        return queryset.filter(day=date.fromisoformat(value)) if value else queryset.none()
+        if not value:
+            return queryset.none()
+        try:
+            return queryset.filter(day=date.fromisoformat(value))
+        except ValueError:
+            raise IncorrectLookupParameters(f"day {value[:40]!r}") from None
 
 
 @admin.register(CustomerSegment)

@@ -160,6 +160,7 @@ class Delivery:
     message_id: str = ""  # the ESP's id for the message (its tracking webhooks name it so)
     transient: str = ""  # the ESP cannot take it now (429, 5xx, unreachable): nothing was sent
     retry_after: float | None = None  # with `transient`: seconds the ESP asked to wait (Retry-After)
+    unsendable: str = ""  # the message could not be built (an invalid header): it never will be
 
 
 def deliver(
@@ -413,13 +414,16 @@ def chunk_send(
             click_url=links.link_url("r", m),
             open_pixel_url=links.link_url("o", m),
         )
-        message = build_message(
-            email_settings=email_settings,
-            to_name=m.customer.name,
-            to_address=m.email,
-            rendered=rendered,
-            unsubscribe_url=unsubscribe_url,
-        )
+        try:
+            message = build_message(
+                email_settings=email_settings,
+                to_name=m.customer.name,
+                to_address=m.email,
+                rendered=rendered,
+                unsubscribe_url=unsubscribe_url,
+            )
+        except ValueError as exc:  # a header the email package refuses (a line break saved before validation)
+            return Delivery(unsendable=f"the message cannot be built: {exc}"[:2000])
 
         def on_time() -> bool:
             # The organization's rate, in Redis: shared by every worker and process.
@@ -447,6 +451,9 @@ def chunk_classify(ready: list[EmailMessage], outcomes: list[Delivery | None], *
     for m, outcome in zip(ready, outcomes, strict=True):
         if outcome is None:
             plan.release.append(m.pk)
+        elif outcome.unsendable:  # never handed over, and never will be: failed with the reason
+            m.error_reason, m.failed_at = outcome.unsendable, now
+            plan.failed.append(m)
         else:
             _classify_outcome(plan, m, outcome, now=now)
     return plan

@@ -7,6 +7,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator
 from django.db import models
 from django.db.models import Q
 from django.db.models.functions import Now, Upper
@@ -14,7 +15,7 @@ from django.utils import timezone as dj_timezone
 from django.utils.translation import gettext_lazy as _
 
 from campaigns.segments import Segment
-from crm.models import Customer, Organization, Sale, Store
+from crm.models import SINGLE_LINE, Customer, Organization, Sale, Store
 
 
 class Channel(models.TextChoices):
@@ -54,6 +55,10 @@ CONTENT_FIELDS = (
     "audience_purchased_within_days",
     "audience_segment",
 )
+
+# The audience's purchase window: a hundred years covers any real one; more would overflow the date
+# arithmetic (a start before year 1) and fail the campaign's page and its fan-out.
+AUDIENCE_MAX_DAYS = 36_500
 
 
 class Campaign(models.Model):
@@ -124,6 +129,7 @@ class Campaign(models.Model):
         blank=True,
         default="",
         help_text=_("May use {{ first_name }}, {{ name }}, {{ email }}, {{ store_name }}."),
+        validators=[SINGLE_LINE],
     )
     email_body_format = models.CharField(
         _("email body format"), max_length=4, choices=BodyFormat.choices, default=BodyFormat.MJML
@@ -147,7 +153,10 @@ class Campaign(models.Model):
         verbose_name=_("only customers of store"),
     )
     audience_purchased_within_days = models.PositiveIntegerField(
-        _("only customers who bought in the last N days"), null=True, blank=True
+        _("only customers who bought in the last N days"),
+        null=True,
+        blank=True,
+        validators=[MaxValueValidator(AUDIENCE_MAX_DAYS)],
     )
     audience_segment = models.CharField(
         _("only customers in segment"),
@@ -204,6 +213,10 @@ class Campaign(models.Model):
         indexes = [models.Index(fields=["organization", "status"], name="campaign_org_status")]
         constraints = [
             models.UniqueConstraint(fields=["parent", "occurrence_at"], name="campaign_occurrence_once"),
+            models.CheckConstraint(
+                condition=Q(audience_purchased_within_days__lte=AUDIENCE_MAX_DAYS),
+                name="campaign_audience_days_range",
+            ),
         ]
 
     def __str__(self) -> str:

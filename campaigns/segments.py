@@ -33,6 +33,7 @@ the number of customers, and neither does the number of queries.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from typing import Any
@@ -167,6 +168,26 @@ def _local_midnight(day: date, zone: ZoneInfo) -> Any:
     return connection.ops.adapt_datetimefield_value(datetime.combine(day, time.min, tzinfo=zone))
 
 
+EARLIEST_DAY = date(1970, 1, 1)
+
+
+def snapshot_day(text: str) -> date:
+    """A snapshot day from YYYY-MM-DD, between EARLIEST_DAY and tomorrow (in any time zone, today
+    somewhere); raises ValueError with the reason otherwise (a day whose windows reach past year 1,
+    or the far future, would fail the computation)."""
+    try:
+        day = date.fromisoformat(text)
+    except ValueError:
+        raise ValueError(gettext("%(text)r is not a date YYYY-MM-DD") % {"text": text[:40]}) from None
+    latest = timezone.now().date() + timedelta(days=1)
+    if not EARLIEST_DAY <= day <= latest:
+        raise ValueError(
+            gettext("%(day)s is out of range: a snapshot day is from %(first)s to %(last)s")
+            % {"day": day.isoformat(), "first": EARLIEST_DAY.isoformat(), "last": latest.isoformat()}
+        )
+    return day
+
+
 def default_day(tz: str) -> date:
     """The last complete day in the time zone `tz`: yesterday there."""
     return timezone.now().astimezone(ZoneInfo(tz)).date() - timedelta(days=1)
@@ -280,13 +301,18 @@ def segment_counts(*, organization_id: int, day: date) -> dict[str, int]:
     return counts
 
 
-def segment_days(*, organization_id: int | None = None) -> list[date]:
-    """Days with a snapshot (of one organization, or of any), newest first."""
+def segment_days(
+    *, organization_id: int | None = None, organization_ids: Collection[int] | None = None
+) -> list[date]:
+    """Days with a snapshot (of one organization, of those in `organization_ids`, or of any when
+    both are None), newest first."""
     from campaigns.models import SegmentMovement
 
     qs = SegmentMovement.objects.all()
     if organization_id is not None:
         qs = qs.filter(organization_id=organization_id)
+    if organization_ids is not None:
+        qs = qs.filter(organization_id__in=organization_ids)
     return list(qs.order_by("-day").values_list("day", flat=True).distinct())
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
@@ -72,8 +73,19 @@ def batch_job_id(campaign_id: int, batch: int, channel: str = Channel.WHATSAPP) 
     return jobs.make_job_id(_channel(channel)[3], campaign_id, batch)
 
 
+# Fields whose values every message is built from: their validators are checked again at the start
+# (a value saved before a validator existed would fail every send).
+_SEND_FIELDS = frozenset({"audience_purchased_within_days", "email_subject"})
+
+
 def campaign_validate(*, campaign: Campaign) -> None:
     """Raise CampaignError when the campaign cannot be sent as configured."""
+    try:
+        campaign.clean_fields(exclude={f.name for f in Campaign._meta.fields if f.name not in _SEND_FIELDS})
+    except ValidationError as exc:
+        raise CampaignError(
+            "; ".join(f"{field}: {' '.join(errors)}" for field, errors in exc.message_dict.items())
+        ) from None
     if campaign.channel == Channel.EMAIL:
         _validate_email(campaign)
         return
@@ -97,8 +109,17 @@ def _validate_email(campaign: Campaign) -> None:
     from campaigns import email_render
     from integrations.models import EmailSettings
 
-    if not EmailSettings.objects.filter(organization_id=campaign.organization_id).exists():
+    email_settings = EmailSettings.objects.filter(organization_id=campaign.organization_id).first()
+    if email_settings is None:
         raise CampaignError(_("the organization has no email settings: add them under Integrations"))
+    try:
+        email_settings.clean_fields(
+            exclude={f.name for f in EmailSettings._meta.fields if f.name != "sender_name"}
+        )
+    except ValidationError as exc:
+        raise CampaignError(
+            _("the email settings' sender name: %(error)s") % {"error": " ".join(exc.messages)}
+        ) from None
     try:
         email_render.compile_email(
             subject=campaign.email_subject, body=campaign.email_body, body_format=campaign.email_body_format
@@ -704,6 +725,12 @@ def _whatsapp_batch_given_up(kwargs: dict, reason: str, error: BaseException | N
 @recovery.gives_up("campaigns.tasks.email_send_batch")
 def _email_batch_given_up(kwargs: dict, reason: str, error: BaseException | None) -> None:
     batch_give_up(channel=Channel.EMAIL, reason=reason, error=error, **kwargs)
+
+
+@recovery.gives_up("campaigns.tasks.campaign_fanout")
+def _fanout_given_up(kwargs: dict, reason: str, error: BaseException | None) -> None:
+    """A fan-out that cannot succeed stops its campaign (it would stay `sending` with no messages)."""
+    campaign_stop(campaign_id=kwargs["campaign_id"], reason=reason)
 
 
 @recovery.gives_up("campaigns.tasks.campaign_trigger")

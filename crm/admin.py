@@ -15,7 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from django_rq.admin import QueueAdmin
 from django_rq.models import Dashboard
 
-from crm import services, tenancy
+from crm import checkpoints, services, tenancy
 from crm.admin_columns import short_datetime
 from crm.models import (
     ConsentChange,
@@ -340,6 +340,21 @@ class JobRunAdmin(TenantAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        """The traceback (server paths, source lines) for platform operators; the organization's
+        people see its last line, the reason."""
+        fields = list(super().get_fields(request, obj))
+        if tenancy.is_operator(request.user):
+            return fields
+        return [("error_reason" if f == "error" else f) for f in fields]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [*super().get_readonly_fields(request, obj), "error_reason"]
+
+    @admin.display(description=_("error"))
+    def error_reason(self, obj: JobRun) -> str:
+        return checkpoints.error_reason(obj.error)
 
 
 @admin.register(Membership)

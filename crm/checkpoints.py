@@ -96,6 +96,13 @@ def checkpoint(**start_kwargs: Any) -> Iterator[JobRun]:
     jobrun_finish(run)
 
 
+def error_reason(error: str) -> str:
+    """A JobRun's error without its traceback: the exception's last line ("ValueError: …"), which
+    names no server path or source line (the full text is for platform operators)."""
+    lines = [line for line in error.strip().splitlines() if line.strip()]
+    return lines[-1].strip()[:500] if lines else ""
+
+
 def jobrun_job_id(kind: str, key: str) -> str:
     from crm.jobs import make_job_id
 

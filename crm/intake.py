@@ -20,7 +20,7 @@ from typing import Any
 
 from django.core.exceptions import RequestDataTooBig
 from django.db import InterfaceError, InternalError, OperationalError
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +119,12 @@ def parse_json(raw: bytes) -> Any:
         raise BadBody(f"not JSON: {exc}"[:300]) from None
     _check(value, 0, "the body")
     return value
+
+
+def check_json(value: Any) -> None:
+    """Raise BadBody when `value` (already parsed) holds what jsonb refuses: a NUL or a lone
+    surrogate in a string or key, or nesting deeper than MAX_DEPTH (a form's JSON field)."""
+    _check(value, 0, "the value")
 
 
 def _depth(text: str) -> int:
@@ -233,3 +239,26 @@ class DatabaseUnavailableMiddleware:
             logger.warning("%s: database unavailable, answered 503: %s", request.path, exception)
             return database_unavailable()
         return None
+
+
+class NulParametersMiddleware:
+    """A request whose query parameters (or, off the intake paths, form fields) carry a NUL
+    character answers 400: PostgreSQL refuses NUL in text, so a search, a filter, an autocomplete
+    term or a lookup with one would reach the database and fail it (a 500)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        if _has_nul(request.GET) or (
+            request.method == "POST"
+            and not request.path_info.startswith(INTAKE_PATHS)
+            and request.content_type in ("application/x-www-form-urlencoded", "multipart/form-data")
+            and _has_nul(request.POST)
+        ):
+            return HttpResponseBadRequest("NUL characters are not accepted in parameters.")
+        return self.get_response(request)
+
+
+def _has_nul(params: Any) -> bool:
+    return any("\x00" in key or any("\x00" in v for v in values) for key, values in params.lists())

@@ -15,6 +15,11 @@ from django.utils.translation import gettext_lazy as _
 ATTRIBUTION_WINDOW_MAX_DAYS = 90
 
 E164 = RegexValidator(r"^\+[1-9]\d{7,14}$", _("Phone numbers are stored in E.164 form, e.g. +5511987654321."))
+# A value that goes into a mail header or a one-line field (a sender's name, a subject): no line
+# break or other control character, which would make every message built from it invalid.
+SINGLE_LINE = RegexValidator(
+    r"[\x00-\x1f\x7f]", _("Use a single line, without line breaks or control characters."), inverse_match=True
+)
 
 
 def _timezone_choices() -> list[tuple[str, str]]:

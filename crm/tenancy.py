@@ -21,11 +21,17 @@ from collections.abc import Callable, Sequence
 from functools import wraps
 from typing import Any
 
+from django import forms
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
+from django.contrib.admin import widgets
+from django.core.exceptions import FieldDoesNotExist, PermissionDenied, ValidationError
+from django.db import models
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver
+from django.utils.translation import gettext_lazy as _
+
+from crm import intake
 
 OPERATE_PLATFORM = "crm.operate_platform"
 MANAGER = "manager"
@@ -180,6 +186,83 @@ def scoped_related(
     return scope(queryset, request.user, path, managed=managed)  # type: ignore[arg-type]
 
 
+class TenantRawIdWidget(widgets.ForeignKeyRawIdWidget):
+    """A raw-id input whose label (the name beside the id) is shown only for a row of `queryset`: an
+    id typed or prefilled in the URL (?customer=<id>) names nothing of another organization."""
+
+    def __init__(self, rel: Any, admin_site: admin.AdminSite, *, queryset: QuerySet, **kwargs: Any) -> None:
+        super().__init__(rel, admin_site, **kwargs)
+        self.queryset = queryset
+
+    def label_and_url_for_value(self, value: Any) -> tuple[str, str]:
+        key = self.rel.get_related_field().name
+        try:
+            visible = self.queryset.filter(**{key: value}).exists()
+        except (ValueError, TypeError, ValidationError):
+            return "", ""
+        return super().label_and_url_for_value(value) if visible else ("", "")
+
+
+def storable_json(value: Any) -> None:
+    """A form validator: the JSON value holds nothing jsonb refuses (crm.intake's strict rules)."""
+    try:
+        intake.check_json(value)
+    except intake.BadBody as exc:
+        raise ValidationError(str(exc), code="invalid") from None
+
+
+class StorableJSONField(forms.JSONField):
+    """A JSON form field that refuses what jsonb cannot store; with `empty_default`, an empty
+    value (or null) is that default, for a column that takes no NULL."""
+
+    def __init__(self, *, empty_default: Callable[[], Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.empty_default = empty_default
+        self.validators.append(storable_json)
+
+    def to_python(self, value: Any) -> Any:
+        converted = super().to_python(value)
+        if converted is None and self.empty_default is not None:
+            return self.empty_default()
+        return converted
+
+
+UNIQUE_CODES = frozenset({"unique", "unique_together"})
+TAKEN = _("This value cannot be used. Choose another one.")
+
+
+class TenantFormMixin:
+    """Mixed into the form of every TenantAdmin for its members: a uniqueness error over a value
+    that other organizations share the space of (a Meta phone number id, a slug) says only that the
+    value cannot be used, never which model or field holds it elsewhere; an error of a check that
+    includes `tenant_field` (the organization's) speaks of the user's own rows and is kept."""
+
+    tenant_field: str | None = None
+    _errors: Any
+    fields: dict[str, Any]
+    add_error: Callable[..., None]
+
+    def _post_clean(self) -> None:
+        super()._post_clean()  # type: ignore[misc]
+        if not self._errors:
+            return
+        for name, errors in list(self._errors.items()):
+            data = errors.as_data()
+            if not any(self._reveals(e) for e in data):
+                continue
+            kept = [e for e in data if not self._reveals(e)]
+            del self._errors[name]
+            field = name if name in self.fields else None
+            self.add_error(field, [*kept, ValidationError(TAKEN, "unique")])
+
+    def _reveals(self, error: ValidationError) -> bool:
+        """A uniqueness check that spans organizations (its fields leave the organization out)."""
+        if error.code not in UNIQUE_CODES:
+            return False
+        checked = (error.params or {}).get("unique_check") or ()
+        return self.tenant_field is None or self.tenant_field not in checked
+
+
 class TenantAdmin(admin.ModelAdmin):
     """The base of every ModelAdmin: rows, objects, choices, filters, autocomplete, search and
     actions limited to the user's organizations; permissions from the membership role."""
@@ -206,11 +289,26 @@ class TenantAdmin(admin.ModelAdmin):
         """Another organization's object (or none) answers 404, not a redirect that says it exists."""
         raise Http404
 
-    # --- choices ----------------------------------------------------------------------------------
+    # --- choices, prefilled values, errors ---------------------------------------------------------
+    def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        """Every JSON field of every form refuses what PostgreSQL's jsonb cannot store, and an
+        emptied one of a NOT NULL column is its default (a form error or a value, not a 500)."""
+        if isinstance(db_field, models.JSONField):
+            kwargs.setdefault("form_class", StorableJSONField)
+            if not db_field.null and db_field.has_default():
+                kwargs.setdefault("empty_default", db_field.get_default)
+        return super().formfield_for_dbfield(db_field, request, **kwargs)
+
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        related = db_field.remote_field.model
         if "queryset" not in kwargs:
-            kwargs["queryset"] = scoped_related(
-                self.admin_site, db_field.remote_field.model, request, managed=True
+            kwargs["queryset"] = scoped_related(self.admin_site, related, request, managed=True)
+        if "widget" not in kwargs and db_field.name in self.raw_id_fields:
+            kwargs["widget"] = TenantRawIdWidget(
+                db_field.remote_field,
+                self.admin_site,
+                queryset=scoped_related(self.admin_site, related, request),
+                using=kwargs.get("using"),
             )
         return super().formfield_for_foreignkey(db_field, request, **kwargs)
 
@@ -220,6 +318,42 @@ class TenantAdmin(admin.ModelAdmin):
                 self.admin_site, db_field.remote_field.model, request, managed=True
             )
         return super().formfield_for_manytomany(db_field, request, **kwargs)
+
+    def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
+        """The form prefilled from the URL (?customer=<id>, ?store=…): a relation's value only when it
+        is one of the user's choices, so walking ids names nothing of another organization."""
+        initial = super().get_changeform_initial_data(request)
+        for name, value in list(initial.items()):
+            try:
+                field = self.model._meta.get_field(name)
+            except FieldDoesNotExist:
+                continue
+            if field.is_relation and (field.many_to_one or field.one_to_one or field.many_to_many):
+                initial[name] = self._choices_among(request, field, value)
+        return initial
+
+    def _choices_among(self, request: HttpRequest, field: Any, value: Any) -> Any:
+        values = value if isinstance(value, list) else [value]
+        key = field.target_field.attname if not field.many_to_many else "pk"
+        queryset = scoped_related(self.admin_site, field.related_model, request, managed=True)
+        try:
+            allowed = {str(v) for v in queryset.filter(**{f"{key}__in": values}).values_list(key, flat=True)}
+        except (ValueError, TypeError, ValidationError):
+            allowed = set()
+        kept = [v for v in values if str(v) in allowed]
+        if isinstance(value, list):
+            return kept
+        return kept[0] if kept else None
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        """The admin's form; for an organization's member, uniqueness errors that would say what
+        another organization holds become one generic message (TenantFormMixin)."""
+        form = super().get_form(request, obj, change, **kwargs)
+        if is_operator(request.user):
+            return form
+        path = self.tenant_path
+        tenant_field = None if path in (None, "pk") else path.split("__")[0]  # type: ignore[union-attr]
+        return type(form.__name__, (TenantFormMixin, form), {"tenant_field": tenant_field})
 
     def get_list_filter(self, request: HttpRequest) -> Any:
         """Relation filters list only the user's organizations' rows."""

@@ -10,7 +10,7 @@ from django.utils import timezone as dj_timezone
 from django.utils.translation import gettext_lazy as _
 
 from crm import crypto
-from crm.models import E164, Organization, Store
+from crm.models import E164, SINGLE_LINE, Organization, Store
 from integrations.outbound import validate_outbound_url
 
 _TOKEN_CONTEXT = "integrations.WhatsappNumber.access_token"  # noqa: S105 - a label, not a secret
@@ -161,7 +161,7 @@ class EmailSettings(models.Model):
     )
     username = models.CharField(_("username"), max_length=255, blank=True, default="")
     password_encrypted = models.TextField(_("password (encrypted)"), editable=False, default="")
-    sender_name = models.CharField(_("sender name"), max_length=200)
+    sender_name = models.CharField(_("sender name"), max_length=200, validators=[SINGLE_LINE])
     sender_email = models.EmailField(_("sender address"))
     messages_per_minute = models.PositiveIntegerField(
         _("messages per minute"),

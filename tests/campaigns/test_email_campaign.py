@@ -674,3 +674,19 @@ def test_a_delivered_email_link_goes_where_it_pointed_when_it_was_sent(em, run_j
         302,
         "https://loja.example.com.br/bf?utm=email&x=1",
     )
+
+
+def test_a_sender_name_that_cannot_make_a_header_fails_the_messages_with_the_reason(em, smtp, run_jobs):
+    """A name saved with a line break (before the validator, or by a sync) after the start: every
+    message fails with the reason at once, none stays sending, the campaign ends, nothing is sent."""
+    em["customers"](3)
+    campaign = services.campaign_start(campaign=em["campaign"]())
+    EmailSettings.objects.filter(pk=em["settings"].pk).update(sender_name="Loja\r\nBcc: todos@example.com")
+    run_jobs()
+    campaign.refresh_from_db()
+    assert _statuses(campaign) == {S.FAILED: 3}
+    reasons = set(EmailMessage.objects.filter(campaign=campaign).values_list("error_reason", flat=True))
+    assert len(reasons) == 1 and "cannot be built" in reasons.pop()
+    assert campaign.status in (Campaign.Status.SENT, Campaign.Status.STOPPED)
+    assert CampaignMetric.objects.get(campaign=campaign).failed == 3
+    assert smtp.messages() == []

@@ -479,3 +479,193 @@ def test_every_admin_action(world: World, role: str, calls) -> None:
         if (ran[0] if ran else None) != want:
             wrong.append(f"{type(model_admin).__name__}.{name} as {role}: ran on {ran}, expected {want}")
     assert not wrong, "\n".join(wrong)
+
+
+# --- prefilled forms, raw-id labels, filter choices, error messages ----------------------------------
+
+
+def _relation_fields(model: Any) -> Iterator[Any]:
+    """Every foreign key, one-to-one and many-to-many field of `model` that a form may carry."""
+    for field in model._meta.get_fields():
+        if (
+            field.is_relation
+            and field.concrete
+            and (field.many_to_one or field.one_to_one or field.many_to_many)
+        ):
+            yield field
+
+
+def _tenant_admins() -> Iterator[tuple[Any, tenancy.TenantAdmin]]:
+    for model, model_admin in admin.site._registry.items():
+        if isinstance(model_admin, tenancy.TenantAdmin) and model_admin.tenant_path is not None:
+            yield model, model_admin
+
+
+def _url(model: Any, page: str, pk: Any = None) -> str:
+    opts = model._meta
+    return f"/admin/{opts.app_label}/{opts.model_name}/" + (f"{pk}/{page}/" if pk is not None else f"{page}/")
+
+
+def test_get_parameters_that_prefill_a_form_name_nothing_of_another_organization(world: World) -> None:
+    """Every relation field of every admin's add form, prefilled with B's object through the URL
+    (?customer=<id>, ?store=, the campaign's ?audience_store=…): no name, email or phone of B's."""
+    manager = world.clients["manager"]
+    wrong, asked = [], 0
+    for model, _model_admin in _tenant_admins():
+        for field in _relation_fields(model):
+            target = world.b.get(field.related_model)
+            if target is None or tenancy.tenant_path_of(admin.site, field.related_model) in (False, None):
+                continue
+            for page, pk in (("add", None), ("change", world.a[model].pk if model in world.a else None)):
+                if page == "change" and pk is None:
+                    continue
+                response = manager.get(_url(model, page, pk), {field.name: target.pk})
+                asked += 1
+                if response.status_code >= 500 or SECRET in response.content.lower():
+                    wrong.append(f"{_url(model, page, pk)}?{field.name}={target.pk}: {response.status_code}")
+    assert asked > 20
+    assert {"customer", "store", "audience_store"} <= {
+        f.name for m, _a in _tenant_admins() for f in _relation_fields(m)
+    }
+    assert not wrong, "\n".join(wrong)
+
+
+def test_raw_id_widgets_label_only_the_users_organizations_rows(world: World) -> None:
+    """Every raw-id field of every admin, posted with B's id: the form comes back with an error and
+    the widget names nothing of B (its label is looked up like the choices)."""
+    manager = world.clients["manager"]
+    wrong, asked = [], 0
+    for model, model_admin in _tenant_admins():
+        for name in model_admin.raw_id_fields:
+            field = model._meta.get_field(name)
+            target = world.b.get(field.related_model)
+            if target is None:
+                continue
+            data = {"organization": world.a[Organization].pk, name: target.pk}
+            for url in (_url(model, "add"), _url(model, "change", world.a[model].pk)):
+                response = manager.post(url, data)
+                asked += 1
+                if response.status_code >= 500 or SECRET in response.content.lower():
+                    wrong.append(f"POST {url} {name}={target.pk}: {response.status_code}")
+    assert asked >= 6
+    assert not wrong, "\n".join(wrong)
+
+
+def test_list_filters_offer_only_the_users_organizations_choices(world: World) -> None:
+    """Every changelist's filters (the segment day filter too): no choice of B's."""
+    from campaigns.models import SegmentMovement
+
+    SegmentMovement.objects.create(
+        organization=world.b[Organization],
+        day=date(2026, 10, 9),
+        from_segment="",
+        to_segment="new",
+        customers=1,
+    )
+    SegmentMovement.objects.create(
+        organization=world.a[Organization],
+        day=date(2026, 10, 20),
+        from_segment="",
+        to_segment="new",
+        customers=1,
+    )
+    manager = world.clients["manager"]
+    wrong = []
+    for model, _model_admin in _tenant_admins():
+        response = manager.get(_url(model, "").rstrip("/") + "/")
+        cl = response.context and response.context.get("cl")
+        if not isinstance(cl, ChangeList):
+            continue
+        for spec in cl.filter_specs:
+            for choice in spec.choices(cl):
+                display = str(choice.get("display", "")).lower()
+                if "bravo" in display or "2026-10-09" in str(choice.get("query_string", "")):
+                    wrong.append(f"{model.__name__} filter {spec.title}: {display}")
+    segments = manager.get("/admin/campaigns/customersegment/").content.decode()
+    assert "day=2026-10-20" in segments
+    assert not wrong, "\n".join(wrong)
+
+
+def _unique_checks_across_organizations(model: Any, tenant_field: str | None) -> list[tuple[str, ...]]:
+    checks, _dates = model()._get_unique_checks()
+    for constraint in model._meta.constraints:
+        fields = getattr(constraint, "fields", ())
+        if fields and getattr(constraint, "condition", None) is None:
+            checks.append((model, tuple(fields)))
+    return [
+        tuple(fields)
+        for _model, fields in checks
+        if "id" not in fields and (tenant_field is None or tenant_field not in fields)
+    ]
+
+
+def test_uniqueness_errors_never_say_what_another_organization_holds(world: World) -> None:
+    """B's value of every field that is unique across organizations (a Meta phone number id, a slug,
+    a handler's key), posted by A's manager: one generic message, not which model or field has it."""
+    manager = world.clients["manager"]
+    wrong, generic = [], set()
+    for model, model_admin in _tenant_admins():
+        path = model_admin.tenant_path or ""
+        tenant_field = None if path == "pk" else path.split("__")[0]
+        a, b = world.a.get(model), world.b.get(model)
+        if a is None or b is None:
+            continue
+        for fields in _unique_checks_across_organizations(model, tenant_field):
+            data: dict[str, Any] = {"organization": world.a[Organization].pk}
+            for name in fields:
+                data[name] = getattr(b, model._meta.get_field(name).attname)
+            if None in data.values():
+                continue  # Django checks no uniqueness over a NULL
+            response = manager.post(_url(model, "change", a.pk), data)
+            if response.status_code in (403, 404):
+                continue  # the manager may not change this model's rows (read-only, platform)
+            body = response.content.decode()
+            leaked = b.unique_error_message(model, fields).messages[0]
+            # A 302: the form has none of these fields to post (all read-only), nothing was said.
+            if response.status_code >= 400 or leaked in body:
+                wrong.append(f"{model.__name__} {fields}: {response.status_code}, {leaked!r}")
+            if str(tenancy.TAKEN) in body:
+                generic.add(model)
+    assert not wrong, "\n".join(wrong)
+    assert {Organization, WhatsappNumber} <= generic
+
+
+def test_posting_another_organizations_id_to_the_campaign_form_shows_nothing_of_it(world: World) -> None:
+    Organization.objects.filter(pk=world.b[Organization].pk).update(timezone="America/Manaus")
+    response = world.clients["manager"].post(
+        "/admin/campaigns/campaign/add/",
+        {"organization": world.b[Organization].pk, "name": "intruso", "channel": "whatsapp"},
+    )
+    assert response.status_code == 200
+    assert b"Manaus" not in response.content and b"campaign-time-zone" not in response.content
+    assert not Campaign.objects.filter(name="intruso").exists()
+
+
+TRACEBACK = (
+    "Traceback (most recent call last):\n"
+    '  File "/srv/crm/app/erp/sync.py", line 42, in sync_sales\n'
+    "    rows = fetch(token=settings.ERP_TOKEN)\n"
+    "ValueError: the ERP answered 500\n"
+)
+
+
+def test_job_run_tracebacks_are_for_platform_operators_members_see_the_reason(world: World) -> None:
+    run = world.a[JobRun]
+    JobRun.objects.filter(pk=run.pk).update(status="failed", error=TRACEBACK)
+    url = f"/admin/crm/jobrun/{run.pk}/change/"
+    for role in ("viewer", "manager"):
+        body = world.clients[role].get(url).content.decode()
+        assert "ValueError: the ERP answered 500" in body, role
+        assert "/srv/crm/app" not in body and "ERP_TOKEN" not in body and "Traceback" not in body, role
+    body = world.clients["operator"].get(url).content.decode()
+    assert "/srv/crm/app/erp/sync.py" in body
+
+
+def test_runner_run_refuses_to_run_one_organizations_handler_for_another(world: World) -> None:
+    from django.core.management import call_command
+    from django.core.management.base import CommandError
+
+    handler = world.a[Handler]
+    with pytest.raises(CommandError, match="another organization"):
+        call_command("runner_run", handler.integration.integration_key, handler.handler_key, "--org", "bravo")
+    assert not Execution.objects.filter(handler=handler, organization=world.b[Organization]).exists()

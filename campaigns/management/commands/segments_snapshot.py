@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import argparse
 import time
 from datetime import date
 from typing import Any
@@ -14,6 +15,13 @@ from crm import cli
 from crm.models import Organization
 
 
+def _day(text: str) -> date:
+    try:
+        return segments.snapshot_day(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 class Command(cli.CrmCommand):
     help = (
         "Compute (or recompute: the day's rows are replaced) the RFM segment snapshot of every "
@@ -23,7 +31,7 @@ class Command(cli.CrmCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
             "--date",
-            type=date.fromisoformat,
+            type=_day,
             metavar="YYYY-MM-DD",
             help="the day (default: yesterday, the last complete day, in each organization's time zone)",
         )

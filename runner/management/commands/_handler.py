@@ -25,9 +25,16 @@ def handler_or_error(integration_key: str, handler_key: str) -> Handler:
 
 
 def organization_id_for(handler: Handler, slug: str | None) -> int:
-    """The organization a run is for: --org SLUG, else the handler's own."""
+    """The organization a run is for: --org SLUG, else the handler's own. A handler of one
+    organization runs for that one only (as its webhook intake does): --org naming another is refused."""
     if slug:
-        return cli.organization_or_error(slug).pk
+        org_id = cli.organization_or_error(slug).pk
+        if handler.organization_id and handler.organization_id != org_id:
+            raise CommandError(
+                _("handler %(key)s belongs to another organization: it runs for its own (leave out --org)")
+                % {"key": f"{handler.integration.integration_key}/{handler.handler_key}"}
+            )
+        return org_id
     if handler.organization_id:
         return handler.organization_id
     raise CommandError(
