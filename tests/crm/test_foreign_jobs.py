@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from rq.serializers import JSONSerializer
 from rq.suspension import is_suspended
 
 from crm import cron, jobs
-from tests.conftest import ROOT, child_env, recorded, wait_for
+from tests.conftest import ROOT, child_env, free_port, recorded, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -147,3 +149,45 @@ def test_rq_info_as_documented_lists_the_products_queues_and_workers(worker_proc
     assert done.returncode == 0, done.stderr
     assert "items-p5" in done.stdout and "1 workers" in done.stdout, done.stdout
     assert proc.popen.poll() is None
+
+
+def test_rq_dashboard_as_documented_answers_every_page_of_the_products_jobs(run_jobs):
+    done_id = jobs.enqueue("tests.jobs.record", queue="items-p2", kwargs={"key": "dash", "value": "x"})
+    run_jobs(["items-p2"])  # finished: its JSON result is what a pickle-reading dashboard fails on
+    failed_id = jobs.enqueue("tests.jobs.fail", queue="maintenance", kwargs={"key": "dash"})
+    run_jobs(["maintenance"])
+    queued_id = jobs.enqueue("tests.jobs.record", queue="items-p3", kwargs={"key": "dash", "value": "y"})
+    port = free_port()
+    argv = ["--redis-url", redis_url(), "--json", "--bind", "127.0.0.1", "--port", str(port)]
+    dashboard = subprocess.Popen(
+        [str(Path(sys.executable).with_name("rq-dashboard")), *argv],
+        cwd=ROOT,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}/0"
+    try:
+        wait_for(lambda: _status(f"{base}/data/queues.json") == 200, timeout=60, what="rq-dashboard")
+        pages = [f"/view/job/{job_id}" for job_id in (done_id, failed_id, queued_id)]
+        pages += [f"/data/job/{job_id}.json" for job_id in (done_id, failed_id, queued_id)]
+        pages += [
+            "/data/jobs/items-p2/finished/8/asc/1.json",
+            "/data/jobs/maintenance/failed/8/asc/1.json",
+            "/data/jobs/items-p3/queued/8/asc/1.json",
+            "/data/workers.json",
+        ]
+        assert {page: _status(base + page) for page in pages} == dict.fromkeys(pages, 200)
+    finally:
+        dashboard.terminate()
+        dashboard.wait(timeout=30)
+
+
+def _status(url: str) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=30) as response:
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except OSError:
+        return 0
