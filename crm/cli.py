@@ -287,9 +287,10 @@ def _rows(lines: list[str]) -> int:
     return sum(max(1, math.ceil(len(line) / width)) for line in lines)
 
 
-class RefusedCommand(BaseCommand):
+class RefusedCommand(CrmCommand):
     """A stock command (django-rq's) the product replaces: whatever its options, one line and exit 1."""
 
+    needs = ()
     refusal = ""
 
     def run_from_argv(self, argv: list[str]) -> None:

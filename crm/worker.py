@@ -116,7 +116,7 @@ class Worker(SimpleWorker):
                     raise
                 # RQ could not load the job it dequeued (a hash it cannot restore): fail that job.
                 self.died_of = None
-                self._fail_unfetchable(str(job_id), queue, exc)
+                self._noting_death(self._fail_unfetchable, str(job_id), queue, exc)
 
     def subscribe(self) -> None:
         # The command channel (stop a job, shut down) matters for long-lived workers; a burst
@@ -244,6 +244,8 @@ class Worker(SimpleWorker):
         with self.connection.pipeline() as pipeline:
             pipeline.hset(Job.key_for(job_id), mapping={"status": JobStatus.FAILED.value, "exc_info": reason})
             pipeline.zadd(registry.key, {job_id: time.time() + DEFAULT_FAILURE_TTL})
+            # Out of RQ's intermediate list too: its sweep would load the hash, and fail as we did.
+            pipeline.lrem(queue.intermediate_queue_key, 0, job_id)
             pipeline.execute()
 
     # --- "delay, don't fail" ---------------------------------------------------------------

@@ -57,6 +57,10 @@ def test_jobs_in_rqs_default_pickle_format_are_failed_with_a_clear_reason_and_th
         timeout=60,
     )
     assert cli.returncode == 0, cli.stderr
+    # A hash RQ cannot even load (not a date where one belongs), by some other writer.
+    connection = jobs.get_connection()
+    connection.hset("rq:job:garbled", mapping={"data": b"x", "created_at": "yesterday", "origin": "items-p2"})
+    connection.rpush("rq:queue:items-p2", "garbled")
     jobs.enqueue("tests.jobs.record", queue="items-p2", kwargs={"key": "after", "value": "ran"})
 
     proc = worker_process("--processes", "1", "--queues", "items-p2")
@@ -69,6 +73,9 @@ def test_jobs_in_rqs_default_pickle_format_are_failed_with_a_clear_reason_and_th
         reason = _failed_reason(job_id)
         assert "RQ's default pickle serializer" in reason, reason
         assert "rq.serializers.JSONSerializer" in reason, reason
+    garbled = jobs.get_queue("items-p2").failed_job_registry
+    assert "garbled" in garbled.get_job_ids()
+    assert b"cannot be read by the product's workers" in connection.hget("rq:job:garbled", "exc_info")
     output = proc.output()
     assert "found an unhandled exception" not in output, output
     assert "cannot be read by the product's workers" in output, output

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand
 from rq.suspension import resume
 
-from crm import jobs
+from crm import cli, jobs
 
 
-class Command(BaseCommand):
+class Command(cli.CrmCommand):
     help = "Resume the workers suspended by rqsuspend."
+    needs = (cli.REDIS,)
 
     def handle(self, *args: Any, **options: Any) -> None:
         resume(jobs.get_connection())

@@ -5,15 +5,19 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
-from django_rq.management.commands import rqsuspend
 from rq.suspension import suspend
 
-from crm import jobs
+from crm import cli, jobs
 
 
-class Command(rqsuspend.Command):
+class Command(cli.CrmCommand):
+    help = "Suspend the workers: no new job starts until rqresume (or --duration runs out)."
+    needs = (cli.REDIS,)
+
     def add_arguments(self, parser: CommandParser) -> None:
-        super().add_arguments(parser)
+        parser.add_argument(
+            "--duration", "-d", type=int, help="seconds to suspend the workers (default: until rqresume)"
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         duration = options.get("duration")

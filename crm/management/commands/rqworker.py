@@ -8,11 +8,13 @@ from typing import Any
 
 from django_rq.management.commands import rqworker
 
-from crm import workers
+from crm import cli, workers
 
 
-class Command(rqworker.Command):
+class Command(cli.CrmCommand, rqworker.Command):
     help = "An RQ worker (crm.worker.Worker) on the named queues, or on every product queue."
+    needs = (cli.DATABASE, cli.REDIS)
+    quiet_logs = False  # it runs until stopped: its logs are its output
 
     def handle(self, *args: Any, **options: Any) -> None:
         super().handle(*(args or workers.parse_queue_names(None)), **options)
