@@ -285,3 +285,17 @@ def _rows(lines: list[str]) -> int:
     """Terminal rows the lines take (a long line wraps), to move back over them."""
     width = max(shutil.get_terminal_size().columns, 1)
     return sum(max(1, math.ceil(len(line) / width)) for line in lines)
+
+
+class RefusedCommand(CrmCommand):
+    """A stock command (django-rq's) the product replaces: whatever its options, one line and exit 1."""
+
+    needs = ()
+    refusal = ""
+
+    def run_from_argv(self, argv: list[str]) -> None:
+        self.stderr.write(self.refusal)
+        sys.exit(1)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        raise CommandError(self.refusal)

@@ -127,6 +127,9 @@ def cron_register(
         scheduler.cancel(job)
         job.delete()
         result[job.id.removeprefix(JOB_ID_PREFIX)] = "removed"
+    # Entries an older version registered under rq-scheduler's stock key: a stock `rqscheduler`
+    # would crash on them.
+    scheduler.connection.zrem(Scheduler.scheduled_jobs_key, *[e.job_id for e in table.values()] or ["-"])
     return result
 
 
@@ -174,8 +177,16 @@ def cron_fire(name: str, *, manual: bool = False) -> str | None:
 
 
 class CrmScheduler(Scheduler):
-    """rq-scheduler that re-registers the cron table every minute, so a Redis flush loses no entry."""
+    """rq-scheduler that re-registers the cron table every minute, so a Redis flush loses no entry.
 
+    Its keys are its own: a stock `rqscheduler` (which reads RQ's pickle format) started against
+    the product's Redis finds none of the product's JSON entries, instead of crashing at the first
+    one due, and is never counted as the product's scheduler by /healthz."""
+
+    redis_scheduler_namespace_prefix = "crm:scheduler_instance:"
+    scheduler_key = "crm:scheduler"
+    scheduler_lock_key = "crm:scheduler_lock"
+    scheduled_jobs_key = "crm:scheduler:scheduled_jobs"
     reregister_every = 60.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

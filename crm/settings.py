@@ -97,10 +97,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "whitenoise.runserver_nostatic",
     "django.contrib.staticfiles",
+    "crm",  # before django_rq: its rq* commands (crm/management/commands) replace django-rq's
     "django_rq",
     "anymail",  # the ESPs' tracking webhooks (campaigns.esp_tracking) and its system checks
     "axes",  # failed admin logins throttled per account and per address
-    "crm",
     "campaigns",
     "integrations",
     "erp",

@@ -42,7 +42,7 @@ def _background() -> dict:
     workers = Worker.all(connection=connection, serializer=JSONSerializer)
     schedulers = [
         key
-        for key in connection.scan_iter("rq:scheduler_instance:*", count=100)
+        for key in connection.scan_iter(f"{cron.CrmScheduler.redis_scheduler_namespace_prefix}*", count=100)
         if not connection.hexists(key, "death")
     ]
     oldest = {name: round(age, 1) for name, age in stats.oldest_waiting().items()}

@@ -13,6 +13,12 @@ with a TTL of CRM_HEARTBEAT_TTL; if the process dies (SIGKILL, OOM, lost machine
 the started registry expires and the next registry sweep by any live worker (every
 CRM_MAINTENANCE_INTERVAL seconds) retries the job or moves it to failed. RQ's defaults take
 minutes (the job timeout plus 60 s, swept every 10 minutes).
+
+A job the worker cannot read (written with RQ's default pickle serializer by `rq enqueue` or a
+plain `Queue.enqueue`, or a hash something else wrote) is failed with the reason, never
+retried, and the worker goes on. A worker that does die of an error (RQ's loop logs "found an
+unhandled exception, quitting" and returns normally) keeps the error in `died_of`, so its command
+exits non-zero and a supervisor restarts it.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import redis
 from django.conf import settings
 from django.db import close_old_connections, connection
 from rq import Queue, worker_registration
+from rq.defaults import DEFAULT_FAILURE_TTL
+from rq.exceptions import DeserializationError, StopRequested
 from rq.group import Group
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
@@ -38,6 +46,16 @@ from crm import prometheus, promote
 from crm.jobs import Defer
 
 logger = logging.getLogger("crm.jobs")
+
+UNREADABLE = (
+    "job {job_id} cannot be read by the product's workers (they read RQ's JSON serializer; was it "
+    "enqueued with RQ's default pickle serializer, e.g. `rq enqueue` without `--serializer "
+    "rq.serializers.JSONSerializer`?): failed, not run. {error}"
+)
+
+
+class UnreadableJob(Exception):
+    """A job whose data the worker cannot deserialize: it fails without running, and is not retried."""
 
 
 class _QueryCounter:
@@ -53,7 +71,14 @@ class _QueryCounter:
 
 class Worker(SimpleWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("serializer", JSONSerializer)
+        # The product's queues hold JSON: a serializer asked for elsewhere (django-rq's `rqworker`
+        # passes RQ's pickle one unless told otherwise) would fail every job it dequeues.
+        asked = kwargs.pop("serializer", None)
+        if asked not in (None, JSONSerializer, "rq.serializers.JSONSerializer", "json"):
+            logger.warning(
+                "serializer %s ignored: the product's jobs are JSON", getattr(asked, "__name__", asked)
+            )
+        kwargs["serializer"] = JSONSerializer
         kwargs.setdefault("worker_ttl", settings.CRM_WORKER_TTL)
         kwargs.setdefault("maintenance_interval", settings.CRM_MAINTENANCE_INTERVAL)
         kwargs.setdefault("job_monitoring_interval", settings.CRM_HEARTBEAT_INTERVAL)
@@ -62,10 +87,36 @@ class Worker(SimpleWorker):
         self._beating = False
         self._deferred = False
         self._promoted_at = 0.0
+        self.died_of: BaseException | None = None
 
     def work(self, burst: bool = False, *args: Any, **kwargs: Any) -> bool:
         self._burst = burst
         return super().work(burst, *args, **kwargs)
+
+    # --- dying loudly: RQ's loop swallows the error that ends it; keep it for the exit status ----
+    def _noting_death(self, step: Any, *args: Any) -> Any:
+        try:
+            return step(*args)
+        except (StopRequested, SystemExit):
+            raise
+        except BaseException as exc:
+            self.died_of = exc
+            raise
+
+    def check_for_suspension(self, burst: bool) -> None:
+        self._noting_death(super().check_for_suspension, burst)
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> Any:
+        while True:
+            try:
+                return self._noting_death(super().dequeue_job_and_maintain_ttl, timeout, max_idle_time)
+            except Exception as exc:
+                job_id, queue = getattr(exc, "job_id", None), getattr(exc, "queue", None)
+                if job_id is None or queue is None:
+                    raise
+                # RQ could not load the job it dequeued (a hash it cannot restore): fail that job.
+                self.died_of = None
+                self._noting_death(self._fail_unfetchable, str(job_id), queue, exc)
 
     def subscribe(self) -> None:
         # The command channel (stop a job, shut down) matters for long-lived workers; a burst
@@ -111,6 +162,14 @@ class Worker(SimpleWorker):
         return settings.CRM_HEARTBEAT_TTL
 
     def execute_job(self, job: Job, queue: Queue) -> None:
+        try:
+            job.func_name  # noqa: B018 -- reads the job's data: raises if it cannot be deserialized
+        except DeserializationError as exc:
+            self._fail_unreadable(job, queue, exc)
+            return
+        self._noting_death(self._execute_job, job, queue)
+
+    def _execute_job(self, job: Job, queue: Queue) -> None:
         self.prepare_execution(job)
         self._deferred = False
         stop = threading.Event()
@@ -160,6 +219,34 @@ class Worker(SimpleWorker):
         with self._beat_lock:
             self._beating = False
         super().cleanup_execution(job, pipeline)
+
+    # --- jobs the worker cannot read -----------------------------------------------------------
+    def _fail_unreadable(self, job: Job, queue: Queue, exc: Exception) -> None:
+        """Fail a job whose data cannot be deserialized, with the reason, without running or retrying it."""
+        cause = exc.__cause__ or exc
+        reason = UNREADABLE.format(job_id=job.id, error=f"{type(cause).__name__}: {cause}"[:300])
+        logger.error(reason, extra={"queue": queue.name, "job_id": job.id, "outcome": "failed"})
+        job.meta = {}  # a pickled meta cannot be written back with the JSON serializer
+        job.retries_left = 0
+        self.prepare_execution(job)
+        try:
+            raise UnreadableJob(reason)
+        except UnreadableJob:
+            self.handle_job_failure(job, queue, exc_string=reason)
+        self._idle_and_count(queue, "failed", 0.0)
+
+    def _fail_unfetchable(self, job_id: str, queue: Queue, exc: Exception) -> None:
+        """Fail a job RQ could not even load: its hash is marked failed with the reason, and it joins
+        the queue's failed registry (for the queue pages and `rq info`)."""
+        reason = UNREADABLE.format(job_id=job_id, error=f"{type(exc).__name__}: {exc}"[:300])
+        logger.error(reason, extra={"queue": queue.name, "job_id": job_id, "outcome": "failed"})
+        registry = queue.failed_job_registry
+        with self.connection.pipeline() as pipeline:
+            pipeline.hset(Job.key_for(job_id), mapping={"status": JobStatus.FAILED.value, "exc_info": reason})
+            pipeline.zadd(registry.key, {job_id: time.time() + DEFAULT_FAILURE_TTL})
+            # Out of RQ's intermediate list too: its sweep would load the hash, and fail as we did.
+            pipeline.lrem(queue.intermediate_queue_key, 0, job_id)
+            pipeline.execute()
 
     # --- "delay, don't fail" ---------------------------------------------------------------
     def handle_job_failure(

@@ -52,12 +52,15 @@ def _active(queue_names: Sequence[str]) -> int:
         return sum(pipe.execute())
 
 
-def run_burst(queue_names: Sequence[str], *, settle: float = 3.0) -> None:
-    """Work until every queue is empty, nothing runs elsewhere and nothing is due within `settle` s."""
+def run_burst(queue_names: Sequence[str], *, settle: float = 3.0) -> int:
+    """Work until every queue is empty, nothing runs elsewhere and nothing is due within `settle` s;
+    1 if a worker died of an error (it was logged), else 0."""
     while True:
         promote.promote_due(queue_names)
         worker = make_worker(queue_names)
         worker.work(burst=True, logging_level="WARNING")
+        if worker.died_of is not None:
+            return 1
         # A job whose worker died is only retried by a registry sweep: do it before deciding
         # that nothing is left (a long-running worker sweeps every CRM_MAINTENANCE_INTERVAL).
         _sweep_abandoned(queue_names, worker)
@@ -67,7 +70,7 @@ def run_burst(queue_names: Sequence[str], *, settle: float = 3.0) -> None:
             time.sleep(0.1)
             continue
         if wait is None or wait > settle:
-            return
+            return 0
         time.sleep(min(wait, 0.5) + 0.01)
 
 
@@ -89,12 +92,11 @@ def run(
         _recover_at_start()
     if processes <= 1:
         if burst:
-            run_burst(queue_names, settle=settle)
-        else:
-            worker = make_worker(queue_names)
-            logger.info("worker %s (pid %s) listening on %s", worker.name, worker.pid, ", ".join(queue_names))
-            worker.work(logging_level="WARNING")
-        return 0
+            return run_burst(queue_names, settle=settle)
+        worker = make_worker(queue_names)
+        logger.info("worker %s (pid %s) listening on %s", worker.name, worker.pid, ", ".join(queue_names))
+        worker.work(logging_level="WARNING")
+        return 0 if worker.died_of is None else 1
     supervisor = Supervisor(exit_when_all_done=burst)
     argv = [
         sys.executable,

@@ -18,6 +18,7 @@ DEFAULTS: dict[str, float] = {
     "RUNNER_PAUSE_DEFER": 5,  # seconds between looks at a paused handler
     "RUNNER_LEASE_SECONDS": 60,  # a concurrency slot of a dead worker is free after this
     "RUNNER_CACHE_TTL": 60,
+    "RUNNER_AMQP_MAX_BYTES": 1024 * 1024,  # a larger AMQP body (also once gunzipped) is dead-lettered
 }
 
 

@@ -1,18 +1,21 @@
 """The runner's queue trigger: read an AMQP queue and store its messages as items (priority 3).
 
 `BatchConsumer` is the loop of `manage.py runner_consume`, in four named steps: receive a batch,
-classify it (JSON events, bodies that can never be stored), store it with one `events_store`
+classify it (JSON events, and poison: bodies that can never be stored), store it with one `events_store`
 call, acknowledge it with one outcome per message. A message is acknowledged only after its item
 is committed: a consumer killed at any point leaves its unacknowledged messages to be redelivered.
 A redelivery of a stored message is recognised and acknowledged without being stored again: by
 its message_id, or, without one, by the hash of its body when the broker marks it redelivered
-(see `services.events_store`). A lost channel or connection is reopened with backoff; after
-`reconnect_for` seconds without a broker, `run` raises ConsumerGone.
+(see `services.events_store`). A body is read as the HTTP intakes read theirs (`crm.intake.parse_json`:
+UTF-8, nesting, numbers, NUL), after its content_encoding (gzip) is undone within
+RUNNER_AMQP_MAX_BYTES (`amqp.decoded_body`); a poison message is refused without requeue, so the
+broker dead-letters it (see `amqp.open_queue`) and the consumer goes on. A lost channel or
+connection is reopened with backoff; after `reconnect_for` seconds without a broker, `run` raises
+ConsumerGone.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import time
@@ -23,9 +26,10 @@ from django.db import DatabaseError, DataError, InterfaceError, close_old_connec
 from pika.exceptions import AMQPError
 from redis.exceptions import RedisError
 
+from crm import intake
 from integrations.runner import amqp
 from integrations.runner.amqp import Message, Outcome
-from runner import services
+from runner import conf, services
 from runner.models import Handler
 
 logger = logging.getLogger("runner.consume")
@@ -38,16 +42,20 @@ ACK_PAUSE_ENV = "CRM_TEST_CONSUME_PAUSE_BEFORE_ACK"
 BACKOFF_MAX = 30.0
 
 
-def event_of(message: Message) -> dict[str, Any] | None:
-    """The event a message carries (for `services.events_store`), or None if its body is not JSON.
+class Poison(ValueError):
+    """A message that can never be stored: undecodable, too large, or not strict JSON."""
+
+
+def event_of(message: Message, *, max_bytes: int = amqp.DEFAULT_MAX_BYTES) -> dict[str, Any]:
+    """The event a message carries (for `services.events_store`); raises Poison if it has none.
 
     The item's external id is the message_id, else the body's `id`. Only the message_id is the
     event's id (a body's `id` usually names a record, which may change again); a message without
     one is recognised on redelivery by the hash of its exact body."""
     try:
-        payload = json.loads(message.body)
-    except ValueError:  # UnicodeDecodeError included
-        return None
+        payload = intake.parse_json(amqp.decoded_body(message, max_bytes=max_bytes))
+    except (amqp.Undecodable, intake.BadBody) as exc:
+        raise Poison(str(exc)[:200]) from None
     body_id = payload.get("id") if isinstance(payload, dict) else ""
     event: dict[str, Any] = {"external_id": str(message.message_id or body_id or ""), "payload": payload}
     if message.message_id:
@@ -76,7 +84,7 @@ class Batch:
     messages: list[Message]
     events: list[dict[str, Any]]  # one per message of `kept`
     kept: list[Message]
-    poison: list[Message]  # never storable: dropped
+    poison: list[Message]  # never storable: dropped (dead-lettered)
 
 
 class BatchConsumer:
@@ -104,6 +112,7 @@ class BatchConsumer:
         self.max_messages = max(0, max_messages)
         self.idle_exit = max(0.0, idle_exit)
         self.reconnect_for = max(0.0, reconnect_for)
+        self.max_bytes = int(conf.get("RUNNER_AMQP_MAX_BYTES"))
         self.tally = Tally()
         self.stopping = False
         self._pause = float(os.environ.get(PAUSE_ENV) or 0)
@@ -119,7 +128,7 @@ class BatchConsumer:
     def run(self) -> Tally:
         """Consume until stopped, idle or `max_messages` handled; raises AMQPError if the broker
         cannot be reached at the start, ConsumerGone if it cannot be reached again later."""
-        self.consumer = amqp.Consumer(self.url, self.queue, prefetch=self.prefetch)
+        self.consumer = amqp.Consumer(self.url, self.queue, prefetch=self.prefetch, max_bytes=self.max_bytes)
         try:
             while not self.stopping:
                 try:
@@ -171,13 +180,14 @@ class BatchConsumer:
         kept: list[Message] = []
         poison: list[Message] = []
         for message in messages:
-            event = event_of(message)
-            if event is None:
+            try:
+                event = event_of(message, max_bytes=self.max_bytes)
+            except Poison as exc:
                 logger.warning(
-                    "message %s on %s is not JSON: dropped (%r)",
+                    "message %s on %s refused, dead-lettered: %s",
                     message.message_id or message.delivery_tag,
                     self.queue,
-                    message.body[:80],
+                    exc,
                 )
                 poison.append(message)
             else:

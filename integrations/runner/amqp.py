@@ -7,6 +7,12 @@ batch is the caller's decision, made once per batch: `settle` takes an `Outcome`
 sends the broker the calls of `settlement_plan`, which never names a delivery tag the channel does
 not hold unsettled (RabbitMQ closes the channel on such a tag: 406 PRECONDITION_FAILED).
 
+The queue is adopted as it is when it exists (a passive declare: whatever arguments or policy its
+operator gave it, e.g. its own `x-dead-letter-exchange`); only a missing queue is declared, durable,
+with a dead-letter route to `<queue>.dead` (`dead_letter_queue`), so a message refused with DROP
+(nack without requeue) is dead-lettered there by the broker. A body larger than `max_bytes` is
+not kept once received (`Message.oversize`), so a window of big messages never fills the memory.
+
 A channel or connection that goes away (broker restart, connection drop, channel error, the
 queue deleted under the consumer) raises `ConsumerLost` from whatever call meets it, instead of
 leaving a consumer that receives nothing; `reconnect` opens a new connection and channel.
@@ -21,18 +27,24 @@ import enum
 import logging
 import os
 import time
+import zlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 import pika
 from pika.adapters.blocking_connection import BlockingChannel
-from pika.exceptions import AMQPError
+from pika.exceptions import AMQPError, ChannelClosedByBroker
 from pika.spec import Basic, BasicProperties
 
 # pika narrates every connection step at INFO: keep its warnings and errors only.
 logging.getLogger("pika").setLevel(logging.WARNING)
 
 DEFAULT_URL = "amqp://guest:guest@127.0.0.1:5672/%2F"
+DEFAULT_MAX_BYTES = 1024 * 1024
+NOT_FOUND = 404
+# content_encoding values a body may carry: None/"" and identity as they are, gzip decompressed.
+GZIP_ENCODINGS = frozenset({"gzip", "x-gzip"})
+IDENTITY_ENCODINGS = frozenset({"", "identity"})
 
 
 @dataclass(frozen=True)
@@ -42,6 +54,86 @@ class Message:
     message_id: str
     redelivered: bool
     channel: int = 0  # which of the consumer's channels delivered it (tags count per channel)
+    content_encoding: str = ""
+    oversize: int = 0  # the size of a body too large to keep (then `body` is empty)
+
+
+class Undecodable(ValueError):
+    """A body that cannot be decoded: an unknown content_encoding, corrupt gzip, or larger than allowed."""
+
+
+def decoded_body(message: Message, *, max_bytes: int = DEFAULT_MAX_BYTES) -> bytes:
+    """The message's body as sent (gzip undone), never more than `max_bytes`; raises Undecodable.
+
+    Decompression stops at `max_bytes` + 1 output bytes: a gzip bomb costs at most that much."""
+    if message.oversize:
+        raise Undecodable(f"the body ({message.oversize} bytes) is larger than {max_bytes} bytes")
+    encoding = message.content_encoding.strip().lower()
+    if encoding in IDENTITY_ENCODINGS:
+        body = message.body
+    elif encoding in GZIP_ENCODINGS:
+        body = _gunzip(message.body, max_bytes)
+    else:
+        raise Undecodable(f"unknown content_encoding {message.content_encoding[:40]!r} (gzip or none)")
+    if len(body) > max_bytes:
+        raise Undecodable(f"the body is larger than {max_bytes} bytes")
+    return body
+
+
+def _gunzip(data: bytes, max_bytes: int) -> bytes:
+    """Every gzip member of `data`, up to `max_bytes` + 1 bytes of output in all."""
+    out = bytearray()
+    while data:
+        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        try:
+            out += inflater.decompress(data, max_bytes + 1 - len(out))
+        except zlib.error as exc:
+            raise Undecodable(f"the gzip body is corrupt: {exc}") from None
+        if len(out) > max_bytes:
+            raise Undecodable(f"the body is larger than {max_bytes} bytes once decompressed")
+        if not inflater.eof:
+            raise Undecodable("the gzip body is truncated")
+        data = inflater.unused_data
+    return bytes(out)
+
+
+def dead_letter_queue(queue: str) -> str:
+    """Where the messages a queue the consumer declared refuses are dead-lettered."""
+    return f"{queue}.dead"
+
+
+def open_queue(connection: pika.BlockingConnection, queue: str) -> BlockingChannel:
+    """A channel on `queue`: adopted as it is if it exists, else declared durable with a dead-letter
+    route to `dead_letter_queue(queue)` (declared too). Never re-declares an existing queue, so
+    its operator's arguments never end the channel with 406 PRECONDITION_FAILED."""
+    channel = _adopt(connection, queue)
+    if channel is not None:
+        return channel
+    dead = dead_letter_queue(queue)
+    channel = _adopt(connection, dead)
+    if channel is None:
+        channel = connection.channel()
+        channel.queue_declare(queue=dead, durable=True)
+    arguments = {"x-dead-letter-exchange": "", "x-dead-letter-routing-key": dead}
+    try:
+        channel.queue_declare(queue=queue, durable=True, arguments=arguments)
+    except ChannelClosedByBroker:  # declared meanwhile by someone else, otherwise: adopt theirs
+        channel = _adopt(connection, queue)
+        if channel is None:
+            raise
+    return channel
+
+
+def _adopt(connection: pika.BlockingConnection, queue: str) -> BlockingChannel | None:
+    """A channel on the existing `queue` (passive declare), or None if there is no such queue."""
+    channel = connection.channel()
+    try:
+        channel.queue_declare(queue=queue, passive=True)
+    except ChannelClosedByBroker as exc:
+        if exc.reply_code != NOT_FOUND:
+            raise
+        return None
+    return channel
 
 
 class Outcome(enum.Enum):
@@ -105,9 +197,18 @@ class ConsumerLost(Exception):
 class Consumer:
     """One consumer on `queue` (declared durable); messages stay unacked until settled."""
 
-    def __init__(self, url: str, queue: str, *, prefetch: int = 100, heartbeat: int = 60) -> None:
+    def __init__(
+        self,
+        url: str,
+        queue: str,
+        *,
+        prefetch: int = 100,
+        heartbeat: int = 60,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
         self.url = url
         self.queue = queue
+        self.max_bytes = max_bytes
         self.prefetch = max(prefetch, 1)
         self.heartbeat = heartbeat
         self._buffer: collections.deque[Message] = collections.deque()
@@ -125,8 +226,7 @@ class Consumer:
         params.client_properties = {"connection_name": f"runner_consume {self.queue} pid {os.getpid()}"}
         self._connection = pika.BlockingConnection(params)
         try:
-            self._channel: BlockingChannel = self._connection.channel()
-            self._channel.queue_declare(queue=self.queue, durable=True)
+            self._channel: BlockingChannel = open_queue(self._connection, self.queue)
             self._channel.basic_qos(prefetch_count=self.prefetch)
             self._channel.add_on_cancel_callback(self._on_cancel)
             self._channel_no += 1
@@ -150,13 +250,16 @@ class Consumer:
     ) -> None:
         tag = int(method.delivery_tag or 0)
         self._unsettled.add(tag)
+        oversize = len(body) if len(body) > self.max_bytes else 0
         self._buffer.append(
             Message(
                 delivery_tag=tag,
-                body=body,
+                body=b"" if oversize else body,
                 message_id=str(props.message_id or ""),
                 redelivered=bool(method.redelivered),
                 channel=self._channel_no,
+                content_encoding=str(props.content_encoding or ""),
+                oversize=oversize,
             )
         )
 
@@ -247,17 +350,24 @@ class Consumer:
             pass
 
 
-def publish(url: str, queue: str, bodies: list[bytes], *, message_ids: list[str] | None = None) -> None:
+def publish(
+    url: str,
+    queue: str,
+    bodies: list[bytes],
+    *,
+    message_ids: list[str] | None = None,
+    content_encoding: str | None = None,
+) -> None:
     """Publish persistent messages to a durable queue (scripts and tests); an empty id sets none."""
     connection = pika.BlockingConnection(pika.URLParameters(url))
     try:
-        channel = connection.channel()
-        channel.queue_declare(queue=queue, durable=True)
+        channel = open_queue(connection, queue)
         channel.confirm_delivery()
         for i, body in enumerate(bodies):
             props = pika.BasicProperties(
                 delivery_mode=pika.DeliveryMode.Persistent,
                 message_id=(message_ids[i] or None) if message_ids else None,
+                content_encoding=content_encoding,
             )
             channel.basic_publish(exchange="", routing_key=queue, body=body, properties=props)
     finally:

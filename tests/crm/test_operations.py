@@ -156,7 +156,7 @@ def test_the_cron_table_registers_idempotently(redis_db):
     assert {"recover", "whatsapp-reconcile", "whatsapp-pricing-sync"} <= set(table)
     assert cron.cron_register(scheduler) == dict.fromkeys(table, "added")
     assert cron.cron_register(scheduler) == dict.fromkeys(table, "kept")
-    assert redis_db.zcard("rq:scheduler:scheduled_jobs") == len(table)
+    assert redis_db.zcard(cron.CrmScheduler.scheduled_jobs_key) == len(table)
     # An entry that left the table is removed; a stranger's scheduled job is not touched.
     scheduler.cron("0 0 * * *", func="crm.tasks.noop", id="cron-retired", queue_name="maintenance")
     scheduler.cron("0 0 * * *", func="crm.tasks.noop", id="someone-else", queue_name="maintenance")
@@ -185,7 +185,7 @@ def test_registered_cron_entries_fire_at_local_time(redis_db):
         name="sales-nightly", cron="0 6 * * *", func="crm.tasks.noop", queue="erp-sync-queue"
     )
     cron.cron_register(table={"sales-nightly": nightly})
-    score = redis_db.zscore("rq:scheduler:scheduled_jobs", "cron-sales-nightly")
+    score = redis_db.zscore(cron.CrmScheduler.scheduled_jobs_key, "cron-sales-nightly")
     fires_at = datetime.fromtimestamp(score, ZoneInfo("America/Sao_Paulo"))
     assert (fires_at.hour, fires_at.minute) == (6, 0)
     assert fires_at == nightly.next_runs()[0]
@@ -197,7 +197,7 @@ def test_the_scheduler_fires_a_due_entry_once_through_the_enqueue_function(redis
     scheduler = cron.get_scheduler()
     cron.cron_register(scheduler)
     # Make the entry due now, then run the scheduler twice (two instances / a restart).
-    redis_db.zadd("rq:scheduler:scheduled_jobs", {"cron-recover": 0})
+    redis_db.zadd(cron.CrmScheduler.scheduled_jobs_key, {"cron-recover": 0})
     scheduler.run(burst=True)
     cron.get_scheduler().run(burst=True)
     assert redis_db.llen("rq:queue:maintenance") == 1  # cron_fire, once
@@ -206,7 +206,7 @@ def test_the_scheduler_fires_a_due_entry_once_through_the_enqueue_function(redis
     assert len(fired) == 1
     assert jobs.fetch_job(fired[0]).get_status() == "finished"
     # ... and it is scheduled again for its next occurrence.
-    assert redis_db.zscore("rq:scheduler:scheduled_jobs", "cron-recover") > 0
+    assert redis_db.zscore(cron.CrmScheduler.scheduled_jobs_key, "cron-recover") > 0
 
 
 def test_run_now_enqueues_an_entry_at_once(run_jobs, english):
@@ -321,7 +321,7 @@ def test_workers_and_schedulers_register_again_after_redis_loses_its_data(client
         checks = client.get("/healthz?full=1").json()["checks"]
         assert (checks["workers"]["alive"], checks["scheduler"]["alive"]) == (1, 1)
         # The cron table came back with the scheduler (the recovery pass fires from it).
-        wait_for(lambda: redis_db.zcard("rq:scheduler:scheduled_jobs") > 0, timeout=90, interval=0.5)
+        wait_for(lambda: redis_db.zcard(cron.CrmScheduler.scheduled_jobs_key) > 0, timeout=90, interval=0.5)
     finally:
         os.killpg(scheduler.pid, signal.SIGKILL)
         scheduler.wait(timeout=10)

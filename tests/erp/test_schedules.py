@@ -41,11 +41,11 @@ def test_the_cron_entries_fire_at_their_sao_paulo_times():
 def test_registered_entries_are_scheduled_at_local_time(redis_db):
     cron.cron_register(table={e.name: e for e in ENTRIES})
     for name, (hour, minute) in {"erp-sales-nightly": (6, 0), "erp-customers-daily": (5, 0)}.items():
-        score = redis_db.zscore("rq:scheduler:scheduled_jobs", f"cron-{name}")
+        score = redis_db.zscore(cron.CrmScheduler.scheduled_jobs_key, f"cron-{name}")
         fires_at = datetime.fromtimestamp(score, SP)
         assert (fires_at.hour, fires_at.minute) == (hour, minute)
     hourly = datetime.fromtimestamp(
-        redis_db.zscore("rq:scheduler:scheduled_jobs", "cron-erp-sales-hourly"), SP
+        redis_db.zscore(cron.CrmScheduler.scheduled_jobs_key, "cron-erp-sales-hourly"), SP
     )
     assert (hourly.minute, hourly.second) == (0, 0)
 

@@ -4,6 +4,7 @@ execution (priority 3), and none is acknowledged before it is stored."""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import os
 import shutil
@@ -26,7 +27,8 @@ from hypothesis import strategies as st
 
 from crm import jobs, queues
 from integrations.runner import amqp
-from runner.consumer import ACK_PAUSE_ENV, PAUSE_ENV, BatchConsumer
+from integrations.runner.amqp import Message
+from runner.consumer import ACK_PAUSE_ENV, PAUSE_ENV, BatchConsumer, Poison, event_of
 from runner.models import Execution, ExecutionItem
 from tests.conftest import ROOT, child_env, wait_for
 from tests.runner.conftest import processed
@@ -107,6 +109,7 @@ def amqp_queue() -> Iterator[str]:
     name = f"runner.test.{uuid.uuid4().hex}"
     yield name
     amqp.queue_delete(URL, name)
+    amqp.queue_delete(URL, amqp.dead_letter_queue(name))
 
 
 @pytest.fixture
@@ -168,9 +171,11 @@ def test_a_body_that_is_not_json_is_dropped_not_stored_and_not_requeued(py_handl
     )
     proc = consumer(amqp_queue, "--idle-exit", "2")
     assert proc.wait() == 0, proc.output()
-    assert proc.saw("is not JSON: dropped")
+    assert proc.saw("refused, dead-lettered: not JSON")
+    assert proc.saw("refused, dead-lettered: the body is not UTF-8")
     assert list(ExecutionItem.objects.values_list("external_id", flat=True)) == ["c"]
     assert _ready(amqp_queue) == 0
+    assert _ready(amqp.dead_letter_queue(amqp_queue)) == 2
 
 
 def test_a_consumer_killed_before_storing_leaves_its_messages_unacknowledged_and_they_are_stored_once(
@@ -284,7 +289,8 @@ def test_a_message_the_database_refuses_is_isolated_and_dropped_the_others_are_s
     amqp.publish(URL, amqp_queue, bodies, message_ids=["ok1", "bad", "ok3"])
     proc = consumer(amqp_queue, "--idle-exit", "2")
     assert proc.wait() == 0, proc.output()
-    assert proc.saw("refused by the database: dropped"), proc.output()
+    # The intake's parser refuses it before the database would (a NUL anywhere is poison).
+    assert proc.saw("refused, dead-lettered: the body.nul contains a NUL character"), proc.output()
     assert sorted(ExecutionItem.objects.values_list("external_id", flat=True)) == ["ok1", "ok3"]
     assert _ready(amqp_queue) == 0
 
@@ -633,3 +639,123 @@ def test_long_message_ids_are_compared_whole_not_cut_to_the_column(py_handler, a
     recorded = list(WebhookEvent.objects.values_list("event_id", flat=True))
     assert len(set(recorded)) == 2 and all(len(i) <= 200 for i in recorded)
     assert _ready(amqp_queue) == 0
+
+
+# --- what real publishers send: poison is dead-lettered, an operator's queue adopted ---------
+
+DEEP = ("[" * 1000 + "]" * 1000).encode()  # 2 KB, nested 1,000 levels
+
+
+def _gzip_bomb() -> bytes:
+    """~64 KB that inflate to 64 MB."""
+    return gzip.compress(b"{" + b" " * (64 * 1024 * 1024) + b"}", compresslevel=9)
+
+
+def _stored() -> list[str]:
+    return sorted(ExecutionItem.objects.values_list("external_id", flat=True))
+
+
+def _dead_letters(queue: str) -> list[str]:
+    """The message ids waiting on `queue` (read and left there)."""
+    connection = pika.BlockingConnection(pika.URLParameters(URL))
+    try:
+        channel = connection.channel()
+        ids = []
+        while True:
+            method, props, _body = channel.basic_get(queue, auto_ack=False)
+            if method is None:
+                break
+            ids.append(props.message_id)
+        return sorted(ids)
+    finally:
+        connection.close()
+
+
+def test_deep_compressed_and_mis_encoded_bodies_are_dead_lettered_and_the_rest_stored(
+    py_handler, amqp_queue, consumer
+):
+    amqp.publish(URL, amqp_queue, [DEEP, b'{"plain": 1}'], message_ids=["deep", "plain"])
+    amqp.publish(
+        URL, amqp_queue, [_gzip_bomb(), b"not gzip"], message_ids=["bomb", "corrupt"], content_encoding="gzip"
+    )
+    amqp.publish(
+        URL, amqp_queue, [gzip.compress(b'{"zipped": true}')], message_ids=["zipped"], content_encoding="gzip"
+    )
+    amqp.publish(URL, amqp_queue, [b'{"br": 1}'], message_ids=["br"], content_encoding="br")
+    amqp.publish(URL, amqp_queue, [b'{"late": 1}'], message_ids=["late"])
+    proc = consumer(amqp_queue, "--idle-exit", "2")
+    assert proc.wait(timeout=120) == 0, proc.output()
+    assert _stored() == ["late", "plain", "zipped"]
+    assert ExecutionItem.objects.get(external_id="zipped").payload == {"zipped": True}
+    assert _ready(amqp_queue) == 0  # every message settled: nothing left to crash a restart
+    assert _dead_letters(amqp.dead_letter_queue(amqp_queue)) == ["bomb", "br", "corrupt", "deep"]
+    assert proc.saw("nested deeper than 32 levels")
+    assert proc.saw("larger than 1048576 bytes once decompressed")
+    assert proc.saw("unknown content_encoding 'br'")
+
+
+def test_a_64_mb_message_is_dead_lettered_and_the_next_one_stored(py_handler, amqp_queue, consumer):
+    amqp.publish(URL, amqp_queue, [b"[" + b"0," * (32 * 1024 * 1024) + b"0]"], message_ids=["huge"])
+    amqp.publish(URL, amqp_queue, [b'{"after": 1}'], message_ids=["after"])
+    proc = consumer(amqp_queue, "--idle-exit", "2", "--prefetch", "1")
+    assert proc.wait(timeout=180) == 0, proc.output()
+    assert _stored() == ["after"]
+    assert _dead_letters(amqp.dead_letter_queue(amqp_queue)) == ["huge"]
+    assert proc.saw("is larger than 1048576 bytes")
+
+
+@pytest.fixture
+def operators_queue() -> Iterator[tuple[str, str]]:
+    """A queue declared by its operator with a dead-letter exchange of their own, and its DLQ."""
+    name = f"runner.test.{uuid.uuid4().hex}"
+    exchange, dlq = f"{name}.dlx", f"{name}.their-dlq"
+    connection = pika.BlockingConnection(pika.URLParameters(URL))
+    channel = connection.channel()
+    channel.exchange_declare(exchange, exchange_type="fanout", durable=True)
+    channel.queue_declare(dlq, durable=True)
+    channel.queue_bind(dlq, exchange)
+    channel.queue_declare(name, durable=True, arguments={"x-dead-letter-exchange": exchange})
+    connection.close()
+    yield name, dlq
+    connection = pika.BlockingConnection(pika.URLParameters(URL))
+    channel = connection.channel()
+    for queue in (name, dlq, amqp.dead_letter_queue(name)):
+        channel.queue_delete(queue)
+    channel.exchange_delete(exchange)
+    connection.close()
+
+
+def test_a_queue_its_operator_declared_with_a_dead_letter_exchange_is_adopted(
+    py_handler, operators_queue, consumer
+):
+    queue, their_dlq = operators_queue
+    amqp.publish(URL, queue, [b"{broken", b'{"ok": 1}'], message_ids=["broken", "ok"])
+    proc = consumer(queue, "--idle-exit", "2")
+    assert proc.wait(timeout=60) == 0, proc.output()  # not 406 PRECONDITION_FAILED
+    assert _stored() == ["ok"]
+    assert _dead_letters(their_dlq) == ["broken"]
+    assert _ready(queue) == 0
+
+
+def _nested(depth: int) -> bytes:
+    return ('{"a":' * depth + "1" + "}" * depth).encode()
+
+
+@given(
+    body=st.one_of(
+        st.binary(max_size=300),
+        st.builds(_nested, st.integers(min_value=0, max_value=3000)),
+        st.builds(lambda b: gzip.compress(b), st.binary(max_size=300)),
+        st.builds(
+            lambda v: json.dumps(v).encode(), st.recursive(st.none() | st.floats() | st.text(), st.lists)
+        ),
+    ),
+    encoding=st.sampled_from(["", "identity", "gzip", "GZIP", "x-gzip", "deflate", "br", "\x00"]),
+)
+def test_any_body_in_any_encoding_is_an_event_or_poison_never_an_error(body: bytes, encoding: str) -> None:
+    message = Message(delivery_tag=1, body=body, message_id="", redelivered=False, content_encoding=encoding)
+    try:
+        event = event_of(message, max_bytes=4096)
+    except Poison:
+        return
+    json.dumps(event["payload"], allow_nan=False)  # storable as jsonb
