@@ -6,8 +6,10 @@ hundreds of requests in flight (WhatsApp sends).
 A retried POST can send a message twice, so retries are the job's decision, never the client's;
 what a failure means (retry, maybe delivered, permanent; Retry-After) is integrations.retry's rule,
 and `no_answer_error`/`status_error` turn it into the IntegrationError the httpx clients raise.
-Every request is checked against integrations.outbound first (no loopback, private or link-local
-address unless the deployment allows it or an operator trusted the origin): OutboundURLError.
+Every connection is made through integrations.outbound.peer_addresses (no loopback, private or
+link-local address unless the deployment allows it or an operator trusted the origin), on every
+redirect hop: OutboundURLError. `requests_session()` is the same seam for libraries built on
+requests (anymail's ESP backends). Answers are capped (ResponseTooLarge).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
 from integrations import outbound, retry
 from integrations.errors import IntegrationError
+from integrations.text import excerpt
 
 USER_AGENT = "crm-queue-platform/0.1"
 # connect, read, write, pool (seconds): a slow provider must never hold a worker forever.
@@ -80,7 +83,7 @@ def status_error(what: str, response: httpx.Response, *, details: str) -> Integr
         f"{what}: HTTP {response.status_code}",
         retryable=decision.retryable,
         status=response.status_code,
-        details=details,
+        details=excerpt(details),  # what a provider answered reaches pages only as a short excerpt
         retry_after=decision.delay,
     )
 

@@ -9,15 +9,17 @@ addresses are judged by their IPv4 address. Numeric hosts in any form the resolv
 (decimal `2130706433`, octal `0177.0.0.1`, hex `0x7f.1`) are resolved like names, so they are judged
 by the address they mean.
 
-The check runs when a URL is saved (`validate_outbound_url`, a model field validator) and again
-when a request connects (`integrations.http`), since a name may resolve elsewhere later. There the
-addresses checked are the addresses connected to: httpx requests go to the address
-`connect_address` checked (the name stays in the Host header and TLS's SNI and certificate
-check), aiohttp's connector resolves through `GuardedResolver`. A name whose answer changes
-between a check and a connection (DNS rebinding) cannot pass public and connect private. An
-origin an operator named on the command line (`demo --graph-url/--erp-url`, the sandboxes of
-`up`) is trusted in every mode (`trust_origin`); the integrations app keeps those origins in its
-TrustedOrigin table and hands this module the store (`use_trusted_origin_store`).
+The check runs when a URL or an SMTP host is saved (`validate_outbound_url`,
+`validate_outbound_host`) and again at every connection, since a name may resolve elsewhere later:
+`peer_addresses` is the one guard every client connects through — httpx (integrations.http's
+transport), aiohttp (its connector), requests inside anymail (its adapter), smtplib
+(integrations.email.smtp) — so what is checked is the address actually connected to, on the first
+request and on every redirect hop, whatever notation names the host. A name whose answer changes
+between a check and a connection (DNS rebinding) cannot pass public and connect private: the
+lookup checked is the lookup connected with. An origin an operator named on the command line
+(`demo --graph-url/--erp-url/--smtp`, the sandboxes of `up`) is trusted in every mode
+(`trust_origin`); the integrations app keeps those origins in its TrustedOrigin table and hands
+this module the store (`use_trusted_origin_store`).
 """
 
 from __future__ import annotations
@@ -214,6 +216,15 @@ def trusted_host(host: str, port: int) -> bool:
     """Whether an operator trusted `host:port` (any scheme): for a connector that knows no URL."""
     suffix = f"://{host.lower().strip('[]')}:{port}"
     return any(origin.endswith(suffix) for origin in trusted_origins())
+
+
+def validate_outbound_host(host: str, port: int, *, field: str) -> None:
+    """Model validation of a host a connection is made to (an organization's SMTP server): every
+    address public, unless the deployment allows private ones or an operator trusted host and port."""
+    try:
+        peer_addresses(host.strip(), port)
+    except OutboundURLError as exc:
+        raise ValidationError({field: str(exc)}, code="outbound_host") from None
 
 
 def validate_outbound_url(value: str) -> None:

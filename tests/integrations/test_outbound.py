@@ -170,8 +170,11 @@ def test_demo_urls_named_on_the_command_line_work_against_loopback(settings, tmp
         customers=1,
         graph_url="http://127.0.0.1:8081",
         erp_url="http://127.0.0.1:8082",
+        smtp=("127.0.0.1", 2525),
         stdout=StringIO(),
     )
+    assert outbound.trusted_host("127.0.0.1", 2525)
+    assert outbound.peer_addresses("127.0.0.1", 2525) == ["127.0.0.1"]
     assert {"http://127.0.0.1:8081", "http://127.0.0.1:8082"} <= outbound.trusted_origins()
     connection = ErpConnection.objects.get(organization__slug="demo")
     connection.full_clean()  # an operator's choice stays valid when the organization saves it

@@ -15,10 +15,13 @@ from email.message import EmailMessage
 
 import pytest
 from aiohttp import web
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
+from crm.models import Organization
 from integrations import http, outbound
 from integrations.email import esp
 from integrations.email.bounces import Failure
@@ -30,6 +33,7 @@ from integrations.email.smtp import (
     send_test_email,
 )
 from integrations.email.smtp_sandbox import SmtpSandbox
+from integrations.models import EmailSettings
 from integrations.sandbox_server import ThreadedAppServer
 from integrations.whatsapp.client import GraphClient, TemplateMessage
 from integrations.whatsapp.errors import Action
@@ -276,3 +280,57 @@ def test_httpx_transport_keeps_the_name_for_the_host_header(settings):
             response = client.get(url)
         assert response.status_code == 200
         assert response.request.headers["Host"] == f"localhost:{server.url.rsplit(':', 1)[1]}"
+
+
+@pytest.mark.django_db
+def test_a_private_smtp_host_is_refused_when_saved(strict):
+    org = Organization.objects.create(name="Loja", slug="loja")
+
+    def row(host: str) -> EmailSettings:
+        return EmailSettings(
+            organization=org, host=host, port=587, sender_name="Loja", sender_email="loja@example.com"
+        )
+
+    for host in (
+        "127.0.0.1",
+        "localhost",
+        "0177.0.0.1",
+        "127.1",
+        "10.1.2.3",
+        "[::1]",
+        "::ffff:169.254.169.254",
+    ):
+        with pytest.raises(ValidationError) as error:
+            row(host).full_clean()
+        assert "host" in error.value.message_dict
+    row("8.8.8.8").full_clean()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_test_email_through_a_redirecting_esp_shows_no_inside_body(client, redirector, internal):
+    """The attack as a manager would try it: the ESP API URL answers 3xx to an inside address;
+    "send a test email" reaches nothing inside and the page shows none of either body."""
+    org = Organization.objects.create(name="Loja", slug="loja")
+    row = EmailSettings(
+        organization=org,
+        provider=EmailSettings.Provider.POSTMARK,
+        esp_api_url=f"{redirector.url}/",
+        sender_name="Loja",
+        sender_email="ofertas@loja.example.com.br",
+    )
+    row.set_esp_api_key("server-token-xyz")
+    row.save()
+    user = get_user_model().objects.create_user(
+        "ops", password="x-pw-12345", is_staff=True, is_superuser=True
+    )
+    client.force_login(user)
+    page = client.post(
+        "/admin/integrations/emailsettings/",
+        {"action": "send_test_email", "_selected_action": [row.pk]},
+        follow=True,
+    )
+    text = page.content.decode()
+    assert page.status_code == 200
+    assert f"HTTP {redirector.status}" in text
+    assert "INTERNAL-SECRET" not in text and "REDIRECT-BODY" not in text
+    assert internal.hits == []
