@@ -13,7 +13,10 @@ import socket
 import threading
 from email.message import EmailMessage
 
+import aiohttp
+import httpx
 import pytest
+import requests
 from aiohttp import web
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
@@ -180,6 +183,11 @@ def _notations(address: ipaddress.IPv4Address) -> st.SearchStrategy[str]:
     return st.sampled_from(forms)
 
 
+async def _aiohttp_get(url: str) -> None:
+    async with http.async_session() as session:
+        await session.get(url)
+
+
 def _loopback_addresses() -> st.SearchStrategy[ipaddress.IPv4Address]:
     return st.integers(0, 2**24 - 1).map(lambda i: ipaddress.IPv4Address(0x7F000000 + i))
 
@@ -202,6 +210,15 @@ def test_a_private_address_in_any_notation_never_gets_a_connection(strict, data)
             outbound.create_connection((host, port), 2.0)
         with pytest.raises(smtplib.SMTPConnectError):
             SmtpConnection(SmtpServer(host, port, "none")).open()
+        url_host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        url = f"http://{url_host}:{port}/"
+        # Each HTTP client either refuses the notation as a URL or the guard refuses its address.
+        with http.client() as client, pytest.raises((outbound.OutboundURLError, httpx.InvalidURL)):
+            client.get(url)
+        with pytest.raises((outbound.OutboundURLError, requests.exceptions.InvalidURL)):
+            http.requests_session().get(url)
+        with pytest.raises((outbound.OutboundURLError, aiohttp.InvalidURL)):
+            asyncio.run(_aiohttp_get(url))
         with pytest.raises(BlockingIOError):
             listener.accept()
     finally:
