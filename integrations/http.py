@@ -159,7 +159,7 @@ class GuardedConnector(aiohttp.TCPConnector):
     """aiohttp's connector, checking the addresses every connection is made to (names after their
     lookup, IP literals as they are) through integrations.outbound, on every request and redirect.
     `_resolve_host` is the one place aiohttp turns a host into the addresses it connects to
-    (tests/integrations/test_outbound.py holds it to that on the pinned aiohttp)."""
+    (tests/integrations/test_outbound_seam.py holds it to that: redirect hops, literals)."""
 
     async def _resolve_host(self, host: str, port: int, traces: Any = None) -> list[ResolveResult]:
         infos = await super()._resolve_host(host, port, traces=traces)
@@ -177,10 +177,12 @@ async def _async_guard(
 
 async def read_capped(response: aiohttp.ClientResponse, *, limit: int = MAX_RESPONSE_BYTES) -> bytes:
     """The body of an aiohttp answer, at most `limit` bytes (ResponseTooLarge past it)."""
-    body = await response.content.read(limit + 1)
-    if len(body) > limit:
-        raise ResponseTooLarge(f"the answer is longer than {limit} bytes")
-    return body
+    body = bytearray()
+    async for chunk in response.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            raise ResponseTooLarge(f"the answer is longer than {limit} bytes")
+    return bytes(body)
 
 
 class _GuardedConnect:

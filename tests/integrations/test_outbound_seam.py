@@ -279,6 +279,15 @@ def test_answers_are_capped(settings):
         session = http.requests_session(max_response_bytes=4096)
         with pytest.raises(http.RequestsResponseTooLarge):
             session.get(server.url)
+    with _Redirector(status=200, body=b"y" * 300_000) as server:  # many chunks: read whole, or refused
+
+        async def read(limit: int) -> bytes:
+            async with http.async_session() as session, session.get(server.url) as response:
+                return await http.read_capped(response, limit=limit)
+
+        assert len(asyncio.run(read(400_000))) == 300_000
+        with pytest.raises(http.ResponseTooLarge):
+            asyncio.run(read(200_000))
 
 
 def test_an_esp_error_body_is_a_short_excerpt(settings):
