@@ -6,28 +6,37 @@ hundreds of requests in flight (WhatsApp sends).
 A retried POST can send a message twice, so retries are the job's decision, never the client's;
 what a failure means (retry, maybe delivered, permanent; Retry-After) is integrations.retry's rule,
 and `no_answer_error`/`status_error` turn it into the IntegrationError the httpx clients raise.
-Every request is checked against integrations.outbound first (no loopback, private or link-local
-address unless the deployment allows it or an operator trusted the origin): OutboundURLError.
+Every connection is made through integrations.outbound.peer_addresses (no loopback, private or
+link-local address unless the deployment allows it or an operator trusted the origin), on every
+redirect hop: OutboundURLError. `requests_session()` is the same seam for libraries built on
+requests (anymail's ESP backends). Answers are capped (ResponseTooLarge).
 """
 
 from __future__ import annotations
 
 import asyncio
-import ipaddress
-import socket
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import aiohttp
+import httpcore
 import httpx
-from aiohttp.abc import AbstractResolver
+import requests
+import requests.adapters
+import urllib3
+from aiohttp.abc import ResolveResult
 from django.conf import settings
+from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
 from integrations import outbound, retry
 from integrations.errors import IntegrationError
+from integrations.text import excerpt
 
 USER_AGENT = "crm-queue-platform/0.1"
 # connect, read, write, pool (seconds): a slow provider must never hold a worker forever.
 DEFAULT_TIMEOUT = httpx.Timeout(connect=5.0, read=20.0, write=10.0, pool=30.0)
+# The longest answer read from a configured URL (an ERP page of 1,000 customers is far less).
+MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 
 
 def client(
@@ -36,13 +45,19 @@ def client(
     timeout: httpx.Timeout | None = None,
     headers: dict[str, str] | None = None,
     max_connections: int = 20,
+    max_response_bytes: int = MAX_RESPONSE_BYTES,
+    follow_redirects: bool = False,
 ) -> httpx.Client:
     return httpx.Client(
         base_url=base_url,
         timeout=timeout or DEFAULT_TIMEOUT,
+        follow_redirects=follow_redirects,
         headers={"User-Agent": USER_AGENT, **(headers or {})},
-        limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-        transport=GuardedTransport(retries=0),
+        transport=GuardedTransport(
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            max_response_bytes=max_response_bytes,
+        ),
+        trust_env=False,
     )
 
 
@@ -68,56 +83,193 @@ def status_error(what: str, response: httpx.Response, *, details: str) -> Integr
         f"{what}: HTTP {response.status_code}",
         retryable=decision.retryable,
         status=response.status_code,
-        details=details,
+        details=excerpt(details),  # what a provider answered reaches pages only as a short excerpt
         retry_after=decision.delay,
     )
 
 
+class GuardedBackend(httpcore.SyncBackend):
+    """httpcore's sockets, connected through integrations.outbound: to the checked addresses of
+    the host, on every connection a client opens (the first request's and any redirect's)."""
+
+    def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Iterable[Any] | None = None,
+    ) -> httpcore.NetworkStream:
+        error: httpcore.ConnectError | httpcore.ConnectTimeout | None = None
+        for peer in outbound.peer_addresses(host, port):
+            try:
+                return super().connect_tcp(peer, port, timeout, local_address, socket_options)
+            except (httpcore.ConnectError, httpcore.ConnectTimeout) as exc:
+                error = exc
+        assert error is not None
+        raise error
+
+
+class ResponseTooLarge(httpx.RemoteProtocolError):
+    """An answer longer than MAX_RESPONSE_BYTES: not read any further."""
+
+
+class _CappedStream(httpx.SyncByteStream):
+    def __init__(self, inner: httpx.SyncByteStream, limit: int) -> None:
+        self._inner, self._limit = inner, limit
+
+    def __iter__(self) -> Iterator[bytes]:
+        seen = 0
+        for chunk in self._inner:
+            seen += len(chunk)
+            if seen > self._limit:
+                raise ResponseTooLarge(f"the answer is longer than {self._limit} bytes")
+            yield chunk
+
+    def close(self) -> None:
+        self._inner.close()
+
+
 class GuardedTransport(httpx.HTTPTransport):
-    """Connects to the address integrations.outbound checked, not to a fresh lookup of the name
-    (which DNS rebinding could point inside): the URL's host becomes that address, while the Host
-    header keeps the name and TLS keeps it for SNI and the certificate check."""
+    """httpx's transport with GuardedBackend's sockets (the name stays in the Host header, SNI and
+    the certificate check) and answers capped at `max_response_bytes`. No proxy from the
+    environment: the guard checks the address actually connected to."""
+
+    def __init__(self, *, limits: httpx.Limits, max_response_bytes: int, retries: int = 0) -> None:
+        super().__init__(limits=limits, retries=retries, trust_env=False)
+        self._pool = httpcore.ConnectionPool(
+            ssl_context=httpx.create_ssl_context(trust_env=False),
+            max_connections=limits.max_connections,
+            max_keepalive_connections=limits.max_keepalive_connections,
+            keepalive_expiry=limits.keepalive_expiry,
+            retries=retries,
+            network_backend=GuardedBackend(),
+        )
+        self.max_response_bytes = max_response_bytes
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
-        address = outbound.connect_address(str(request.url))
-        if address is not None:
-            name = request.url.host
-            request.url = request.url.copy_with(host=address)
-            if request.url.scheme == "https":
-                request.extensions = {**request.extensions, "sni_hostname": name}
-        return super().handle_request(request)
+        outbound.check_scheme(str(request.url))
+        response = super().handle_request(request)
+        assert isinstance(response.stream, httpx.SyncByteStream)
+        response.stream = _CappedStream(response.stream, self.max_response_bytes)
+        return response
 
 
-class GuardedResolver(AbstractResolver):
-    """aiohttp's connector resolves names through this: a name with a forbidden address is refused
-    at the lookup whose addresses the connection then uses (no second lookup to rebind)."""
+class GuardedConnector(aiohttp.TCPConnector):
+    """aiohttp's connector, checking the addresses every connection is made to (names after their
+    lookup, IP literals as they are) through integrations.outbound, on every request and redirect.
+    `_resolve_host` is the one place aiohttp turns a host into the addresses it connects to
+    (tests/integrations/test_outbound_seam.py holds it to that: redirect hops, literals)."""
 
-    def __init__(self) -> None:
-        self._inner = aiohttp.ThreadedResolver()
-
-    async def resolve(self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET) -> Any:
-        infos = await self._inner.resolve(host, port, family)
-        if settings.ALLOW_PRIVATE_OUTBOUND_URLS:
-            return infos
-        addresses = [ipaddress.ip_address(i["host"].split("%")[0]) for i in infos]
-        forbidden = [a for a in addresses if outbound.forbidden_address(a)]
-        if forbidden and not await asyncio.to_thread(outbound.trusted_host, host, port):
-            raise outbound.forbidden(host, forbidden[0])
+    async def _resolve_host(self, host: str, port: int, traces: Any = None) -> list[ResolveResult]:
+        infos = await super()._resolve_host(host, port, traces=traces)
+        if not settings.ALLOW_PRIVATE_OUTBOUND_URLS:
+            await asyncio.to_thread(outbound.check_peers, host, port, [i["host"] for i in infos])
         return infos
-
-    async def close(self) -> None:
-        await self._inner.close()
 
 
 async def _async_guard(
     session: aiohttp.ClientSession, context: object, params: aiohttp.TraceRequestStartParams
 ) -> None:
-    """The scheme, and a host that is an address itself (the connector resolves no address)."""
-    url = params.url
-    if settings.ALLOW_PRIVATE_OUTBOUND_URLS:
-        return
-    if url.scheme not in ("http", "https") or url.host is None or outbound.is_literal(url.host):
-        await asyncio.to_thread(outbound.check_request_url, str(url))  # the trusted origins: a query
+    """Only http and https leave."""
+    outbound.check_scheme(str(params.url))
+
+
+async def read_capped(response: aiohttp.ClientResponse, *, limit: int = MAX_RESPONSE_BYTES) -> bytes:
+    """The body of an aiohttp answer, at most `limit` bytes (ResponseTooLarge past it)."""
+    body = bytearray()
+    async for chunk in response.content.iter_any():
+        body += chunk
+        if len(body) > limit:
+            raise ResponseTooLarge(f"the answer is longer than {limit} bytes")
+    return bytes(body)
+
+
+class _GuardedConnect:
+    """urllib3's connection, its socket connected to the checked addresses of the host (the name
+    stays in the Host header, SNI and the certificate check: urllib3 reads them after connecting)."""
+
+    _dns_host: str
+    port: int
+
+    def _new_conn(self) -> Any:
+        name, error = self._dns_host, None
+        for peer in outbound.peer_addresses(name, self.port):
+            self._dns_host = peer
+            try:
+                return super()._new_conn()  # type: ignore[misc]
+            except (NewConnectionError, ConnectTimeoutError) as exc:
+                error = exc
+            finally:
+                self._dns_host = name
+        assert error is not None
+        raise error
+
+
+class _GuardedHTTPConnection(_GuardedConnect, urllib3.connection.HTTPConnection):
+    pass
+
+
+class _GuardedHTTPSConnection(_GuardedConnect, urllib3.connection.HTTPSConnection):
+    pass
+
+
+class _GuardedHTTPPool(urllib3.HTTPConnectionPool):
+    ConnectionCls = _GuardedHTTPConnection
+
+
+class _GuardedHTTPSPool(urllib3.HTTPSConnectionPool):
+    ConnectionCls = _GuardedHTTPSConnection
+
+
+class RequestsResponseTooLarge(requests.RequestException):
+    """An answer longer than the session's cap: not read any further."""
+
+
+class GuardedAdapter(requests.adapters.HTTPAdapter):
+    """requests' adapter over GuardedConnect's sockets, reading at most `max_response_bytes`."""
+
+    def __init__(self, *, max_response_bytes: int) -> None:
+        self.max_response_bytes = max_response_bytes
+        super().__init__(max_retries=0)
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _GuardedHTTPPool, "https": _GuardedHTTPSPool}
+
+    def send(  # type: ignore[override]  # the same arguments, passed on as they came
+        self, request: requests.PreparedRequest, stream: bool = False, **kwargs: Any
+    ) -> requests.Response:
+        outbound.check_scheme(str(request.url))
+        response = super().send(request, stream=True, **kwargs)
+        if stream:
+            return response
+        body = response.raw.read(self.max_response_bytes + 1, decode_content=True)
+        response.close()
+        if len(body) > self.max_response_bytes:
+            raise RequestsResponseTooLarge(
+                f"the answer is longer than {self.max_response_bytes} bytes", request=request
+            )
+        response._content = body
+        return response
+
+
+class _NoRedirects(requests.Session):
+    def request(self, *args: Any, **kwargs: Any) -> requests.Response:
+        kwargs["allow_redirects"] = False
+        return super().request(*args, **kwargs)
+
+
+def requests_session(*, max_response_bytes: int = 1024 * 1024) -> requests.Session:
+    """A requests session through the guard, for libraries built on requests (anymail's ESP
+    backends): every connection checked, answers capped, redirects never followed (a 3xx is the
+    answer; an API never needs one), no proxy from the environment."""
+    session = _NoRedirects()
+    session.trust_env = False
+    adapter = GuardedAdapter(max_response_bytes=max_response_bytes)
+    session.mount("http://", adapter)
+    session.mount("https://", adapter)
+    return session
 
 
 ASYNC_TIMEOUT = aiohttp.ClientTimeout(total=30.0, connect=5.0, sock_connect=5.0, sock_read=20.0)
@@ -141,5 +293,5 @@ def async_session(
         trace_configs=[trace],
         timeout=timeout or ASYNC_TIMEOUT,
         headers={"User-Agent": USER_AGENT, **(headers or {})},
-        connector=aiohttp.TCPConnector(limit=max_connections, limit_per_host=0, resolver=GuardedResolver()),
+        connector=GuardedConnector(limit=max_connections, limit_per_host=0),
     )

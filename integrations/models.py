@@ -11,7 +11,7 @@ from django.utils.translation import gettext_lazy as _
 
 from crm import crypto
 from crm.models import E164, SINGLE_LINE, Organization, Store
-from integrations.outbound import validate_outbound_url
+from integrations.outbound import validate_outbound_host, validate_outbound_url
 
 _TOKEN_CONTEXT = "integrations.WhatsappNumber.access_token"  # noqa: S105 - a label, not a secret
 
@@ -202,6 +202,11 @@ class EmailSettings(models.Model):
 
     def __str__(self) -> str:
         return f"{self.sender_email} via {self.host}:{self.port}"
+
+    def clean(self) -> None:
+        super().clean()
+        if self.provider == self.Provider.SMTP and self.host:
+            validate_outbound_host(self.host, self.port, field="host")
 
     def set_password(self, password: str) -> None:
         self.password_encrypted = crypto.encrypt(password, context=_SMTP_CONTEXT) if password else ""

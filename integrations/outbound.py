@@ -9,15 +9,17 @@ addresses are judged by their IPv4 address. Numeric hosts in any form the resolv
 (decimal `2130706433`, octal `0177.0.0.1`, hex `0x7f.1`) are resolved like names, so they are judged
 by the address they mean.
 
-The check runs when a URL is saved (`validate_outbound_url`, a model field validator) and again
-when a request connects (`integrations.http`), since a name may resolve elsewhere later. There the
-addresses checked are the addresses connected to: httpx requests go to the address
-`connect_address` checked (the name stays in the Host header and TLS's SNI and certificate
-check), aiohttp's connector resolves through `GuardedResolver`. A name whose answer changes
-between a check and a connection (DNS rebinding) cannot pass public and connect private. An
-origin an operator named on the command line (`demo --graph-url/--erp-url`, the sandboxes of
-`up`) is trusted in every mode (`trust_origin`); the integrations app keeps those origins in its
-TrustedOrigin table and hands this module the store (`use_trusted_origin_store`).
+The check runs when a URL or an SMTP host is saved (`validate_outbound_url`,
+`validate_outbound_host`) and again at every connection, since a name may resolve elsewhere later:
+`peer_addresses` is the one guard every client connects through — httpx (integrations.http's
+transport), aiohttp (its connector), requests inside anymail (its adapter), smtplib
+(integrations.email.smtp) — so what is checked is the address actually connected to, on the first
+request and on every redirect hop, whatever notation names the host. A name whose answer changes
+between a check and a connection (DNS rebinding) cannot pass public and connect private: the
+lookup checked is the lookup connected with. An origin an operator named on the command line
+(`demo --graph-url/--erp-url/--smtp`, the sandboxes of `up`) is trusted in every mode
+(`trust_origin`); the integrations app keeps those origins in its TrustedOrigin table and hands
+this module the store (`use_trusted_origin_store`).
 """
 
 from __future__ import annotations
@@ -43,12 +45,18 @@ class OutboundURLError(ValueError):
     """A URL the platform must not call."""
 
 
+_NAT64 = ipaddress.IPv6Network("64:ff9b::/96")  # RFC 6052: an IPv4 address behind a NAT64 gateway
+
+
 def forbidden_address(address: Address) -> bool:
-    """True for an address inside the platform's own networks or no one's."""
+    """True for an address inside the platform's own networks or no one's (an IPv6 address that
+    carries an IPv4 one — mapped, 6to4, NAT64 — is judged by the IPv4 address)."""
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
     if isinstance(address, ipaddress.IPv6Address) and address.sixtofour is not None:
         address = address.sixtofour
+    if isinstance(address, ipaddress.IPv6Address) and address in _NAT64:
+        address = ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
     return (
         address.is_loopback
         or address.is_private
@@ -130,6 +138,11 @@ def _callable_host(url: str) -> str:
     return parts.hostname
 
 
+def check_scheme(url: str) -> None:
+    """OutboundURLError unless `url` is http(s) with a host."""
+    _callable_host(url)
+
+
 def is_literal(host: str) -> bool:
     """Whether `host` is an IP address itself (nothing to resolve)."""
     try:
@@ -179,44 +192,39 @@ def forbidden(host: str, address: Address) -> OutboundURLError:
     )
 
 
-# origin → (until, the checked address to connect to; "" when the origin is trusted)
-_checked: dict[str, tuple[float, str]] = {}
-
-
 def check_request_url(url: str, *, resolver: Resolver = system_resolver) -> None:
-    """The request-time guard: raise OutboundURLError unless `url` may be called now."""
-    connect_address(url, resolver=resolver)
+    """OutboundURLError unless `url` may be called now (the clients check the address they
+    connect to again, through `peer_addresses`)."""
+    check_scheme(url)
+    if settings.ALLOW_PRIVATE_OUTBOUND_URLS or _origin(url) in trusted_origins():
+        return
+    check_host(_callable_host(url), resolver=resolver)
 
 
-def connect_address(url: str, *, resolver: Resolver = system_resolver) -> str | None:
-    """The address a request to `url` must connect to, checked: the first of the host's addresses
-    when every one is public; None when any address may be used (the deployment allows private
-    addresses, the origin is trusted, or the host is an address itself). The answer is kept
-    CACHE_SECONDS per origin (a WhatsApp batch sends hundreds of requests a second): connecting to
-    the kept address, never to a fresh lookup, is what makes the check hold."""
+def check_peers(host: str, port: int, addresses: Iterable[str]) -> None:
+    """OutboundURLError unless a connection to `host:port` may be made to every one of `addresses`
+    (what a client resolved it to)."""
     if settings.ALLOW_PRIVATE_OUTBOUND_URLS:
-        return None
-    origin = _origin(url)
-    now = time.monotonic()
-    until, address = _checked.get(origin, (0.0, ""))
-    if until > now:
-        return address or None
-    if origin in trusted_origins():
-        pinned = ""
-    else:
-        host = _callable_host(url)
-        addresses = check_host(host, resolver=resolver)
-        pinned = "" if is_literal(host) else str(addresses[0])
-    if len(_checked) > 10_000:
-        _checked.clear()
-    _checked[origin] = (now + CACHE_SECONDS, pinned)
-    return pinned or None
+        return
+    parsed = [ipaddress.ip_address(a.split("%", 1)[0]) for a in addresses]
+    bad = [a for a in parsed if forbidden_address(a)]
+    if bad and not trusted_host(host, port):
+        raise forbidden(host, bad[0])
 
 
 def trusted_host(host: str, port: int) -> bool:
     """Whether an operator trusted `host:port` (any scheme): for a connector that knows no URL."""
     suffix = f"://{host.lower().strip('[]')}:{port}"
     return any(origin.endswith(suffix) for origin in trusted_origins())
+
+
+def validate_outbound_host(host: str, port: int, *, field: str) -> None:
+    """Model validation of a host a connection is made to (an organization's SMTP server): every
+    address public, unless the deployment allows private ones or an operator trusted host and port."""
+    try:
+        peer_addresses(host.strip(), port)
+    except OutboundURLError as exc:
+        raise ValidationError({field: str(exc)}, code="outbound_host") from None
 
 
 def validate_outbound_url(value: str) -> None:
@@ -229,3 +237,45 @@ def validate_outbound_url(value: str) -> None:
         check_url(value)
     except OutboundURLError as exc:
         raise ValidationError(str(exc), code="outbound_url") from None
+
+
+def peer_addresses(host: str, port: int, *, resolver: Resolver = system_resolver) -> list[str]:
+    """The addresses a connection to `host:port` may be made to, in order: the host itself when any
+    address may be used (the deployment allows private addresses, or an operator trusted the host
+    and port); else every address the host resolves to — names and numeric hosts in any notation
+    alike — each one public, or OutboundURLError. Connecting to exactly these (never to a second
+    lookup of the name) is what makes the check hold against DNS rebinding."""
+    if settings.ALLOW_PRIVATE_OUTBOUND_URLS:
+        return [host]
+    bare = host.strip("[]")
+    if not bare:
+        raise OutboundURLError(_("The URL names no host."))
+    if trusted_host(bare, port):
+        return [host]
+    return [str(address) for address in check_host(bare, resolver=resolver)]
+
+
+def create_connection(
+    address: tuple[str, int],
+    timeout: float | None = None,
+    source_address: tuple[str, int] | None = None,
+    *,
+    socket_options: Iterable[tuple[int, int, int | bytes]] | None = None,
+) -> socket.socket:
+    """socket.create_connection through the guard: a TCP connection to the first of
+    `peer_addresses` that answers. Every client that connects to an address an organization, an
+    operator or a setting chose connects through this (integrations.http: httpx, aiohttp, requests;
+    integrations.email.smtp: smtplib). Raises OutboundURLError before any packet leaves for a
+    forbidden address, else what socket.create_connection raises."""
+    host, port = address
+    error: OSError | None = None
+    for peer in peer_addresses(host, port):
+        try:
+            sock = socket.create_connection((peer, port), timeout, source_address)
+        except OSError as exc:
+            error = exc
+            continue
+        for option in socket_options or ():
+            sock.setsockopt(*option)
+        return sock
+    raise error or OSError(f"no address to connect to for {host}")

@@ -19,3 +19,13 @@ def fold_whitespace(text: str) -> str:
         if ch.isspace() or not (ch in _INVISIBLE or unicodedata.category(ch) in _DROPPED_CATEGORIES)
     )
     return " ".join(kept.split())
+
+
+EXCERPT_CHARS = 300
+
+
+def excerpt(text: str, *, limit: int = EXCERPT_CHARS) -> str:
+    """A short excerpt of what a provider answered, for a record or a page: white space folded,
+    control characters dropped, at most `limit` characters ("…" when cut). Escaping is the page's."""
+    folded = fold_whitespace(text)
+    return folded if len(folded) <= limit else folded[: limit - 1] + "…"

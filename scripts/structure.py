@@ -4,7 +4,11 @@
   included): split a longer one into named steps;
 - no module uses a private name (a leading underscore) of another app: `from campaigns.sending
   import _graph_client` inside surveys, or `sending._graph_client` after `from campaigns import
-  sending`. What two apps share is made public by the app that owns it.
+  sending`. What two apps share is made public by the app that owns it;
+- no module but the outbound seams opens a connection itself (`httpx.Client(`, `requests.post(`,
+  `aiohttp.ClientSession(`, `smtplib.SMTP(`, `socket.create_connection(`…): every connection to an
+  address someone configured goes through integrations.http / integrations.email.smtp, which
+  connect through integrations.outbound's guard. Sandboxes (loopback fakes) are exempt.
 
 The product code is the packages below; tests/, migrations and benchmarks/ are not checked. Prints
 each problem as file:line and exits 1 when there is one."""
@@ -99,6 +103,53 @@ def foreign_private_names(where: str, app: str, tree: ast.Module) -> Iterator[st
                 yield f"{where}:{node.lineno}: uses {module}.{node.attr}, private to {module.split('.')[0]}"
 
 
+# module -> names whose call (or import) opens an outbound connection.
+CONNECTING = {
+    "httpx": {
+        "Client",
+        "AsyncClient",
+        "HTTPTransport",
+        "get",
+        "post",
+        "put",
+        "patch",
+        "delete",
+        "request",
+        "stream",
+    },
+    "requests": {"Session", "session", "get", "post", "put", "patch", "delete", "request", "head"},
+    "aiohttp": {"ClientSession", "TCPConnector", "request"},
+    "smtplib": {"SMTP", "SMTP_SSL", "LMTP"},
+    "socket": {"create_connection"},
+    "urllib.request": {"urlopen"},
+}
+# The seams themselves, the guard, and the broker client of the deployment's own AMQP_URL.
+OUTBOUND_SEAMS = {
+    "integrations/http.py",
+    "integrations/email/smtp.py",
+    "integrations/outbound.py",
+    "integrations/runner/amqp.py",
+}
+
+
+def connecting_calls(where: str, tree: ast.Module) -> Iterator[str]:
+    """Connections opened outside the outbound seams."""
+    if where in OUTBOUND_SEAMS or "sandbox" in where:
+        return
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in CONNECTING:
+            for alias in node.names:
+                if alias.name in CONNECTING[node.module]:
+                    yield f"{where}:{node.lineno}: imports {node.module}.{alias.name}: use integrations.http"
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            owner = ast.unparse(node.func.value)
+            if node.func.attr in CONNECTING.get(owner, ()):
+                yield (
+                    f"{where}:{node.lineno}: {owner}.{node.func.attr}() connects outside the outbound "
+                    "seams: use integrations.http (or integrations.email.smtp)"
+                )
+
+
 def main() -> int:
     problems: list[str] = []
     for path in product_files():
@@ -107,10 +158,14 @@ def main() -> int:
         if where not in LONG_FUNCTIONS_ALLOWED:
             problems.extend(long_functions(where, tree))
         problems.extend(foreign_private_names(where, where.split("/")[0], tree))
+        problems.extend(connecting_calls(where, tree))
     for problem in problems:
         print(problem)
     if not problems:
-        print(f"no function over {MAX_FUNCTION_LINES} lines, no private name of another app used")
+        print(
+            f"no function over {MAX_FUNCTION_LINES} lines, no private name of another app used, "
+            "no connection outside the outbound seams"
+        )
     return 1 if problems else 0
 
 

@@ -37,9 +37,12 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.mail import EmailMultiAlternatives
 from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
+from django.utils.translation import gettext as _
 
-from integrations import retry
+from integrations import http, retry
 from integrations.email.bounces import Failure, SmtpFailure
+from integrations.outbound import OutboundURLError
+from integrations.text import excerpt
 
 # provider -> (anymail backend, the constructor kwarg that carries the credential)
 BACKENDS: dict[str, tuple[str, str]] = {
@@ -102,6 +105,8 @@ def backend_for(*, provider: str, api_key: str, api_url: str = "", timeout: floa
     if api_url:
         kwargs["api_url"] = api_url
     backend: BaseEmailBackend = import_string(path)(**kwargs)
+    # anymail uses a session it finds open (and leaves it open): ours, through the outbound guard.
+    backend.session = http.requests_session()  # type: ignore[attr-defined]
     return backend
 
 
@@ -141,6 +146,7 @@ def send(
     never raises for what the ESP or the network did. `bulk`: marketing mail (campaigns), sent on
     the provider's broadcast stream; False for one-off mail (a survey, a test email)."""
     esp_name = provider
+    backend: BaseEmailBackend | None = None
     try:
         backend = backend_for(provider=provider, api_key=api_key, api_url=api_url, timeout=timeout)
         esp_name = str(getattr(backend, "esp_name", provider))
@@ -150,8 +156,13 @@ def send(
         backend.send_messages([mail])
     except AnymailError as exc:
         return classify(exc, esp_name=esp_name)
-    except ImproperlyConfigured as exc:  # anymail's AnymailConfigurationError: nothing was sent
+    except (ImproperlyConfigured, OutboundURLError) as exc:
+        # anymail's AnymailConfigurationError, or an API URL the outbound guard refused: nothing
+        # was sent, and nothing will be until the settings change.
         return EspResult(failure=SmtpFailure(Failure.SENDER, None, None, f"{esp_name}: {exc}"))
+    finally:
+        if backend is not None:
+            backend.session.close()  # type: ignore[attr-defined]
     status = mail.anymail_status  # type: ignore[attr-defined]  # set by anymail on send
     statuses = set(status.status or ())
     if statuses & _REFUSED:
@@ -193,6 +204,11 @@ def classify(exc: AnymailError, *, esp_name: str) -> EspResult:
     if status is None:
         # Refused by anymail before the API was called (an unsupported feature, a setting).
         return EspResult(failure=SmtpFailure(Failure.SENDER, None, None, f"{esp_name}: {_text(exc)}"))
+    if 300 <= status < 400:
+        # Never followed (the API URL answers elsewhere): where it points and what it says stay out.
+        refused = _("the API answered with a redirect, which is not followed")
+        message = f"{esp_name}: HTTP {status}: {refused}"
+        return EspResult(failure=SmtpFailure(Failure.SENDER, status, None, message))
     response = getattr(exc, "response", None)
     decision = retry.for_status(status, retry_after_header=_header(response, "Retry-After"))
     if decision.verdict is retry.Verdict.OK:
@@ -233,7 +249,7 @@ def _failure(kind: Failure, exc: AnymailError, esp_name: str, status: int | None
     """The ESP's own error code and message verbatim, as a failure with the HTTP status as its code."""
     code, text = _esp_error(exc.response)
     if not text:
-        text = _text(exc)
+        text = excerpt(_text(exc))
     if status is not None and 200 <= status < 300:
         status = None  # e.g. Postmark's 200 "will not deliver to these inactive addresses"
     label = f"{esp_name} error {code}" if code not in (None, "") else esp_name
@@ -248,12 +264,12 @@ def _esp_error(response: requests.Response | None) -> tuple[Any, str]:
     try:
         body = response.json()
     except (ValueError, json.JSONDecodeError):
-        return None, (response.text or response.reason or "").strip()[:1000]
+        return None, excerpt(response.text or response.reason or "")
     if not isinstance(body, dict):
-        return None, json.dumps(body)[:1000]
+        return None, excerpt(json.dumps(body))
     code = body.get("ErrorCode", body.get("code"))
     text = body.get("Message") or body.get("message") or body.get("error") or ""
     errors = body.get("errors")
     if not text and isinstance(errors, list):
         text = "; ".join(str(e.get("message", e)) if isinstance(e, dict) else str(e) for e in errors)
-    return code, str(text or json.dumps(body))[:1000]
+    return code, excerpt(str(text or json.dumps(body)))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import smtplib
+import socket
 import ssl
 import time
 from dataclasses import dataclass
@@ -16,6 +17,10 @@ from email.message import EmailMessage
 from types import TracebackType
 from typing import Self
 
+from django.utils.translation import gettext as _
+
+from integrations import outbound
+
 _DOT_AT_LINE_START = re.compile(rb"(?m)^\.")
 # SMTP's own line limit (RFC 5322: 998). At policy.SMTP's 78, a header with a long unbreakable
 # token — the signed one-click URL in List-Unsubscribe — would be turned into RFC 2047 encoded
@@ -23,6 +28,7 @@ _DOT_AT_LINE_START = re.compile(rb"(?m)^\.")
 WIRE_POLICY = policy.SMTP.clone(max_line_length=998)
 CONNECT_TIMEOUT = 15.0  # TCP connect and the server's 220 greeting
 SOCKET_TIMEOUT = 30.0  # every later read or write
+TEST_CONNECT_TIMEOUT = 5.0  # the admin's test email: a web request waits for it
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,33 @@ class OutcomeUnknown(Exception):
     or may not have accepted it, so it must not be sent again."""
 
 
+class SmtpUnreachable(smtplib.SMTPConnectError):
+    """No SMTP session could be opened with the server (refused, timed out, no greeting or not an
+    SMTP server's): the same error whatever the reason."""
+
+    def __init__(self, host: str, port: int) -> None:
+        text = _("Could not open an SMTP session with %(host)s:%(port)s.") % {"host": host, "port": port}
+        super().__init__(421, text)
+
+
+class SmtpHostRefused(smtplib.SMTPConnectError):
+    """The outbound guard refused the SMTP host (a private, loopback or reserved address)."""
+
+
+class GuardedSMTP(smtplib.SMTP):
+    """smtplib's client, its socket connected through integrations.outbound (the address actually
+    connected to is checked: names in any notation, every resolved address)."""
+
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        return outbound.create_connection((host, port), timeout, self.source_address)  # type: ignore[arg-type]
+
+
+class GuardedSMTPSSL(smtplib.SMTP_SSL):
+    def _get_socket(self, host: str, port: int, timeout: float) -> socket.socket:
+        sock = outbound.create_connection((host, port), timeout, self.source_address)  # type: ignore[arg-type]
+        return self.context.wrap_socket(sock, server_hostname=self._host)  # type: ignore[attr-defined]
+
+
 def _reply(code: int, message: bytes | str) -> str:
     text = message.decode(errors="replace") if isinstance(message, bytes) else message
     return f"{code} {text}".strip()
@@ -50,8 +83,9 @@ def _reply(code: int, message: bytes | str) -> str:
 class SmtpConnection:
     """One (authenticated) SMTP session: `send` many messages over it, then close."""
 
-    def __init__(self, server: SmtpServer) -> None:
+    def __init__(self, server: SmtpServer, *, connect_timeout: float = CONNECT_TIMEOUT) -> None:
         self.server = server
+        self.connect_timeout = connect_timeout
         self.client: smtplib.SMTP | None = None
         self.login_reply = ""
         self.last_used = 0.0  # time.monotonic() of the last command
@@ -61,10 +95,19 @@ class SmtpConnection:
         """Connect, greet, STARTTLS/TLS as configured and log in; raises smtplib/ssl/OSError errors."""
         s = self.server
         context = ssl.create_default_context()
-        if s.security == "tls":
-            client: smtplib.SMTP = smtplib.SMTP_SSL(s.host, s.port, timeout=CONNECT_TIMEOUT, context=context)
-        else:
-            client = smtplib.SMTP(s.host, s.port, timeout=CONNECT_TIMEOUT)
+        try:
+            if s.security == "tls":
+                client: smtplib.SMTP = GuardedSMTPSSL(
+                    s.host, s.port, timeout=self.connect_timeout, context=context
+                )
+            else:
+                client = GuardedSMTP(s.host, s.port, timeout=self.connect_timeout)
+        except outbound.OutboundURLError as exc:
+            raise SmtpHostRefused(421, str(exc)) from None
+        except (smtplib.SMTPException, OSError) as exc:
+            # Refused, timed out, no or a foreign greeting: one answer, so the settings page is no
+            # port scanner (the guard already keeps it off the platform's own network).
+            raise SmtpUnreachable(s.host, s.port) from exc
         try:
             if client.sock is not None:
                 client.sock.settimeout(SOCKET_TIMEOUT)
@@ -195,6 +238,6 @@ def send_test_email(server: SmtpServer, *, sender: str, to: str) -> str:
     message.set_content(
         "Se você recebeu esta mensagem, o envio de e-mails da sua organização está funcionando."
     )
-    with SmtpConnection(server) as connection:
+    with SmtpConnection(server, connect_timeout=TEST_CONNECT_TIMEOUT) as connection:
         answer = connection.send(message)
         return f"{connection.login_reply}\n{answer}".strip()

@@ -14,6 +14,7 @@ import httpx
 
 from integrations import http, retry
 from integrations.runner.contract import ItemIn, ItemOutcome, ProducedPage
+from integrations.text import excerpt
 
 TIMEOUT = httpx.Timeout(connect=5.0, read=30.0, write=10.0, pool=30.0)
 _clients: dict[str, httpx.Client] = {}
@@ -33,10 +34,10 @@ def _error_text(response: httpx.Response) -> str:
     try:
         body = response.json()
     except ValueError:
-        return response.text[:500]
+        return excerpt(response.text)
     if isinstance(body, dict) and body.get("error"):
-        return str(body["error"])[:500]
-    return response.text[:500]
+        return excerpt(str(body["error"]))
+    return excerpt(response.text)
 
 
 def _post(base_url: str, path: str, body: dict[str, Any], headers: dict[str, str]) -> httpx.Response:

@@ -6,11 +6,12 @@ rate at workers / latency.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import aiohttp
 
-from integrations import retry
+from integrations import http, retry
 from integrations.errors import IntegrationError
 from integrations.outbound import OutboundURLError
 from integrations.whatsapp.errors import Action, classify
@@ -108,6 +109,13 @@ def _error_from(status: int, data: object, retry_after: float | None = None) -> 
     )
 
 
+def _json(body: bytes) -> object:
+    try:
+        return json.loads(body)
+    except ValueError:
+        return None
+
+
 def _no_answer(exc: Exception) -> SendResult:
     """A send that got no answer, as integrations.retry classifies it: a send is not idempotent
     (the Graph API takes no idempotency key), so one that went out is `maybe_accepted`."""
@@ -127,6 +135,9 @@ def _no_answer(exc: Exception) -> SendResult:
     )
 
 
+MAX_ANSWER = 256 * 1024  # a send's answer is a few hundred bytes
+
+
 class GraphClient:
     def __init__(self, *, session: aiohttp.ClientSession, base_url: str, version: str) -> None:
         self.session = session
@@ -139,17 +150,19 @@ class GraphClient:
         """POST /{version}/{phone-number-id}/messages. Never raises for a provider error: the
         result carries the error and what to do about it."""
         url = f"{self.base_url}/{self.version}/{phone_number_id}/messages"
+        data: object = None
         try:
             async with self.session.post(
-                url, json=build_payload(message), headers={"Authorization": f"Bearer {access_token}"}
+                url,
+                json=build_payload(message),
+                headers={"Authorization": f"Bearer {access_token}"},
+                allow_redirects=False,  # the Graph API never redirects a send
             ) as response:
                 status = response.status
                 delay = retry.for_status(status, retry_after_header=response.headers.get("Retry-After")).delay
-                try:
-                    data = await response.json(content_type=None)
-                except ValueError:
-                    data = None
-        except (TimeoutError, aiohttp.ClientError) as exc:
+                if not 300 <= status < 400:
+                    data = _json(await http.read_capped(response, limit=MAX_ANSWER))
+        except (TimeoutError, aiohttp.ClientError, http.ResponseTooLarge) as exc:
             return _no_answer(exc)
         except OutboundURLError as exc:
             # The outbound guard refused the Graph URL's address before anything was sent: the
@@ -164,5 +177,9 @@ class GraphClient:
             except (AssertionError, KeyError, IndexError, TypeError):
                 error = IntegrationError("malformed success response", retryable=False, status=200)
                 return SendResult(error=error, action=Action.DROP_RECIPIENT)
+        if 300 <= status < 400:
+            # A Graph URL that answers elsewhere is wrong for every recipient: its sends stop.
+            error = IntegrationError(f"HTTP {status}: redirect not followed", retryable=False, status=status)
+            return SendResult(error=error, action=Action.PAUSE_NUMBER)
         error = _error_from(status, data, delay)
         return SendResult(error=error, action=classify(code=error.code, status=status), retry_after=delay)

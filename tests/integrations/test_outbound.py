@@ -30,10 +30,8 @@ PUBLIC_V4 = ["8.8.8.8", "1.1.1.1", "200.147.67.142", "151.101.1.69"]
 @pytest.fixture(autouse=True)
 def _strict(settings):
     settings.ALLOW_PRIVATE_OUTBOUND_URLS = False
-    outbound._checked.clear()
     outbound._trusted = (0.0, frozenset())
     yield
-    outbound._checked.clear()
     outbound._trusted = (0.0, frozenset())
 
 
@@ -172,8 +170,11 @@ def test_demo_urls_named_on_the_command_line_work_against_loopback(settings, tmp
         customers=1,
         graph_url="http://127.0.0.1:8081",
         erp_url="http://127.0.0.1:8082",
+        smtp=("127.0.0.1", 2525),
         stdout=StringIO(),
     )
+    assert outbound.trusted_host("127.0.0.1", 2525)
+    assert outbound.peer_addresses("127.0.0.1", 2525) == ["127.0.0.1"]
     assert {"http://127.0.0.1:8081", "http://127.0.0.1:8082"} <= outbound.trusted_origins()
     connection = ErpConnection.objects.get(organization__slug="demo")
     connection.full_clean()  # an operator's choice stays valid when the organization saves it
@@ -210,8 +211,9 @@ def _connected(server: socket.socket) -> bool:
 
 @pytest.mark.django_db(transaction=True)
 def test_a_name_that_rebinds_to_loopback_after_the_check_never_connects_there(monkeypatch):
-    """The httpx seam connects to the address it checked: a second lookup that now answers
-    loopback is never made, so nothing reaches the server listening there."""
+    """The httpx seam connects to the addresses of the lookup it checked: a name that answers a
+    public address first and loopback next is refused at the connection that would go inside, so
+    nothing reaches the server listening there."""
     server = _listener()
     port = server.getsockname()[1]
     dns = _Rebinding()
@@ -222,10 +224,12 @@ def test_a_name_that_rebinds_to_loopback_after_the_check_never_connects_there(mo
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     try:
+        with http.client(timeout=httpx.Timeout(0.5)) as client, pytest.raises(httpx.TransportError):
+            client.get(f"http://rebind.example:{port}/")  # 8.8.8.8 on a port nobody answers
         for _ in range(3):
-            with http.client(timeout=httpx.Timeout(0.5)) as client, pytest.raises(httpx.TransportError):
-                client.get(f"http://rebind.example:{port}/")  # 8.8.8.8 on a port nobody answers
-        assert dns.answers == 1  # checked once, then connected to the checked address
+            with http.client(timeout=httpx.Timeout(0.5)) as client, pytest.raises(outbound.OutboundURLError):
+                client.get(f"http://rebind.example:{port}/")  # now loopback: refused, not connected
+        assert dns.answers == 4  # one lookup per connection, and that lookup is the one checked
         assert not _connected(server)
     finally:
         server.close()

@@ -74,6 +74,7 @@ class Command(cli.CrmCommand):
             from integrations.demo import email_settings_demo
 
             host, port = options["smtp"]
+            outbound.trust_origin(f"smtp://[{host}]:{port}" if ":" in host else f"smtp://{host}:{port}")
             email_settings_demo(organization=org, host=host, port=port)
             self.stdout.write(
                 _("demo email via SMTP %(address)s (no TLS, no login)") % {"address": f"{host}:{port}"}
