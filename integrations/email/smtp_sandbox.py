@@ -52,7 +52,7 @@ Stage = Literal["AUTH", "MAIL", "RCPT", "DATA"]
 STAGES: tuple[Stage, ...] = get_args(Stage)
 RECIPIENT_STAGES: tuple[Stage, ...] = ("RCPT", "DATA")
 SERVER_HOSTNAME = "smtp-sandbox.localhost"
-HELPER_TIMEOUT = 10.0
+HELPER_TIMEOUT = 120.0  # a hang guard only: wait_for_messages returns as soon as they are in
 
 
 @dataclass
