@@ -185,7 +185,7 @@ def stack(chromium: Path, transactional_db: None, tmp_path: Path) -> Iterator[St
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
     )
     assert created.returncode == 0, created.stderr
     port = _free_port()

@@ -64,7 +64,7 @@ def _two_campaigns(stack: Stack) -> tuple[int, int]:
     )
     wait_for(
         lambda: Campaign.objects.get(pk=whatsapp.pk).status == Campaign.Status.SENT,
-        timeout=90,
+        timeout=180,
         what="the WhatsApp campaign to be sent",
     )
     email = services.campaign_start(
@@ -79,7 +79,7 @@ def _two_campaigns(stack: Stack) -> tuple[int, int]:
     )
     wait_for(
         lambda: Campaign.objects.get(pk=email.pk).status == Campaign.Status.SENT,
-        timeout=60,
+        timeout=180,
         what="the email campaign to complete",
     )
     return whatsapp.pk, email.pk
