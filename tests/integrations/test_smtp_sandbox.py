@@ -313,3 +313,24 @@ def test_the_management_command_serves_until_sigterm() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_held_data_waits_unstored_and_unanswered_until_released(sandbox: SmtpSandbox) -> None:
+    import threading
+
+    from tests.conftest import wait_for
+
+    sandbox.hold()
+    answers: list[object] = []
+
+    def send() -> None:
+        with smtplib.SMTP(*sandbox.address, timeout=120) as smtp:
+            answers.append(smtp.send_message(newsletter()))
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    wait_for(lambda: sandbox.held() == 1, timeout=120, what="the DATA to be held")
+    assert sandbox.messages() == [] and answers == []  # neither stored nor answered while held
+    sandbox.release()
+    sender.join(timeout=120)
+    assert answers == [{}] and len(sandbox.messages(to=ALICE)) == 1 and sandbox.held() == 0
