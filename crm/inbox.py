@@ -184,7 +184,17 @@ class _GroupCommit:
     def __init__(self) -> None:
         self.pending: list[_Write] = []
         self.ready = threading.Condition()
+        self.close_asked = False
+        self.closed = threading.Event()
         threading.Thread(target=self._run, name="inbox-group-commit", daemon=True).start()
+
+    def close_connection(self, timeout: float) -> bool:
+        """Have the thread close its database connection once idle; True once it has."""
+        with self.ready:
+            self.closed.clear()
+            self.close_asked = True
+            self.ready.notify()
+        return self.closed.wait(timeout)
 
     def write(self, statement: Statement, row: Sequence[Any]) -> tuple[Any, ...] | None:
         item = _Write(statement, row)
@@ -200,6 +210,10 @@ class _GroupCommit:
         while True:
             with self.ready:
                 while not self.pending:
+                    if self.close_asked:
+                        connection.close()
+                        self.close_asked = False
+                        self.closed.set()
                     if not self.ready.wait(timeout=GROUP_IDLE_CLOSE):
                         connection.close()  # idle: give the connection back until writes resume
                 batch, self.pending = self.pending[:GROUP_MAX], self.pending[GROUP_MAX:]
@@ -264,6 +278,16 @@ def _group() -> _GroupCommit:
         if _group_for is None or _group_for[0] != os.getpid():  # first use, or a forked child
             _group_for = (os.getpid(), _GroupCommit())
         return _group_for[1]
+
+
+def group_commit_close(*, timeout: float = 60.0) -> bool:
+    """Close the database connection of this process's group-commit thread now rather than after
+    GROUP_IDLE_CLOSE (before a database is dropped: the end of a test session). Returns False only
+    when the thread did not answer within `timeout`; True also when it never started."""
+    group = _group_for
+    if group is None or group[0] != os.getpid():
+        return True
+    return group[1].close_connection(timeout)
 
 
 def notify(kind: str) -> None:

@@ -12,6 +12,7 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -67,12 +68,36 @@ def _one_language() -> Iterator[None]:
     translation.deactivate()
 
 
+OTHER_SESSIONS = """
+    SELECT application_name, state, backend_start, left(query, 120) FROM pg_stat_activity
+    WHERE datname = current_database() AND pid <> pg_backend_pid()
+"""
+
+
 @pytest.fixture(autouse=True, scope="session")
-def _inbox_writer_idle(django_db_setup) -> Iterator[None]:
-    """The inbox's group-commit thread closes its connection when idle: let it, before the test
-    database is dropped."""
+def _no_session_left(django_db_setup, django_db_blocker) -> Iterator[None]:
+    """Before the test database is dropped (which fails while any session uses it): the inbox's
+    group-commit thread closes its connection now, and every other session is gone. One that stays
+    is named (its application_name is the test that started its process, see child_env)."""
     yield
-    time.sleep(inbox.GROUP_IDLE_CLOSE + 0.5)
+    from django.db import connection
+
+    assert inbox.group_commit_close(timeout=60), "the inbox's group-commit thread did not answer"
+    with django_db_blocker.unblock():
+        others: list = []
+
+        def nobody_else() -> bool:
+            with connection.cursor() as cursor:
+                cursor.execute(OTHER_SESSIONS)
+                others[:] = cursor.fetchall()
+            return not others
+
+        deadline = time.monotonic() + 60  # a hang guard: processes being killed let go in moments
+        while not nobody_else() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        connection.close()
+    if others:
+        warnings.warn(f"sessions still on the test database: {others}", stacklevel=1)
 
 
 @pytest.fixture(autouse=True)
@@ -183,7 +208,11 @@ def child_env(**extra: str) -> dict[str, str]:
     db = settings.DATABASES["default"]
     host = urllib.parse.quote(db["HOST"], safe="")  # a socket directory is percent-encoded
     port = f":{db['PORT']}" if db.get("PORT") else ""
-    env["DATABASE_URL"] = f"postgres://{db['USER']}:{db.get('PASSWORD') or ''}@{host}{port}/{db['NAME']}"
+    # Named after the test that starts the process: a session it leaves behind says whose it is.
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").split(" ")[0].rsplit("/", 1)[-1][-60:]
+    name = urllib.parse.quote(test or "pytest-child", safe="")
+    credentials = f"{db['USER']}:{db.get('PASSWORD') or ''}"
+    env["DATABASE_URL"] = f"postgres://{credentials}@{host}{port}/{db['NAME']}?application_name={name}"
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
@@ -212,7 +241,7 @@ class WorkerProcess:
     def output(self) -> str:
         self.kill(signal.SIGTERM)
         try:
-            out, _ = self.popen.communicate(timeout=20)
+            out, _ = self.popen.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             self.kill()
             out, _ = self.popen.communicate()
@@ -231,7 +260,7 @@ def worker_process() -> Iterator[Callable[..., WorkerProcess]]:
     yield _start
     for proc in started:
         proc.kill()
-        proc.popen.wait(timeout=10)
+        proc.popen.wait(timeout=60)
 
 
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.1, what: str = "") -> float:
@@ -288,7 +317,7 @@ def web_server(transactional_db) -> Iterator[str]:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGTERM)
         try:
-            server.wait(timeout=20)
+            server.wait(timeout=60)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
             server.wait()

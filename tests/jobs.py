@@ -35,6 +35,23 @@ def sleep_and_record(key: str, seconds: float) -> None:
     get_connection().rpush(f"crm:test:{key}", "finished")
 
 
+def hold(key: str, timeout: float = 240) -> None:
+    """Records its pid, then holds its worker until a test calls `release(key)` (`timeout` is only a
+    hang guard), then records "finished": a busy worker for as long as the test needs, however slow
+    the machine."""
+    connection = get_connection()
+    connection.rpush(f"crm:test:{key}", str(os.getpid()))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not connection.blpop([f"crm:test:{key}:release"], timeout=1):
+        pass
+    connection.rpush(f"crm:test:{key}", "finished")
+
+
+def release(key: str) -> None:
+    """Lets the job holding on `key` (see `hold`) finish; safe to call before it started."""
+    get_connection().rpush(f"crm:test:{key}:release", "go")
+
+
 def checkpointed(kind: str, key: str) -> str:
     from crm.checkpoints import checkpoint
 

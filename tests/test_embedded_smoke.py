@@ -15,7 +15,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -208,8 +207,10 @@ def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
         assert len(children) >= 5  # postgres, redis, web, workers (+ its worker), scheduler
         up.send_signal(signal.SIGINT)  # what Ctrl-C does
         assert up.wait(timeout=60) == 0
-        time.sleep(0.5)
-        assert [pid for pid in children if _alive(pid)] == []
+        # up has exited: its children are gone or going (reaped by init a moment later).
+        wait_for(
+            lambda: not [pid for pid in children if _alive(pid)], timeout=60, what="up's children to exit"
+        )
         assert not (var / "redis.sock").exists() or not _socket_answers(var / "redis.sock")
         assert not _socket_answers(var / "postgres" / ".s.PGSQL.5432")
 

@@ -147,7 +147,8 @@ class PostmarkSandbox(ThreadedAppServer):
         self._on_loop(lambda: self._state.failures.append(rule))
 
     def set_latency(self, ms: float) -> None:
-        """Delay every answer by ``ms`` milliseconds (to make a client time out)."""
+        """Delay every answer by ``ms`` milliseconds (to make a client time out); answers already
+        waiting re-read it, so a long latency holds them until a shorter one releases them."""
         self._latency_ms = max(float(ms), 0.0)
 
     def requests(self) -> list[dict[str, Any]]:
@@ -189,8 +190,11 @@ class PostmarkSandbox(ThreadedAppServer):
         self._state.requests.append(entry)
         response = self._answer(token, data)  # decided (a message stored) before any latency
         entry["status"] = response.status
-        if self._latency_ms > 0:
-            await asyncio.sleep(self._latency_ms / 1000)
+        loop = asyncio.get_running_loop()
+        arrived = loop.time()
+        # Re-read while waiting: a test holds an answer with a long latency and releases it with 0.
+        while (remaining := arrived + self._latency_ms / 1000 - loop.time()) > 0:
+            await asyncio.sleep(min(remaining, 0.05))
         return response
 
     def _answer(self, token: str, data: Any) -> web.Response:

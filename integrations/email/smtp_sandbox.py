@@ -15,6 +15,8 @@ Test controls (thread-safe, callable from any thread):
   first. Any 421 reply also closes the connection, as real servers do.
 - ``hang_up_after_data(rcpt)`` - store that recipient's next message, then drop the connection
   without answering: the client cannot know whether it was accepted.
+- ``hold()`` / ``release()`` - every DATA waits, before it is stored and answered, until released;
+  ``held()`` counts the waiting ones (a test kills a sender inside a send, however slow the machine).
 - ``messages(to=...)``, ``connections()``, ``messages_per_connection()``, ``wait_for_messages(n)``,
   ``reset()``.
 
@@ -52,7 +54,8 @@ Stage = Literal["AUTH", "MAIL", "RCPT", "DATA"]
 STAGES: tuple[Stage, ...] = get_args(Stage)
 RECIPIENT_STAGES: tuple[Stage, ...] = ("RCPT", "DATA")
 SERVER_HOSTNAME = "smtp-sandbox.localhost"
-HELPER_TIMEOUT = 10.0
+HOLD_LIMIT = 600.0  # seconds a held DATA waits at most, should nobody release it
+HELPER_TIMEOUT = 120.0  # a hang guard only: wait_for_messages returns as soon as they are in
 
 
 @dataclass
@@ -123,6 +126,7 @@ class _Handler:
         return "250 2.1.5 Ok"
 
     async def handle_DATA(self, server: SMTP, session: Session, envelope: Envelope) -> str:
+        await self.sandbox._wait_while_held()
         reply = self.sandbox._take_reply("DATA", envelope.rcpt_tos)
         if reply is not None:
             return reply.status
@@ -186,6 +190,9 @@ class SmtpSandbox:
         self._messages: list[dict[str, Any]] = []
         self._replies: list[Reply] = []
         self._hang_ups: dict[str, int] = {}
+        self._open = threading.Event()  # cleared by hold(): DATA waits until release() sets it
+        self._open.set()
+        self._held = 0
 
     @property
     def address(self) -> tuple[str, int]:
@@ -308,6 +315,19 @@ class SmtpSandbox:
         with self._lock:
             return dict(self._per_connection)
 
+    def hold(self) -> None:
+        """Make every DATA wait (before it is stored and answered) until release()."""
+        self._open.clear()
+
+    def release(self) -> None:
+        """Let the held DATA commands (and every later one) go on."""
+        self._open.set()
+
+    def held(self) -> int:
+        """How many DATA commands are waiting for release()."""
+        with self._lock:
+            return self._held
+
     def reset(self) -> None:
         """Forget messages, connection counts and scripted replies."""
         with self._lock:
@@ -318,6 +338,18 @@ class SmtpSandbox:
             self._connections = 0
 
     # Called from the server's loop ----------------------------------------------------------------
+
+    async def _wait_while_held(self) -> None:
+        if self._open.is_set():
+            return
+        with self._lock:
+            self._held += 1
+        try:
+            # A thread of the loop's executor waits, so the loop serves the other sessions meanwhile.
+            await asyncio.get_running_loop().run_in_executor(None, self._open.wait, HOLD_LIMIT)
+        finally:
+            with self._lock:
+                self._held -= 1
 
     def _add_reply(self, reply: Reply) -> Reply:
         if not 400 <= reply.code <= 599:

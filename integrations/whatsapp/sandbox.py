@@ -16,10 +16,13 @@ Test controls (JSON, under ``/_sandbox/``; the in-process :class:`SandboxServer`
 - ``POST /_sandbox/config`` ``{"latency_ms": 200, "drop_ninth_digit": true, "webhook_url": "...",
   "app_secret": "...", "status_delays_ms": [20, 40, 60], "waba_id": "...",
   "display_phone_number": "..."}`` - changes only the keys given; ``GET`` shows the configuration.
+  Sends and status callbacks that are waiting re-read ``latency_ms`` and ``status_delays_ms``: a
+  test holds them with a long delay and releases them with a short one (no fixed sleeps).
 - ``GET /_sandbox/messages[?to=DIGITS]`` - ``{"count": N, "messages": [...]}``, accepted sends in order.
   ``DELETE`` forgets the messages and resets the stats.
 - ``GET /_sandbox/stats`` - ``{"accepted", "rejected", "by_recipient_max", "webhooks_delivered",
-  "webhooks_failed"}``.
+  "webhooks_failed", "in_flight", "in_flight_max", "webhooks_pending"}`` (sends being answered now
+  and at most at once; accepted sends whose status callbacks are not all posted yet).
 
 Run it with ``python manage.py whatsapp_sandbox`` or in-process::
 
@@ -502,6 +505,7 @@ class _State:
     by_recipient_max: int = 0
     webhooks_delivered: int = 0
     webhooks_failed: int = 0
+    in_flight_max: int = 0
     conversations: dict[str, str] = field(default_factory=dict)
 
 
@@ -546,6 +550,8 @@ class SandboxServer(ThreadedAppServer):
         self._counter = itertools.count(1)
         self._session: aiohttp.ClientSession | None = None
         self._webhook_tasks: set[asyncio.Task[None]] = set()
+        self._in_flight = 0  # not in _State: a reset while sends are waiting must not lose count
+        self._config_changed: asyncio.Event | None = None
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -570,7 +576,7 @@ class SandboxServer(ThreadedAppServer):
     async def on_startup(self) -> None:
         # One shared client session for every webhook POST; its pool bounds concurrent callbacks.
         self._session = aiohttp.ClientSession(
-            timeout=aiohttp.ClientTimeout(total=10),
+            timeout=aiohttp.ClientTimeout(total=60),  # a loaded web server still gets its callbacks
             connector=aiohttp.TCPConnector(limit=200),
             headers={"User-Agent": "facebookexternalua"},
         )
@@ -625,7 +631,7 @@ class SandboxServer(ThreadedAppServer):
         """Change config keys (see :class:`SandboxConfig`); returns the whole config, secret masked."""
 
         def apply() -> dict[str, Any]:
-            self.config.update(changes)
+            self._update_config(changes)
             return self.config.public()
 
         return self._on_loop(apply)
@@ -635,7 +641,8 @@ class SandboxServer(ThreadedAppServer):
         return self._on_loop(lambda: self._message_list(to))
 
     def stats(self) -> dict[str, int]:
-        """Counters: accepted, rejected, by_recipient_max, webhooks_delivered, webhooks_failed."""
+        """Counters: accepted, rejected, by_recipient_max, webhooks_delivered, webhooks_failed,
+        in_flight, in_flight_max, webhooks_pending."""
         return self._on_loop(self._stats)
 
     def reset(self) -> None:
@@ -687,7 +694,25 @@ class SandboxServer(ThreadedAppServer):
             "by_recipient_max": state.by_recipient_max,
             "webhooks_delivered": state.webhooks_delivered,
             "webhooks_failed": state.webhooks_failed,
+            "in_flight": self._in_flight,
+            "webhooks_pending": len(self._webhook_tasks),
+            "in_flight_max": state.in_flight_max,
         }
+
+    def _update_config(self, changes: Mapping[str, Any]) -> None:
+        self.config.update(changes)
+        if self._config_changed is not None:  # wake the waits, which re-read their delay
+            self._config_changed.set()
+            self._config_changed = None
+
+    async def _wait_until(self, deadline: Callable[[], float]) -> None:
+        """Sleep until ``deadline()`` (loop time), re-reading it whenever the configuration changes."""
+        loop = asyncio.get_running_loop()
+        while (remaining := deadline() - loop.time()) > 0:
+            if self._config_changed is None:
+                self._config_changed = asyncio.Event()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._config_changed.wait(), remaining)
 
     def _wa_id(self, digits: str) -> str:
         if self.config.drop_ninth_digit:
@@ -772,10 +797,14 @@ class SandboxServer(ThreadedAppServer):
         # The whole request is received before Meta takes its time, so a client that stops waiting
         # (a read timeout) leaves a send that is still accepted, as it can be at Meta.
         raw = await request.read()
-        latency = self.config.latency_ms
-        if latency > 0:
+        arrived = asyncio.get_running_loop().time()
+        self._in_flight += 1
+        self._state.in_flight_max = max(self._state.in_flight_max, self._in_flight)
+        try:
             # Sleeping (not blocking) so concurrent requests overlap, as they do against Meta.
-            await asyncio.sleep(latency / 1000)
+            await self._wait_until(lambda: arrived + self.config.latency_ms / 1000)
+        finally:
+            self._in_flight -= 1
         version = request.match_info["version"]
         phone_number_id = request.match_info["phone_number_id"]
         try:
@@ -853,14 +882,15 @@ class SandboxServer(ThreadedAppServer):
         self, record: dict[str, Any], failure_code: int | None, url: str, secret: str
     ) -> None:
         """POST the status callbacks for one accepted send, one after another (so they arrive in order)."""
-        loop = asyncio.get_running_loop()
-        started = loop.time()
-        delays = self.config.status_delays_ms
+        started = asyncio.get_running_loop().time()
         statuses = ("failed",) if failure_code is not None else STATUS_SEQUENCE
-        for status, delay_ms in zip(statuses, delays, strict=False):
-            wait = started + delay_ms / 1000 - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
+        for index, status in enumerate(statuses[: len(self.config.status_delays_ms)]):
+
+            def due(index: int = index) -> float:
+                delays = self.config.status_delays_ms
+                return started + (delays[min(index, len(delays) - 1)] / 1000 if delays else 0)
+
+            await self._wait_until(due)
             body = _dumps(self._status_payload(record, status, failure_code))
             await self._post_webhook(url, secret, body)
 
@@ -918,7 +948,7 @@ class SandboxServer(ThreadedAppServer):
     async def _handle_config(self, request: web.Request) -> web.Response:
         if request.method == "POST":
             try:
-                self.config.update(await self._read_json(request))
+                self._update_config(await self._read_json(request))
             except ValueError as exc:
                 return _json_response({"error": str(exc)}, status=400)
         elif request.method != "GET":

@@ -91,7 +91,7 @@ class Orm:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="orm")
 
     def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return self._executor.submit(fn, *args, **kwargs).result(timeout=60)
+        return self._executor.submit(fn, *args, **kwargs).result(timeout=300)  # a hang guard only
 
     def close(self) -> None:
         self.run(connections.close_all)
@@ -185,7 +185,7 @@ def stack(chromium: Path, transactional_db: None, tmp_path: Path) -> Iterator[St
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=180,
     )
     assert created.returncode == 0, created.stderr
     port = _free_port()
@@ -208,7 +208,7 @@ def stack(chromium: Path, transactional_db: None, tmp_path: Path) -> Iterator[St
     orm = Orm()
     stack = Stack(base=base, log=log_path, orm=orm)
     try:
-        deadline = time.monotonic() + 90
+        deadline = time.monotonic() + 240  # a hang guard: `up` starts PostgreSQL, Redis and the demo
         while not _healthy(base):
             if up.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"`manage.py up` did not come up:\n{stack.log_tail()}", pytrace=False)
@@ -219,7 +219,7 @@ def stack(chromium: Path, transactional_db: None, tmp_path: Path) -> Iterator[St
         if up.poll() is None:
             up.send_signal(signal.SIGINT)  # Ctrl-C: the supervisor stops everything
             try:
-                up.wait(timeout=30)
+                up.wait(timeout=120)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(up.pid, signal.SIGKILL)
@@ -245,11 +245,16 @@ def new_page(browser: Browser, stack: Stack) -> Iterator[Callable[[], Page]]:
     window of the given size."""
     contexts: list[BrowserContext] = []
 
+    from playwright.sync_api import expect
+
     def _open(*, width: int = 1440, height: int = 900) -> Page:
         context = browser.new_context(
             base_url=stack.base, locale="pt-BR", viewport={"width": width, "height": height}
         )
-        context.set_default_timeout(20_000)
+        # Hang guards, not expectations: a loaded machine can take many seconds for a page or a
+        # condition (Playwright's own defaults are 30 s for actions and 5 s for `expect`).
+        context.set_default_timeout(90_000)
+        expect.set_options(timeout=90_000)
         contexts.append(context)
         return context.new_page()
 

@@ -39,7 +39,7 @@ from integrations.email.esp_sandbox import (
 )
 from integrations.models import EmailSettings
 from tests.campaigns.test_esp_intake import applied_from_inbox
-from tests.conftest import redis_keys_holding
+from tests.conftest import redis_keys_holding, wait_for
 
 S = EmailMessage.Status
 TOKEN = "pm-server-t0ken-n40-vaza-0123456789"
@@ -293,7 +293,7 @@ def test_an_inactive_recipient_is_a_hard_bounce_and_is_suppressed(em, postmark, 
 def test_an_unavailable_api_keeps_messages_queued_and_the_batch_deferred_until_it_recovers(
     em, postmark, run_jobs, settings, outage
 ):
-    settings.EMAIL_RETRY_BACKOFF = 4.0  # longer than run_jobs' settle below, even on a busy machine
+    settings.EMAIL_RETRY_BACKOFF = 60.0  # never due while the test runs: it promotes the batch itself
     em["customers"](3)
     if outage == "503":
         postmark.fail(503, times=None)  # a plain-text answer, as a load balancer gives
@@ -316,11 +316,13 @@ def test_an_unavailable_api_keeps_messages_queued_and_the_batch_deferred_until_i
     # none reached an unreachable API; else only those in flight together (one per sender thread)
     assert (len(postmark.requests()) == 0) == (outage == "unreachable") and len(postmark.requests()) <= 3
     due = promote.seconds_until_next_due(["email-send"])
-    assert due is not None and 0 < due <= 4.0  # deferred by EMAIL_RETRY_BACKOFF, not failed
+    assert due is not None and 0 < due <= 60.0  # deferred by EMAIL_RETRY_BACKOFF, not failed
 
     postmark.reset()  # the API is back
     EmailSettings.objects.filter(pk=em["settings"].pk).update(esp_api_url=postmark.url)
-    run_jobs(settle=5)  # waits for the deferred batch
+    deferred = [j.decode() for j in jobs.get_connection().zrange("rq:scheduled:email-send", 0, -1)]
+    assert len(deferred) == 1 and promote.promote_now("email-send", deferred) == 1  # its time has come
+    run_jobs(settle=0)
     assert _statuses(campaign) == {"sent": 3}
     assert set(EmailMessage.objects.values_list("attempts", flat=True)) == {1}
     campaign.refresh_from_db()
@@ -403,11 +405,13 @@ def test_a_bounce_that_arrives_before_its_send_is_recorded_is_applied_once_it_is
     campaign = services.campaign_start(campaign=em["campaign"]())
     seen: dict[str, object] = {}
 
+    # Postmark holds its answer to the first send (not past the client's 30 s read timeout) until
+    # the bounce was posted: the chunk cannot be recorded before, however slow the machine.
+    postmark.set_latency(25_000)
+
     def bounce_the_first_as_soon_as_it_is_sent() -> None:
         try:
-            deadline = time.monotonic() + 30
-            while not postmark.messages() and time.monotonic() < deadline:
-                time.sleep(0.005)
+            wait_for(lambda: postmark.messages(), timeout=25, interval=0.005, what="the first send")
             first = postmark.messages()[0]
             seen["recorded"] = EmailMessage.objects.filter(esp_message_id=first["MessageID"]).exists()
             seen["status"] = _post(
@@ -418,12 +422,13 @@ def test_a_bounce_that_arrives_before_its_send_is_recorded_is_applied_once_it_is
             ).exists()
             seen["id"] = first["MessageID"]
         finally:
+            postmark.set_latency(0)
             connection.close()
 
     webhook = threading.Thread(target=bounce_the_first_as_soon_as_it_is_sent)
     webhook.start()
     run_jobs()
-    webhook.join(timeout=30)
+    webhook.join(timeout=120)
 
     assert seen["recorded"] is False and seen["status"] == 200 and seen["still_unknown"] is True, seen
     for _ in range(inbox.RETRY_ATTEMPTS):  # each retry's drain is a delayed job on the inbox queue

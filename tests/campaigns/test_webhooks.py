@@ -798,11 +798,11 @@ def test_sandbox_webhooks_bring_every_message_to_read(wa, sandbox, run_jobs, liv
     run_jobs()
     wait_for(
         lambda: _drained(run_jobs) and _counts(campaign) == {"read": 5} and _metric(campaign) == (5, 5, 5, 0),
-        timeout=10,
+        timeout=120,
         what="every message read",
     )
     # the sandbox counts a webhook once it has read our 200, a moment after we committed
-    wait_for(lambda: sandbox.stats()["webhooks_delivered"] == 15, timeout=5, what="every 200 read")
+    wait_for(lambda: sandbox.stats()["webhooks_delivered"] == 15, timeout=120, what="every 200 read")
     assert sandbox.stats()["webhooks_failed"] == 0
     message = WhatsappMessage.objects.filter(campaign=campaign).first()
     assert message is not None and message.sent_at and message.delivered_at and message.read_at
@@ -821,7 +821,7 @@ def test_a_failed_status_webhook_fails_that_message_with_its_code(
     run_jobs()
     wait_for(
         lambda: _drained(run_jobs) and _counts(campaign) == {"read": 2, "failed": 1},
-        timeout=10,
+        timeout=120,
         what="two read and one failed",
     )
     failed = WhatsappMessage.objects.get(campaign=campaign, customer=people[1])
@@ -837,7 +837,7 @@ def test_a_status_that_beats_the_send_jobs_record_is_not_undone(wa, sandbox, run
     wa["customers"](3)
     campaign = services.campaign_start(campaign=wa["campaign"]())
     run_jobs()
-    wait_for(lambda: sandbox.stats()["webhooks_delivered"] == 9, timeout=10, what="every webhook")
+    wait_for(lambda: sandbox.stats()["webhooks_delivered"] == 9, timeout=120, what="every webhook")
     _drained(run_jobs)
     assert _counts(campaign) == {"read": 3}
     assert _metric(campaign) == (3, 3, 3, 0)

@@ -10,9 +10,22 @@ from django.db.models import Count
 
 from campaigns import services
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
-from tests.conftest import child_env, wait_for
+from integrations.whatsapp.sandbox import SandboxServer
+from tests.conftest import WorkerProcess, child_env, wait_for
 
 pytestmark = pytest.mark.slow
+
+HOLD_MS = 600_000  # a sandbox delay no test waits out: what it holds is released by a shorter one
+
+
+def kill_inside_a_send(victim: WorkerProcess, sandbox: SandboxServer, *, latency_ms: float) -> None:
+    """SIGKILL `victim` while the sandbox holds one of its sends (so inside a batch, however slow the
+    machine), then let the sandbox answer again with `latency_ms`."""
+    sandbox.configure(latency_ms=HOLD_MS)
+    wait_for(lambda: sandbox.stats()["in_flight"] >= 1, timeout=120, what="a send held by the sandbox")
+    victim.kill(signal.SIGKILL)
+    victim.wait(timeout=60)
+    sandbox.configure(latency_ms=latency_ms)
 
 
 def test_a_worker_killed_mid_campaign_loses_nothing_and_sends_nobody_twice(wa, sandbox, worker_process):
@@ -22,9 +35,9 @@ def test_a_worker_killed_mid_campaign_loses_nothing_and_sends_nobody_twice(wa, s
     env = child_env(WHATSAPP_BATCH_SIZE="250")
     victim = worker_process("--queues", "campaign-trigger,whatsapp-send", env=env)
     wait_for(lambda: sandbox.stats()["accepted"] >= 400, timeout=90, what="sends to start")
-    victim.kill(signal.SIGKILL)
+    kill_inside_a_send(victim, sandbox, latency_ms=60)
     at_kill = sandbox.stats()["accepted"]
-    assert at_kill < 2000, "the worker finished before it could be killed; raise the latency"
+    assert at_kill < 2000
     # What the dead worker had claimed: its batch in flight, or nothing when the kill landed between
     # two batches (then the job it had just taken holds a batch still queued).
     claimed = set(
@@ -60,7 +73,7 @@ def test_a_worker_killed_mid_campaign_loses_nothing_and_sends_nobody_twice(wa, s
     assert statuses.get("unknown", 0) == settled <= 250  # at most the batch that was in flight
     # Meta accepted every message we recorded as sent, plus some of the unknown-outcome ones.
     assert 0 <= stats["accepted"] - statuses["sent"] <= settled
-    wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT, timeout=5)
+    wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT, timeout=60)
 
 
 APP_SECRET = "meta-app-secret-for-the-crash-test"
@@ -78,18 +91,20 @@ def test_messages_of_a_killed_worker_are_unknown_until_meta_reports_them_then_co
 ):
     wa["customers"](600)
     number = wa["number"]
-    number.messages_per_second = 100  # a batch of 150 takes 1.5 s: the kill lands inside one
+    number.messages_per_second = 100
     number.save(update_fields=["messages_per_second"])
-    # Meta reports each accepted message (sent, delivered, with its pricing) 25 s after accepting it:
-    # after the survivor has finished and the reconciliation has run.
+    # Meta reports each accepted message (sent, delivered, with its pricing) late: held until the
+    # survivor has finished and the reconciliation has run, then released.
     sandbox.configure(
-        webhook_url=f"{meta_web}/webhooks/whatsapp/", app_secret=APP_SECRET, status_delays_ms=[25_000, 26_000]
+        webhook_url=f"{meta_web}/webhooks/whatsapp/",
+        app_secret=APP_SECRET,
+        status_delays_ms=[HOLD_MS, HOLD_MS],
     )
     campaign = services.campaign_start(campaign=wa["campaign"]())
     env = child_env(WHATSAPP_BATCH_SIZE="150")
     victim = worker_process("--queues", "campaign-trigger,whatsapp-send", env=env)
     wait_for(lambda: sandbox.stats()["accepted"] >= 200, timeout=90, what="the second batch to be sending")
-    victim.kill(signal.SIGKILL)
+    kill_inside_a_send(victim, sandbox, latency_ms=0)
     survivor = worker_process("--queues", "campaign-trigger,whatsapp-send", "--burst", env=env)
     assert survivor.wait(timeout=180) == 0
 
@@ -97,14 +112,17 @@ def test_messages_of_a_killed_worker_are_unknown_until_meta_reports_them_then_co
     assert 0 < settled <= 150
     metric = CampaignMetric.objects.get(campaign=campaign)
     assert metric.unknown == settled and metric.failed == 0
-    wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT, timeout=10)
+    wait_for(lambda: Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT, timeout=60)
 
+    # The dead worker's held send is accepted too (Meta had its request), though it never saw the answer.
+    wait_for(lambda: sandbox.stats()["in_flight"] == 0, timeout=120, what="the held send to be answered")
     accepted = {int(m["biz_opaque_callback_data"][2:]) for m in sandbox.messages()}
     assert sandbox.stats()["by_recipient_max"] == 1  # nobody twice
     worker_process("--queues", "inbox")  # applies the webhooks the web server stores in the inbox
+    sandbox.configure(status_delays_ms=[0, 0])  # Meta's late reports: now
     wait_for(
         lambda: sandbox.stats()["webhooks_delivered"] == 2 * len(accepted),
-        timeout=120,
+        timeout=300,
         what="Meta's late status webhooks",
     )
     assert sandbox.stats()["webhooks_failed"] == 0

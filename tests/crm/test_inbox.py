@@ -487,3 +487,36 @@ def test_set_aside_events_are_deleted_a_month_later_and_not_before(db):
     assert tasks.inbox_set_aside_prune() == 1
     assert set(InboxEvent.objects.values_list("id", flat=True)) == {recent.pk, waiting.pk}
     assert not InboxEvent.objects.filter(pk=old.pk).exists()
+
+
+def test_the_group_commit_thread_closes_its_connection_when_asked_not_only_when_idle(
+    transactional_db, monkeypatch
+):
+    from django.db import connection
+
+    from crm.models import InboxEvent
+
+    statement = inbox.Statement(
+        f"WITH ins AS (INSERT INTO {InboxEvent._meta.db_table} (kind, organization_id, payload, error) "  # noqa: S608
+        "SELECT kind, NULL, payload, '' FROM requests ORDER BY n RETURNING id, payload) "
+        "SELECT r.n, ins.id FROM requests r JOIN ins USING (payload)",
+        (("kind", "text"), ("payload", "text")),
+    )
+    monkeypatch.setattr(inbox, "GROUP_IDLE_CLOSE", 600.0)  # it would not close on its own
+    inbox.group_commit_close(timeout=60)
+
+    def others() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid()"
+            )
+            return cursor.fetchone()[0]
+
+    before = others()
+    inbox.write(statement, ["whatsapp", '{"n": 1}'])  # the thread now holds a connection
+    assert others() == before + 1
+    assert inbox.group_commit_close(timeout=60)  # at once, not after GROUP_IDLE_CLOSE
+    assert others() == before
+    inbox.write(statement, ["whatsapp", '{"n": 2}'])  # and it reconnects for the next write
+    assert InboxEvent.objects.count() == 2

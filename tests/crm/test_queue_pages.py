@@ -3,7 +3,6 @@ actions, on real jobs in a real Redis run by real (in-process) workers."""
 
 from __future__ import annotations
 
-import time
 from html.parser import HTMLParser
 from typing import Any
 
@@ -14,7 +13,8 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from crm import jobs, queue_ops, queues, stats, workers
-from tests.conftest import recorded
+from tests.conftest import recorded, wait_for
+from tests.jobs import release
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -292,20 +292,20 @@ def test_delete_removes_a_job_from_everywhere(staff_client, run_jobs):
 def test_a_running_job_cannot_be_deleted_and_ends_normally(staff_client, worker_process):
     """Deleting does not stop a running job, and its worker would write it back when it ends, so
     the page offers no delete while it runs and refuses one that is posted anyway."""
-    jobs.enqueue(
-        "tests.jobs.sleep_and_record", queue="runs", kwargs={"key": "s", "seconds": 4}, job_id="busy"
-    )
+    jobs.enqueue("tests.jobs.hold", queue="runs", kwargs={"key": "s"}, job_id="busy")
     worker = worker_process("--queues", "runs", "--burst")
-    deadline = time.monotonic() + 30
-    while (job := _job("busy")) is None or job.get_status() != JobStatus.STARTED:
-        assert time.monotonic() < deadline, "the worker never started the job"
-        time.sleep(0.05)
+    wait_for(
+        lambda: (job := _job("busy")) is not None and job.get_status() == JobStatus.STARTED,
+        timeout=120,
+        what="the worker to start the job",
+    )
 
     page = staff_client.get("/admin/queues/jobs/busy/").content.decode()
     assert "/admin/queues/jobs/busy/delete/" not in page
     refused = staff_client.post("/admin/queues/jobs/busy/delete/")
     assert _messages(refused) == ["Job busy could not be deleted: it is running."]
-    assert worker.wait(timeout=30) == 0
+    release("s")
+    assert worker.wait(timeout=120) == 0
     assert recorded("s") and _job("busy").get_status() == JobStatus.FINISHED
     deleted = staff_client.post("/admin/queues/jobs/busy/delete/")
     assert _messages(deleted) == ["Job busy was deleted from runs."] and _job("busy") is None

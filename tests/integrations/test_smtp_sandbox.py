@@ -37,7 +37,7 @@ def sandbox() -> Iterator[SmtpSandbox]:
 
 @pytest.fixture
 def client(sandbox: SmtpSandbox) -> Iterator[smtplib.SMTP]:
-    with smtplib.SMTP(*sandbox.address, timeout=5) as smtp:
+    with smtplib.SMTP(*sandbox.address, timeout=60) as smtp:
         yield smtp
 
 
@@ -77,10 +77,10 @@ def test_it_stores_a_multipart_message_with_its_headers_and_both_bodies(
 
 
 def test_messages_over_one_connection_count_as_one_connection(sandbox: SmtpSandbox) -> None:
-    with smtplib.SMTP(*sandbox.address, timeout=5) as smtp:
+    with smtplib.SMTP(*sandbox.address, timeout=60) as smtp:
         for to in (ALICE, BOB, ALICE):
             smtp.send_message(newsletter(to=to))
-    with smtplib.SMTP(*sandbox.address, timeout=5) as smtp:
+    with smtplib.SMTP(*sandbox.address, timeout=60) as smtp:
         smtp.send_message(newsletter(to=BOB))
 
     assert sandbox.connections() == 2
@@ -144,7 +144,7 @@ def test_a_reply_for_one_time_lets_the_second_attempt_through(
 def test_a_421_closes_the_connection(sandbox: SmtpSandbox) -> None:
     sandbox.reply_for(ALICE, 421, "4.7.0 Try again later")
 
-    with smtplib.SMTP(*sandbox.address, timeout=5) as smtp:
+    with smtplib.SMTP(*sandbox.address, timeout=60) as smtp:
         with pytest.raises(smtplib.SMTPRecipientsRefused) as refused:
             smtp.send_message(newsletter())
         assert refused.value.recipients[ALICE] == (421, b"4.7.0 Try again later")
@@ -156,7 +156,7 @@ def test_a_421_closes_the_connection(sandbox: SmtpSandbox) -> None:
 def test_the_server_hangs_up_after_a_421(sandbox: SmtpSandbox) -> None:
     # smtplib closes its side on a 421 anyway; a raw socket shows the server closed too.
     sandbox.reply_for(ALICE, 421, "4.7.0 Try again later")
-    with socket.create_connection(sandbox.address, timeout=5) as raw:
+    with socket.create_connection(sandbox.address, timeout=60) as raw:
         stream = raw.makefile("rb")
         stream.readline()
         raw.sendall(f"HELO client\r\nMAIL FROM:<{SENDER}>\r\nRCPT TO:<{ALICE}>\r\n".encode())
@@ -180,7 +180,7 @@ def test_a_global_reply_refuses_every_sender(sandbox: SmtpSandbox, client: smtpl
 def test_the_right_credentials_are_accepted() -> None:
     with (
         SmtpSandbox(require_auth=("crm", "s3cret")) as sandbox,
-        smtplib.SMTP(*sandbox.address, timeout=5) as smtp,
+        smtplib.SMTP(*sandbox.address, timeout=60) as smtp,
     ):
         code, _ = smtp.login("crm", "s3cret")
         smtp.send_message(newsletter())
@@ -192,7 +192,7 @@ def test_the_right_credentials_are_accepted() -> None:
 def test_wrong_credentials_get_535_and_no_mail_goes_through() -> None:
     with (
         SmtpSandbox(require_auth=("crm", "s3cret")) as sandbox,
-        smtplib.SMTP(*sandbox.address, timeout=5) as smtp,
+        smtplib.SMTP(*sandbox.address, timeout=60) as smtp,
     ):
         with pytest.raises(smtplib.SMTPAuthenticationError) as error:
             smtp.login("crm", "wrong")
@@ -210,12 +210,12 @@ def test_a_scripted_535_refuses_even_the_right_credentials() -> None:
         # No `times`: smtplib's login() tries every mechanism the server offers (PLAIN, then LOGIN).
         sandbox.reply_for_all(535, "5.7.8 Authentication credentials invalid", at="AUTH")
         with (
-            smtplib.SMTP(*sandbox.address, timeout=5) as smtp,
+            smtplib.SMTP(*sandbox.address, timeout=60) as smtp,
             pytest.raises(smtplib.SMTPAuthenticationError) as error,
         ):
             smtp.login("crm", "s3cret")
         sandbox.reset()
-        with smtplib.SMTP(*sandbox.address, timeout=5) as smtp:
+        with smtplib.SMTP(*sandbox.address, timeout=60) as smtp:
             assert smtp.login("crm", "s3cret")[0] == 235
 
     assert (error.value.smtp_code, error.value.smtp_error) == (
@@ -256,7 +256,7 @@ def test_starttls_upgrades_the_session_without_counting_a_new_connection(tmp_pat
     client_context.verify_mode = ssl.CERT_NONE
     with (
         SmtpSandbox(starttls_context=self_signed_context(tmp_path)) as sandbox,
-        smtplib.SMTP(*sandbox.address, timeout=5) as smtp,
+        smtplib.SMTP(*sandbox.address, timeout=60) as smtp,
     ):
         assert smtp.starttls(context=client_context)[0] == 220
         smtp.send_message(newsletter())
@@ -305,11 +305,32 @@ def test_the_management_command_serves_until_sigterm() -> None:
             if "listening on" in line:
                 break
         assert f"SMTP sandbox listening on 127.0.0.1:{port} (Ctrl-C to stop)" in output[-1], "".join(output)
-        with smtplib.SMTP("127.0.0.1", port, timeout=5) as smtp:
+        with smtplib.SMTP("127.0.0.1", port, timeout=60) as smtp:
             assert smtp.send_message(newsletter()) == {}
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 0
+        assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_held_data_waits_unstored_and_unanswered_until_released(sandbox: SmtpSandbox) -> None:
+    import threading
+
+    from tests.conftest import wait_for
+
+    sandbox.hold()
+    answers: list[object] = []
+
+    def send() -> None:
+        with smtplib.SMTP(*sandbox.address, timeout=120) as smtp:
+            answers.append(smtp.send_message(newsletter()))
+
+    sender = threading.Thread(target=send, daemon=True)
+    sender.start()
+    wait_for(lambda: sandbox.held() == 1, timeout=120, what="the DATA to be held")
+    assert sandbox.messages() == [] and answers == []  # neither stored nor answered while held
+    sandbox.release()
+    sender.join(timeout=120)
+    assert answers == [{}] and len(sandbox.messages(to=ALICE)) == 1 and sandbox.held() == 0

@@ -124,7 +124,7 @@ def consumer() -> Iterator[Callable[..., Consumer]]:
     yield _start
     for proc in started:
         proc.signal(signal.SIGKILL)
-        proc.popen.wait(timeout=10)
+        proc.popen.wait(timeout=60)
 
 
 def _publish(queue: str, n: int, prefix: str = "m") -> list[str]:
@@ -186,7 +186,7 @@ def test_a_consumer_killed_before_storing_leaves_its_messages_unacknowledged_and
     wait_for(lambda: first.saw(PAUSE_ENV), timeout=30, what="the first batch received")
     assert _ready(amqp_queue) == 0  # delivered to the consumer, unacknowledged
     first.signal(signal.SIGKILL)
-    first.wait(timeout=10)
+    first.wait(timeout=60)
 
     assert not ExecutionItem.objects.exists()
     wait_for(lambda: _ready(amqp_queue) == 30, timeout=15, what="the unacknowledged messages requeued")
@@ -208,7 +208,7 @@ def test_a_consumer_killed_after_storing_but_before_acknowledging_stores_nothing
     first = consumer(amqp_queue, "--idle-exit", "30", env={ACK_PAUSE_ENV: "60"})
     wait_for(lambda: first.saw(ACK_PAUSE_ENV), timeout=30, what="the first batch stored")
     first.signal(signal.SIGKILL)
-    first.wait(timeout=10)
+    first.wait(timeout=60)
     assert Counter(ExecutionItem.objects.values_list("external_id", flat=True)) == Counter(ids)
     wait_for(lambda: _ready(amqp_queue) == 20, timeout=15, what="the unacknowledged messages requeued")
 
@@ -606,7 +606,7 @@ def test_an_id_less_message_redelivered_after_it_was_stored_is_not_stored_again(
     first = consumer(amqp_queue, "--idle-exit", "30", env={ACK_PAUSE_ENV: "120"})
     wait_for(lambda: first.saw(ACK_PAUSE_ENV), timeout=60, what="the first batch stored")
     first.signal(signal.SIGKILL)
-    first.wait(timeout=10)
+    first.wait(timeout=60)
     assert ExecutionItem.objects.count() == 4
     wait_for(lambda: _ready(amqp_queue) == 4, timeout=15, what="the unacknowledged messages requeued")
     amqp.publish(URL, amqp_queue, [_body(lead="Ana")])  # published again, later: a new message

