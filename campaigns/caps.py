@@ -16,7 +16,7 @@ the reason) and a send batch again to what it claimed (time has passed: other ca
 have sent meanwhile).
 
 Plan-stable: the statement runs with sequential and bitmap scans, hash and merge joins off (for
-its own savepoint), so each customer is one pair of index probes whatever the planner's
+it alone), so each customer is one pair of index probes whatever the planner's
 statistics say. With stale or missing statistics (a fresh database; a table a fan-out has just
 filled) PostgreSQL otherwise took the customers as most of the table and read it whole, or a
 whole other index, once per page or batch (docs/benchmarks.md, "Contact caps").
@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connection, transaction
+from django.db import connection
 
 from campaigns.models import Campaign, Channel, EmailMessage, WhatsappMessage
 from crm.models import Organization
@@ -49,12 +49,13 @@ _TABLES: dict[str, str] = {
     Channel.EMAIL: EmailMessage._meta.db_table,
 }
 _LABELS: dict[str, str] = {Channel.WHATSAPP: "WhatsApp", Channel.EMAIL: "email"}
-# The caps' statement reads the message tables with index scans of their (customer, sent_at)
-# index only: set for its own savepoint, rolled back after it (the statement only reads), so that
-# the caller's next statements plan as usual.
-PLAN_STABLE = "SELECT " + ", ".join(
-    f"set_config('enable_{kind}', 'off', true)" for kind in ("seqscan", "bitmapscan", "hashjoin", "mergejoin")
-)
+# The caps' statement reads the message tables with index probes of their (customer, sent_at)
+# index only: set for it alone, in the same round trip (several statements in one; PostgreSQL runs
+# them in one transaction when no other is open, and RESET puts the caller's settings back when
+# one is).
+_PLANNER = ("enable_seqscan", "enable_bitmapscan", "enable_hashjoin", "enable_mergejoin")
+PLAN_STABLE = "".join(f"SET LOCAL {name} = off; " for name in _PLANNER)
+PLAN_RESET = "".join(f"; RESET {name}" for name in _PLANNER)
 
 SENT_WITHIN_24H = "sent another campaign within 24 h"
 BEING_SENT = "another campaign is being sent to this customer right now"
@@ -109,6 +110,16 @@ def history_sql(*, campaign: Campaign, customer_ids: list[int], now: datetime) -
     return sql, [since, day_ago, campaign.started_at or now, campaign.pk, customer_ids, *params]
 
 
+def _results(cursor: Any) -> list[tuple]:
+    """The rows of the one statement of several run at once that returns some."""
+    rows: list[tuple] = []
+    while True:
+        if cursor.description is not None:
+            rows = cursor.fetchall()
+        if not cursor.nextset():
+            return rows
+
+
 def skip_reasons(*, campaign: Campaign, customer_ids: Sequence[int], now: datetime) -> dict[int, str]:
     """The customers among `customer_ids` the caps skip, with the reason: one statement, whose
     cost is bounded by those customers' recent messages whatever the tables' size or statistics."""
@@ -116,11 +127,9 @@ def skip_reasons(*, campaign: Campaign, customer_ids: Sequence[int], now: dateti
         return {}
     org = campaign.organization
     sql, params = history_sql(campaign=campaign, customer_ids=sorted(set(customer_ids)), now=now)
-    with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(PLAN_STABLE)
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-        transaction.set_rollback(True)
+    with connection.cursor() as cursor:
+        cursor.execute(PLAN_STABLE + sql + PLAN_RESET, params)
+        rows = _results(cursor)
     counted = channels_counted(organization=org, channel=campaign.channel)
     what = " and ".join(_LABELS[c] for c in counted)
     reasons: dict[int, str] = {}

@@ -389,8 +389,8 @@ def _insert_page(
     with connection.cursor() as cursor:
         # A page's INSERT has a high estimated cost: PostgreSQL would spend more on compiling it
         # (JIT) than on running it.
-        cursor.execute("SET LOCAL jit = off")
-        cursor.execute(audience, audience_params)
+        cursor.execute(f"SET LOCAL jit = off; {audience}", audience_params)
+        cursor.nextset()
         ids = [row[0] for row in cursor.fetchall()]
     # The caps as a statement of their own, plan-stable (campaigns.caps), then joined to the page.
     capped = caps.skip_reasons(campaign=campaign, customer_ids=ids, now=now)

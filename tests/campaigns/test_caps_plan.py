@@ -27,14 +27,25 @@ MESSAGE_TABLES = {WhatsappMessage._meta.db_table, EmailMessage._meta.db_table}
 
 @contextmanager
 def explained() -> Iterator[list[dict[str, Any]]]:
-    """The plans (EXPLAIN's JSON) of every SELECT run on this connection meanwhile."""
+    """The plans (EXPLAIN's JSON) of every SELECT run on this connection meanwhile, each in the
+    round trip it runs in (with the settings the statements before it in that round trip set)."""
     plans: list[dict[str, Any]] = []
 
     def explain(execute: Callable, sql: str, params: Any, many: bool, context: dict) -> Any:
-        if sql.lstrip().upper().startswith(("SELECT", "WITH")):
+        parts = sql.split("; ")
+        selects = [p.lstrip().upper().startswith(("SELECT", "WITH")) for p in parts]
+        if any(selects):
+            explaining = "; ".join(
+                f"EXPLAIN (FORMAT JSON) {p}" if select else p
+                for p, select in zip(parts, selects, strict=True)
+            )
             with context["connection"].connection.cursor() as raw:
-                raw.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
-                plans.append(raw.fetchone()[0][0]["Plan"])
+                raw.execute(explaining, params)
+                while True:
+                    if raw.description is not None and raw.description[0].name == "QUERY PLAN":
+                        plans.append(raw.fetchone()[0][0]["Plan"])
+                    if not raw.nextset():
+                        break
         return execute(sql, params, many, context)
 
     with connection.execute_wrapper(explain):
