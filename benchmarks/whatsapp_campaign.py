@@ -3,11 +3,19 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/crm_bench REDIS_URL=redis://127.0.0.1:6379/13 \\
     SECRET_KEY=... ENCRYPTION_KEY=... .venv/bin/python benchmarks/whatsapp_campaign.py \\
         [--recipients 100000] [--latencies 0,200] [--rate 0] [--processes 2] [--baseline 2000] \\
-        [--fanout-sizes 100000,1000000]
+        [--fanout-sizes 100000,1000000] [--states fresh,again,history] [--history 5000000] [--keep-history]
 
 Uses (and creates if missing) the database in DATABASE_URL: migrates it, keeps a `bench-<n>`
-organization with n customers between runs (earlier campaigns of it are deleted first). The Redis
-database is flushed.
+organization with n customers between runs; every campaign of theirs is deleted at the end (none
+is left for another run's workers to pick up), and the history too unless --keep-history. The
+Redis database is flushed.
+
+Parts 1 and 2 run in each of --states, in turn: `fresh` (no messages: earlier campaigns deleted,
+the table vacuumed and analyzed empty), `again` (right after the state before's campaign to the
+same audience: its fresh rows, the statistics as they are) and `history` (last: --history sent
+messages over 90 days, written once with one INSERT … SELECT and not analyzed, kept between runs
+with --keep-history). The fan-out runs with the contact caps at their defaults; the campaigns
+with them loosened (their runs go to one audience one after the other).
 
 1. Fan-out alone, for each of --fanout-sizes (default: --recipients): a campaign to n customers
    fanned out by one worker process serving campaign-trigger only (its send batches are left
@@ -71,9 +79,9 @@ def store_phone_number_id(i: int) -> str:
 
 
 def ensure_world(n: int, sandbox_url: str, *, loosen_caps: bool = True) -> Organization:
-    """The `bench-<n>` organization with exactly n customers, its earlier campaigns deleted, and
-    the sandbox's WhatsApp number pointed at it. Its contact caps at their defaults, or loosened
-    (`loosen_caps`: campaigns to the same audience one after the other must all send)."""
+    """The `bench-<n>` organization with exactly n customers (its earlier campaigns kept: the
+    states decide), and the sandbox's WhatsApp number pointed at it. Its contact caps at their
+    defaults, or loosened (`loosen_caps`: campaigns to one audience one after the other all send)."""
     org, _ = Organization.objects.get_or_create(slug=f"bench-{n}", defaults={"name": f"Benchmark {n}"})
     unsaved = Organization()  # the model's defaults
     count, days = (1000, 7) if loosen_caps else (unsaved.message_limit_count, unsaved.message_limit_days)
@@ -93,7 +101,6 @@ def ensure_world(n: int, sandbox_url: str, *, loosen_caps: bool = True) -> Organ
             ignore_conflicts=True,
         )
         bulk.analyze_if_grown(Customer, added)
-    _delete_campaigns(org)
     number = WhatsappNumber.objects.filter(phone_number_id=PHONE_NUMBER_ID).first() or WhatsappNumber(
         phone_number_id=PHONE_NUMBER_ID
     )
@@ -584,19 +591,13 @@ def run_fanout_states(size: int, sandbox_url: str, *, states: list[str], batch: 
 
 
 def _main(args: argparse.Namespace) -> None:
-    fanout_sizes = [int(x) for x in (args.fanout_sizes or str(args.recipients)).split(",") if int(x)]
     latencies = [int(x) for x in args.latencies.split(",") if x.strip()]
+    states = [s for s in args.states.split(",") if s]
     with SandboxServer(host="127.0.0.1", port=0, numbers={PHONE_NUMBER_ID: TOKEN}) as sandbox:
         # The sandbox listens on loopback, which the outbound guard refuses unless an operator
         # trusts it (ALLOW_PRIVATE_OUTBOUND_URLS is off with a DATABASE_URL): every send would fail.
         outbound.trust_origin(sandbox.url)
-        states = [s for s in args.states.split(",") if s]
-        for size in fanout_sizes:
-            run_fanout_states(size, sandbox.url, states=states, batch=args.batch, history=args.history)
-        if not latencies:
-            return
-        org = ensure_world(args.recipients, sandbox.url)
-        if args.store_numbers:
+        if args.store_numbers and latencies:
             numbers = {
                 PHONE_NUMBER_ID: TOKEN,
                 **{store_phone_number_id(i): TOKEN for i in range(args.store_numbers)},
@@ -604,40 +605,16 @@ def _main(args: argparse.Namespace) -> None:
             with SandboxServer(host="127.0.0.1", port=0, numbers=numbers) as stores_sandbox:
                 outbound.trust_origin(stores_sandbox.url)
                 org = ensure_world(args.recipients, stores_sandbox.url)
+                _delete_campaigns(org)
                 run_store_numbers(org, stores_sandbox, args, latencies[0])
-            org = ensure_world(args.recipients, sandbox.url)
             if args.skip_single:
                 return
-        print(
-            f"{args.recipients} recipients, {args.processes} worker processes, batch {args.batch}, "
-            f"pacing {'off' if not args.rate else f'{args.rate}/s'}"
-        )
         rates: dict[int, float] = {}
-        for state in states:
-            if state == "history":
-                ensure_history(org, args.history)
-            for latency in latencies:
-                if state != "again":
-                    _delete_campaigns(org)  # "again": right after the run before, to the same audience
-                r = run_campaign(
-                    org,
-                    sandbox,
-                    n=args.recipients,
-                    latency=latency,
-                    rate=args.rate,
-                    processes=args.processes,
-                    batch=args.batch,
-                )
-                rates.setdefault(latency, r["sustained"])
-                print(
-                    f"  state {state:>7}, latency {latency:>4} ms: fan-out {r['fanout_s']:.1f} s, "
-                    f"sustained {r['sustained']:.0f} sends/s, "
-                    f"total {r['total_s']:.1f} s, {r['queries_per_message']:.3f} queries/message, "
-                    f"peak worker {r['peak_worker_mb']:.0f} MB, sent {r['sent']}, "
-                    f"max sends to one recipient {r['by_recipient_max']}; other processes "
-                    f"{r['other_cores']:.1f} cores"
-                )
+        # The history last: the other states have none.
+        for state in sorted(states, key=lambda s: s == "history"):
+            _run_state(args, sandbox, state, latencies, rates)
         if args.baseline:
+            org = ensure_world(args.recipients, sandbox.url)
             for latency in rates:
                 naive = run_baseline(org, sandbox, n=args.baseline, latency=latency, processes=args.processes)
                 ratio = rates[latency] / naive if naive else float("inf")
@@ -645,6 +622,49 @@ def _main(args: argparse.Namespace) -> None:
                     f"  naive baseline @ {latency} ms ({args.baseline} msgs, one forking job each): "
                     f"{naive:.0f} sends/s -> batched is {ratio:.1f}x"
                 )
+
+
+def _run_state(
+    args: argparse.Namespace,
+    sandbox: SandboxServer,
+    state: str,
+    latencies: list[int],
+    rates: dict[int, float],
+) -> None:
+    """Part 1 and 2 in one state: the fan-out alone at each size, then the campaign per latency."""
+    fanout_sizes = [int(x) for x in (args.fanout_sizes or str(args.recipients)).split(",") if int(x)]
+    for size in fanout_sizes:
+        run_fanout_states(size, sandbox.url, states=[state], batch=args.batch, history=args.history)
+    if not latencies:
+        return
+    org = ensure_world(args.recipients, sandbox.url)
+    if state == "history":
+        ensure_history(org, args.history)
+    print(
+        f"{args.recipients} recipients, {args.processes} worker processes, batch {args.batch}, "
+        f"pacing {'off' if not args.rate else f'{args.rate}/s'}, contact caps loosened, state {state}"
+    )
+    for latency in latencies:
+        if state != "again":
+            _delete_campaigns(org)  # "again": right after the run before, to the same audience
+        r = run_campaign(
+            org,
+            sandbox,
+            n=args.recipients,
+            latency=latency,
+            rate=args.rate,
+            processes=args.processes,
+            batch=args.batch,
+        )
+        rates.setdefault(latency, r["sustained"])
+        print(
+            f"  state {state:>7}, latency {latency:>4} ms: fan-out {r['fanout_s']:.1f} s, "
+            f"sustained {r['sustained']:.0f} sends/s, "
+            f"total {r['total_s']:.1f} s, {r['queries_per_message']:.3f} queries/message, "
+            f"peak worker {r['peak_worker_mb']:.0f} MB, sent {r['sent']}, "
+            f"max sends to one recipient {r['by_recipient_max']}; other processes "
+            f"{r['other_cores']:.1f} cores"
+        )
 
 
 if __name__ == "__main__":
