@@ -14,8 +14,9 @@ Parts 1 and 2 run in each of --states, in turn: `fresh` (no messages: earlier ca
 the table vacuumed and analyzed empty), `again` (right after the state before's campaign to the
 same audience: its fresh rows, the statistics as they are) and `history` (last: --history sent
 messages over 90 days, written once with one INSERT … SELECT and not analyzed, kept between runs
-with --keep-history). The fan-out runs with the contact caps at their defaults; the campaigns
-with them loosened (their runs go to one audience one after the other).
+with --keep-history; the other states delete a kept one first). The fan-out runs with the
+contact caps at their defaults; the campaigns with them loosened (their runs go to one audience
+one after the other).
 
 1. Fan-out alone, for each of --fanout-sizes (default: --recipients): a campaign to n customers
    fanned out by one worker process serving campaign-trigger only (its send batches are left
@@ -632,6 +633,8 @@ def _run_state(
     rates: dict[int, float],
 ) -> None:
     """Part 1 and 2 in one state: the fan-out alone at each size, then the campaign per latency."""
+    if state != "history":
+        delete_history()  # kept by an earlier run (--keep-history): these states have none
     fanout_sizes = [int(x) for x in (args.fanout_sizes or str(args.recipients)).split(",") if int(x)]
     for size in fanout_sizes:
         run_fanout_states(size, sandbox.url, states=[state], batch=args.batch, history=args.history)
