@@ -3,11 +3,20 @@
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/crm_bench REDIS_URL=redis://127.0.0.1:6379/13 \\
     SECRET_KEY=... ENCRYPTION_KEY=... .venv/bin/python benchmarks/whatsapp_campaign.py \\
         [--recipients 100000] [--latencies 0,200] [--rate 0] [--processes 2] [--baseline 2000] \\
-        [--fanout-sizes 100000,1000000]
+        [--fanout-sizes 100000,1000000] [--states fresh,again,history] [--history 5000000] [--keep-history]
 
 Uses (and creates if missing) the database in DATABASE_URL: migrates it, keeps a `bench-<n>`
-organization with n customers between runs (earlier campaigns of it are deleted first). The Redis
-database is flushed.
+organization with n customers between runs; every campaign of theirs is deleted at the end (none
+is left for another run's workers to pick up), and the history too unless --keep-history. The
+Redis database is flushed.
+
+Parts 1 and 2 run in each of --states, in turn: `fresh` (no messages: earlier campaigns deleted,
+the table vacuumed and analyzed empty), `again` (right after the state before's campaign to the
+same audience: its fresh rows, the statistics as they are) and `history` (last: --history sent
+messages over 90 days, written once with one INSERT … SELECT and not analyzed, kept between runs
+with --keep-history; the other states delete a kept one first). The fan-out runs with the
+contact caps at their defaults; the campaigns with them loosened (their runs go to one audience
+one after the other).
 
 1. Fan-out alone, for each of --fanout-sizes (default: --recipients): a campaign to n customers
    fanned out by one worker process serving campaign-trigger only (its send batches are left
@@ -53,7 +62,7 @@ django.setup()
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from benchmarks.common import ensure_database  # noqa: E402
+from benchmarks.common import CpuAccount, ensure_database  # noqa: E402
 from campaigns import services  # noqa: E402
 from campaigns.models import Campaign, Sender, WhatsappMessage  # noqa: E402
 from crm import bulk, jobs  # noqa: E402
@@ -70,12 +79,18 @@ def store_phone_number_id(i: int) -> str:
     return f"1999999999{i:05d}"
 
 
-def ensure_world(n: int, sandbox_url: str) -> Organization:
-    """The `bench-<n>` organization with exactly n customers, its earlier campaigns deleted, and
-    the sandbox's WhatsApp number pointed at it."""
+def ensure_world(n: int, sandbox_url: str, *, loosen_caps: bool = True) -> Organization:
+    """The `bench-<n>` organization with exactly n customers (its earlier campaigns kept: the
+    states decide), and the sandbox's WhatsApp number pointed at it. Its contact caps at their
+    defaults, or loosened (`loosen_caps`: campaigns to one audience one after the other all send)."""
     org, _ = Organization.objects.get_or_create(slug=f"bench-{n}", defaults={"name": f"Benchmark {n}"})
+    unsaved = Organization()  # the model's defaults
+    count, days = (1000, 7) if loosen_caps else (unsaved.message_limit_count, unsaved.message_limit_days)
     Organization.objects.filter(pk=org.pk).update(
-        message_limit_count=1000, block_multiple_campaigns=False, whatsapp_paused_at=None
+        message_limit_count=count,
+        message_limit_days=days,
+        block_multiple_campaigns=not loosen_caps,
+        whatsapp_paused_at=None,
     )
     store, _ = Store.objects.get_or_create(organization=org, erp_code="B1", defaults={"name": "Bench"})
     have = Customer.objects.filter(organization=org).count()
@@ -87,7 +102,6 @@ def ensure_world(n: int, sandbox_url: str) -> Organization:
             ignore_conflicts=True,
         )
         bulk.analyze_if_grown(Customer, added)
-    _delete_campaigns(org)
     number = WhatsappNumber.objects.filter(phone_number_id=PHONE_NUMBER_ID).first() or WhatsappNumber(
         phone_number_id=PHONE_NUMBER_ID
     )
@@ -203,14 +217,16 @@ def raw_copy(org: Organization, n: int, *, indexed: bool) -> float:
     return len(ids) / elapsed
 
 
-def run_fanout(org: Organization, *, n: int, batch: int) -> dict:
-    """Fan a campaign to n recipients out on one worker process (campaign-trigger only)."""
-    _delete_campaigns(org)
+def run_fanout(org: Organization, *, n: int, batch: int, after_previous: bool = False) -> dict:
+    """Fan a campaign to n recipients out on one worker process (campaign-trigger only); with
+    `after_previous`, right after the last one (its rows queued, statistics as they are)."""
+    if not after_previous:
+        _delete_campaigns(org)
     redis = jobs.get_connection()
     redis.flushdb()
     campaign = Campaign.objects.create(
         organization=org,
-        name=f"fan-out {n}",
+        name=f"fan-out {n}{' again' if after_previous else ''}",
         whatsapp_number=WhatsappNumber.objects.get(phone_number_id=PHONE_NUMBER_ID),
         template_name="bench",
         template_variables=["first_name"],
@@ -231,12 +247,15 @@ def run_fanout(org: Organization, *, n: int, batch: int) -> dict:
         time.sleep(3)  # the worker up and idle
         pids = [worker.pid, *_children(worker.pid)]
         idle = _peak_rss_mb(pids, "VmRSS")
+        cpu = CpuAccount(trees={"worker": worker.pid}, database=str(connection.settings_dict["NAME"]))
+        cpu.start()
         services.campaign_start(campaign=campaign)
         runs = JobRun.objects.filter(kind="campaign-fanout", key=str(campaign.pk))
         deadline = time.monotonic() + 3600
         while not runs.filter(status__in=["completed", "failed"]).exists() and time.monotonic() < deadline:
             time.sleep(0.25)
         peak = _peak_rss_mb([*pids, *_children(worker.pid)])
+        spent = cpu.stop()
     finally:
         os.killpg(worker.pid, signal.SIGTERM)
         worker.wait(timeout=60)
@@ -251,7 +270,61 @@ def run_fanout(org: Organization, *, n: int, batch: int) -> dict:
         "rows_per_s": rows / seconds if seconds else 0.0,
         "idle_mb": idle,
         "peak_mb": peak,
+        "other_cores": spent["other"] / spent["wall"],
     }
+
+
+HISTORY_CAMPAIGNS = 5  # each to every history customer once: 5 messages per customer over 90 days
+
+
+def ensure_history(org: Organization, rows: int) -> float:
+    """`rows` sent messages over the last 90 days (of HISTORY_CAMPAIGNS campaigns of a `bench-history`
+    organization, to rows / HISTORY_CAMPAIGNS customers: the audience's first, then ids beyond
+    every customer's), written with one INSERT … SELECT and not analyzed: statistics as
+    autovacuum leaves them. Kept between runs (reused when there); seconds spent writing them."""
+    history, _ = Organization.objects.get_or_create(
+        slug="bench-history", defaults={"name": "Benchmark history"}
+    )
+    table = WhatsappMessage._meta.db_table
+    if WhatsappMessage.objects.filter(organization=history).count() == rows:
+        return 0.0
+    with connection.cursor() as cursor:
+        cursor.execute(f"DELETE FROM {table} WHERE organization_id = %s", [history.pk])  # noqa: S608
+    Campaign.objects.filter(organization=history).delete()
+    campaigns = [
+        Campaign.objects.create(organization=history, name=f"history {k}", status=Campaign.Status.SENT)
+        for k in range(HISTORY_CAMPAIGNS)
+    ]
+    audience = list(Customer.objects.filter(organization=org).order_by("pk").values_list("pk", flat=True))
+    beyond = (Customer.objects.order_by("-pk").values_list("pk", flat=True).first() or 0) + 1
+    started = time.monotonic()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (campaign_id, organization_id, customer_id, batch, token, queued_at, "  # noqa: S608
+            "status, error_reason, sent_at, attempts, phone, wa_id, cost) "
+            "SELECT (%s::bigint[])[k], %s, CASE WHEN c < %s THEN (%s::bigint[])[c + 1] ELSE %s + c END, 0, "
+            "left(md5(random()::text || c || '-' || k), 22), t, "
+            "(ARRAY['sent', 'delivered', 'read'])[1 + c %% 3], "
+            "'', t, 1, '', '', 0 FROM generate_series(0, %s) AS c, generate_series(1, %s) AS k, "
+            "LATERAL (SELECT now() - random() * interval '90 days' + (c * 0) * interval '1 s' AS t) AS at",
+            [
+                [c.pk for c in campaigns],
+                history.pk,
+                len(audience),
+                audience,
+                beyond,
+                rows // HISTORY_CAMPAIGNS - 1,
+                HISTORY_CAMPAIGNS,
+            ],
+        )
+    return time.monotonic() - started
+
+
+def delete_history() -> None:
+    history = Organization.objects.filter(slug="bench-history").first()
+    if history:
+        _delete_campaigns(history)
+        history.delete()
 
 
 def run_campaign(
@@ -296,6 +369,8 @@ def run_campaign(
         start_new_session=True,
     )
     time.sleep(3)  # workers up
+    cpu = CpuAccount(trees={"workers": pool.pid}, database=str(connection.settings_dict["NAME"]))
+    cpu.start()
     started = time.monotonic()
     services.campaign_start(campaign=campaign)
     marks: dict[str, float] = {}
@@ -321,6 +396,7 @@ def run_campaign(
                 break
         total = time.monotonic() - started
         memory = _peak_rss_mb(sorted(worker_pids))
+        spent = cpu.stop()
     finally:
         os.killpg(pool.pid, signal.SIGTERM)
         pool.wait(timeout=60)
@@ -337,6 +413,7 @@ def run_campaign(
         "sustained": sustained,
         "queries_per_message": int(redis.get("crm:stats:db_queries") or 0) / max(n, 1),
         "peak_worker_mb": memory,
+        "other_cores": spent["other"] / spent["wall"],
     }
 
 
@@ -470,30 +547,58 @@ def main() -> None:
         default="",
         help="audience sizes of the fan-out alone, comma-separated (default: --recipients; 0 = skip)",
     )
+    parser.add_argument(
+        "--states",
+        default="fresh,again,history",
+        help="the fan-out's states: fresh (no messages), again (right after a campaign to the same "
+        "audience), history (--history messages over 90 days)",
+    )
+    parser.add_argument(
+        "--history", type=int, default=5_000_000, help="messages of history (state 'history')"
+    )
+    parser.add_argument("--keep-history", action="store_true", help="keep the history for the next run")
     args = parser.parse_args()
     ensure_database()
-    fanout_sizes = [int(x) for x in (args.fanout_sizes or str(args.recipients)).split(",") if int(x)]
+    try:
+        _main(args)
+    finally:
+        # Nothing left for another run's workers to pick up: every bench organization's campaigns.
+        for org in Organization.objects.filter(slug__startswith="bench-").exclude(slug="bench-history"):
+            _delete_campaigns(org)
+        if not args.keep_history:
+            delete_history()
+
+
+def run_fanout_states(size: int, sandbox_url: str, *, states: list[str], batch: int, history: int) -> None:
+    """The fan-out to `size` recipients in each state, the contact caps at their defaults, against
+    raw COPYs of the same rows measured in the same run."""
+    org = ensure_world(size, sandbox_url, loosen_caps=False)
+    bare = raw_copy(org, size, indexed=False)
+    indexed = raw_copy(org, size, indexed=True)
+    for state in states:
+        if state == "history":
+            _delete_campaigns(org)
+            spent = ensure_history(org, history)
+            print(f"  history: {history:,} messages over 90 days ({spent:.0f} s to write; 0 = reused)")
+        f = run_fanout(org, n=size, batch=batch, after_previous=state == "again")
+        print(
+            f"fan-out of {size} recipients, state {state} ({f['status']}, {f['rows']} rows, caps at "
+            f"defaults): {f['seconds']:.1f} s, {f['rows_per_s']:,.0f} rows/s; raw COPY of the same rows: "
+            f"{bare:,.0f} rows/s without indexes ({f['rows_per_s'] / bare:.2f}x), {indexed:,.0f} rows/s "
+            f"with the message table's indexes ({f['rows_per_s'] / indexed:.2f}x); worker "
+            f"{f['idle_mb']:.0f} MB idle, peak {f['peak_mb']:.0f} MB; other processes "
+            f"{f['other_cores']:.1f} cores"
+        )
+
+
+def _main(args: argparse.Namespace) -> None:
     latencies = [int(x) for x in args.latencies.split(",") if x.strip()]
+    states = [s for s in args.states.split(",") if s]
     with SandboxServer(host="127.0.0.1", port=0, numbers={PHONE_NUMBER_ID: TOKEN}) as sandbox:
         # The sandbox listens on loopback, which the outbound guard refuses unless an operator
         # trusts it (ALLOW_PRIVATE_OUTBOUND_URLS is off with a DATABASE_URL): every send would fail.
         outbound.trust_origin(sandbox.url)
-        for size in fanout_sizes:
-            org = ensure_world(size, sandbox.url)
-            bare = raw_copy(org, size, indexed=False)
-            indexed = raw_copy(org, size, indexed=True)
-            f = run_fanout(org, n=size, batch=args.batch)
-            print(
-                f"fan-out of {size} recipients ({f['status']}, {f['rows']} rows): {f['seconds']:.1f} s, "
-                f"{f['rows_per_s']:,.0f} rows/s; raw COPY of the same rows into a scratch table: "
-                f"{bare:,.0f} rows/s without indexes ({f['rows_per_s'] / bare:.2f}x), "
-                f"{indexed:,.0f} rows/s with the message table's indexes ({f['rows_per_s'] / indexed:.2f}x); "
-                f"worker {f['idle_mb']:.0f} MB idle, peak {f['peak_mb']:.0f} MB"
-            )
-        if not latencies:
-            return
-        org = ensure_world(args.recipients, sandbox.url)
-        if args.store_numbers:
+        if args.store_numbers and latencies:
             numbers = {
                 PHONE_NUMBER_ID: TOKEN,
                 **{store_phone_number_id(i): TOKEN for i in range(args.store_numbers)},
@@ -501,34 +606,16 @@ def main() -> None:
             with SandboxServer(host="127.0.0.1", port=0, numbers=numbers) as stores_sandbox:
                 outbound.trust_origin(stores_sandbox.url)
                 org = ensure_world(args.recipients, stores_sandbox.url)
+                _delete_campaigns(org)
                 run_store_numbers(org, stores_sandbox, args, latencies[0])
-            org = ensure_world(args.recipients, sandbox.url)
             if args.skip_single:
                 return
-        print(
-            f"{args.recipients} recipients, {args.processes} worker processes, batch {args.batch}, "
-            f"pacing {'off' if not args.rate else f'{args.rate}/s'}"
-        )
-        rates = {}
-        for latency in latencies:
-            r = run_campaign(
-                org,
-                sandbox,
-                n=args.recipients,
-                latency=latency,
-                rate=args.rate,
-                processes=args.processes,
-                batch=args.batch,
-            )
-            rates[latency] = r["sustained"]
-            print(
-                f"  latency {latency:>4} ms: fan-out {r['fanout_s']:.1f} s, "
-                f"sustained {r['sustained']:.0f} sends/s, "
-                f"total {r['total_s']:.1f} s, {r['queries_per_message']:.3f} queries/message, "
-                f"peak worker {r['peak_worker_mb']:.0f} MB, sent {r['sent']}, "
-                f"max sends to one recipient {r['by_recipient_max']}"
-            )
+        rates: dict[int, float] = {}
+        # The history last: the other states have none.
+        for state in sorted(states, key=lambda s: s == "history"):
+            _run_state(args, sandbox, state, latencies, rates)
         if args.baseline:
+            org = ensure_world(args.recipients, sandbox.url)
             for latency in rates:
                 naive = run_baseline(org, sandbox, n=args.baseline, latency=latency, processes=args.processes)
                 ratio = rates[latency] / naive if naive else float("inf")
@@ -536,6 +623,51 @@ def main() -> None:
                     f"  naive baseline @ {latency} ms ({args.baseline} msgs, one forking job each): "
                     f"{naive:.0f} sends/s -> batched is {ratio:.1f}x"
                 )
+
+
+def _run_state(
+    args: argparse.Namespace,
+    sandbox: SandboxServer,
+    state: str,
+    latencies: list[int],
+    rates: dict[int, float],
+) -> None:
+    """Part 1 and 2 in one state: the fan-out alone at each size, then the campaign per latency."""
+    if state != "history":
+        delete_history()  # kept by an earlier run (--keep-history): these states have none
+    fanout_sizes = [int(x) for x in (args.fanout_sizes or str(args.recipients)).split(",") if int(x)]
+    for size in fanout_sizes:
+        run_fanout_states(size, sandbox.url, states=[state], batch=args.batch, history=args.history)
+    if not latencies:
+        return
+    org = ensure_world(args.recipients, sandbox.url)
+    if state == "history":
+        ensure_history(org, args.history)
+    print(
+        f"{args.recipients} recipients, {args.processes} worker processes, batch {args.batch}, "
+        f"pacing {'off' if not args.rate else f'{args.rate}/s'}, contact caps loosened, state {state}"
+    )
+    for latency in latencies:
+        if state != "again":
+            _delete_campaigns(org)  # "again": right after the run before, to the same audience
+        r = run_campaign(
+            org,
+            sandbox,
+            n=args.recipients,
+            latency=latency,
+            rate=args.rate,
+            processes=args.processes,
+            batch=args.batch,
+        )
+        rates.setdefault(latency, r["sustained"])
+        print(
+            f"  state {state:>7}, latency {latency:>4} ms: fan-out {r['fanout_s']:.1f} s, "
+            f"sustained {r['sustained']:.0f} sends/s, "
+            f"total {r['total_s']:.1f} s, {r['queries_per_message']:.3f} queries/message, "
+            f"peak worker {r['peak_worker_mb']:.0f} MB, sent {r['sent']}, "
+            f"max sends to one recipient {r['by_recipient_max']}; other processes "
+            f"{r['other_cores']:.1f} cores"
+        )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""The organization's contact caps, one rule in SQL for the fan-out and for the send batches.
+"""The organization's contact caps, one rule for the fan-out and for the send batches.
 
 A customer gets at most `message_limit_count` campaign messages in `message_limit_days`, and,
 with `block_multiple_campaigns`, no message of a second campaign within 24 hours of another
@@ -7,16 +7,24 @@ started first (so of two campaigns started together the older one wins). With th
 organization's `contact_caps_scope` "shared" both channels count together (an email after a
 WhatsApp message is the second contact); with "per_channel" each channel counts its own.
 
-The rule is an SQL expression over a customer id column, so the fan-out applies it inside its
-INSERT … SELECT (a capped recipient is written SKIPPED with the reason, in the same statement)
-and a send batch applies it again to what it claimed (time has passed: other campaigns may have
-sent meanwhile). Each message table is probed on its (customer, sent_at) index: one range for
-the recent sends, one for the rows not sent yet (sent_at NULL sorts last in that index).
+`skip_reasons` checks a whole page or batch of customers with one statement, a separate one
+from the fan-out's INSERT and the batch's claim: for each customer, per message table counted,
+two probes of the table's (customer, sent_at) index (the window's sends; the rows not sent yet,
+sent_at NULL, the end of each customer's range in that index), aggregated per customer. The
+fan-out applies it to each page before its INSERT (a capped recipient is written SKIPPED with
+the reason) and a send batch again to what it claimed (time has passed: other campaigns may
+have sent meanwhile).
+
+Plan-stable: the statement runs with sequential and bitmap scans, hash and merge joins off (for
+it alone), so each customer is one pair of index probes whatever the planner's
+statistics say. With stale or missing statistics (a fresh database; a table a fan-out has just
+filled) PostgreSQL otherwise took the customers as most of the table and read it whole, or a
+whole other index, once per page or batch (docs/benchmarks.md, "Contact caps").
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,6 +49,13 @@ _TABLES: dict[str, str] = {
     Channel.EMAIL: EmailMessage._meta.db_table,
 }
 _LABELS: dict[str, str] = {Channel.WHATSAPP: "WhatsApp", Channel.EMAIL: "email"}
+# The caps' statement reads the message tables with index probes of their (customer, sent_at)
+# index only: set for it alone, in the same round trip (several statements in one; PostgreSQL runs
+# them in one transaction when no other is open, and RESET puts the caller's settings back when
+# one is).
+_PLANNER = ("enable_seqscan", "enable_bitmapscan", "enable_hashjoin", "enable_mergejoin")
+PLAN_STABLE = "".join(f"SET LOCAL {name} = off; " for name in _PLANNER)
+PLAN_RESET = "".join(f"; RESET {name}" for name in _PLANNER)
 
 # Skip reason of a customer without a recorded marketing consent (crm.models.ConsentSource).
 NO_CONSENT = "no consent"
@@ -56,80 +71,82 @@ def channels_counted(*, organization: Organization, channel: str) -> tuple[str, 
     return (Channel.WHATSAPP, Channel.EMAIL)
 
 
-@dataclass
-class _Sql:
-    parts: list[str] = field(default_factory=list)
-    params: list[Any] = field(default_factory=list)
-
-    def add(self, sql: str, *params: Any) -> None:
-        self.parts.append(sql)
-        self.params.extend(params)
-
-
-def skip_reason_sql(*, campaign: Campaign, customer: str, now: datetime) -> tuple[str, list[Any]]:
-    """An SQL expression (and its parameters) giving, for the customer id in column `customer`,
-    why the organization's caps skip the campaign's message to them, or NULL when none does.
-    The campaign's own messages never count."""
+def history_sql(*, campaign: Campaign, customer_ids: list[int], now: datetime) -> tuple[str, list[Any]]:
+    """The caps' aggregate (SQL and its parameters): per customer among `customer_ids` with some
+    history, (customer id, messages that reached them in the window, whether one was sent within
+    24 h, whether one is being sent, whether one waits in a campaign started earlier). The
+    campaign's own messages never count."""
     org = campaign.organization
-    counted = channels_counted(organization=org, channel=campaign.channel)
+    block = org.block_multiple_campaigns
     since = now - timedelta(days=org.message_limit_days)
-    what = " and ".join(_LABELS[c] for c in counted)
-    reason = (
-        f"message limit: %s {what} messages in the last {org.message_limit_days} days "
-        f"(at most {org.message_limit_count})"
+    day_ago = now - BLOCK_WINDOW
+    parts: list[str] = []
+    params: list[Any] = []
+    for c in channels_counted(organization=org, channel=campaign.channel):
+        reached = ", ".join(["%s"] * len(_REACHED[c]))
+        parts.append(
+            f"SELECT m.customer_id, m.campaign_id, m.status, m.sent_at, m.status IN ({reached}) AS reached "  # noqa: S608
+            f"FROM {_TABLES[c]} m WHERE m.customer_id = given.id AND m.sent_at >= %s "
+            "AND m.campaign_id <> %s"
+        )
+        # The block's 24 hours lie within the limit's window (message_limit_days is 1 or more).
+        params += [*_REACHED[c], min(since, day_ago) if block else since, campaign.pk]
+        if block:
+            # Not sent yet: sent_at NULL, the end of each customer's range in the same index.
+            parts.append(
+                "SELECT m.customer_id, m.campaign_id, m.status, m.sent_at, false "  # noqa: S608
+                f"FROM {_TABLES[c]} m WHERE m.customer_id = given.id AND m.sent_at IS NULL "
+                "AND m.status IN ('queued', 'sending') AND m.campaign_id <> %s"
+            )
+            params.append(campaign.pk)
+    sql = (
+        "SELECT given.id, count(*) FILTER (WHERE h.reached AND h.sent_at >= %s), "  # noqa: S608
+        "coalesce(bool_or(h.sent_at >= %s), false), "
+        "coalesce(bool_or(h.status = 'sending' AND h.sent_at IS NULL), false), "
+        "coalesce(bool_or(h.status = 'queued' AND h.sent_at IS NULL "
+        "AND (other.started_at, other.id) < (%s, %s)), false) "
+        f"FROM unnest(%s::bigint[]) AS given(id) CROSS JOIN LATERAL ({' UNION ALL '.join(parts)}) AS h "
+        f"LEFT JOIN {Campaign._meta.db_table} other ON other.id = h.campaign_id AND h.sent_at IS NULL "
+        "GROUP BY given.id"
     )
-    sql = _Sql()
-    # The limit: one index range per channel (customer, sent_at >= the window's start).
-    recent = " UNION ALL ".join(
-        f"SELECT 1 FROM {_TABLES[c]} m WHERE m.customer_id = {customer} AND m.sent_at >= %s "  # noqa: S608
-        f"AND m.campaign_id <> %s AND m.status IN ({', '.join(['%s'] * len(_REACHED[c]))})"
-        for c in counted
-    )
-    recent_params: list[Any] = []
-    for c in counted:
-        recent_params += [since, campaign.pk, *_REACHED[c]]
-    sql.add("COALESCE((SELECT format(%s, count(*)) FROM (", reason)
-    sql.add(recent, *recent_params)
-    sql.add(") AS recent HAVING count(*) >= %s)", org.message_limit_count)
-    if org.block_multiple_campaigns:
-        day_ago = now - BLOCK_WINDOW
-        started = campaign.started_at or now
-        within = " OR ".join(
-            f"EXISTS (SELECT 1 FROM {_TABLES[c]} m WHERE m.customer_id = {customer} "  # noqa: S608
-            "AND m.sent_at >= %s AND m.campaign_id <> %s)"
-            for c in counted
-        )
-        sql.add(f", CASE WHEN {within} THEN %s END", *(day_ago, campaign.pk) * len(counted), SENT_WITHIN_24H)
-        # Messages not sent yet have sent_at NULL, the end of the customer's range in the same index
-        # (the status IN keeps the planner off the status index: queued rows are many).
-        waiting = " UNION ALL ".join(
-            f"SELECT m.status, m.campaign_id FROM {_TABLES[c]} m WHERE m.customer_id = {customer} "  # noqa: S608
-            "AND m.sent_at IS NULL AND m.status IN ('queued', 'sending') AND m.campaign_id <> %s"
-            for c in counted
-        )
-        sql.add(
-            ", (SELECT CASE WHEN bool_or(w.status = 'sending') THEN %s "  # noqa: S608
-            "WHEN bool_or(w.status = 'queued' AND (other.started_at, other.id) < (%s, %s)) THEN %s END "
-            f"FROM ({waiting}) AS w JOIN {Campaign._meta.db_table} other ON other.id = w.campaign_id)",
-            BEING_SENT,
-            started,
-            campaign.pk,
-            QUEUED_EARLIER,
-            *[campaign.pk] * len(counted),
-        )
-    sql.add(")")
-    return "".join(sql.parts), sql.params
+    return sql, [since, day_ago, campaign.started_at or now, campaign.pk, customer_ids, *params]
 
 
-def skip_reasons(*, campaign: Campaign, customer_ids: list[int], now: datetime) -> dict[int, str]:
-    """The customers among `customer_ids` the caps skip, with the reason: one query."""
+def _results(cursor: Any) -> list[tuple]:
+    """The rows of the one statement of several run at once that returns some."""
+    rows: list[tuple] = []
+    while True:
+        if cursor.description is not None:
+            rows = cursor.fetchall()
+        if not cursor.nextset():
+            return rows
+
+
+def skip_reasons(*, campaign: Campaign, customer_ids: Sequence[int], now: datetime) -> dict[int, str]:
+    """The customers among `customer_ids` the caps skip, with the reason: one statement, whose
+    cost is bounded by those customers' recent messages whatever the tables' size or statistics."""
     if not customer_ids:
         return {}
-    reason, params = skip_reason_sql(campaign=campaign, customer="given.id", now=now)
+    org = campaign.organization
+    sql, params = history_sql(campaign=campaign, customer_ids=sorted(set(customer_ids)), now=now)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT id, reason FROM (SELECT given.id, {reason} AS reason "  # noqa: S608
-            "FROM unnest(%s::bigint[]) AS given(id)) AS capped WHERE reason IS NOT NULL",
-            [*params, list(customer_ids)],
-        )
-        return dict(cursor.fetchall())
+        cursor.execute(PLAN_STABLE + sql + PLAN_RESET, params)
+        rows = _results(cursor)
+    counted = channels_counted(organization=org, channel=campaign.channel)
+    what = " and ".join(_LABELS[c] for c in counted)
+    reasons: dict[int, str] = {}
+    for customer_id, recent, within, sending, earlier in rows:
+        if recent >= org.message_limit_count:
+            reasons[customer_id] = (
+                f"message limit: {recent} {what} messages in the last {org.message_limit_days} days "
+                f"(at most {org.message_limit_count})"
+            )
+        elif not org.block_multiple_campaigns:
+            continue
+        elif within:
+            reasons[customer_id] = SENT_WITHIN_24H
+        elif sending:
+            reasons[customer_id] = BEING_SENT
+        elif earlier:
+            reasons[customer_id] = QUEUED_EARLIER
+    return reasons

@@ -268,8 +268,10 @@ def campaign_fanout(*, campaign_id: int, chunk: int = 20_000) -> int:
         if read < chunk:
             break
     total = model.objects.filter(campaign_id=campaign.pk).count()
-    # Or the send batches' limit checks pick plans 200x slower: the columns their queries filter on.
-    bulk.analyze_if_grown(model, total, _ANALYZED)
+    # Or the send batches' claims are planned on the table as it was: the columns their queries
+    # filter on, when the campaign changed the table's shape (a tenth of its rows or more; the
+    # caps' statement does not depend on statistics, campaigns.caps).
+    bulk.analyze_if_grown(model, total, _ANALYZED, share=0.1)
     CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=total)
     batches = _queued_batches(model, campaign.pk)
     recovery.requeue_missing(_batch_specs(campaign.pk, batches, campaign.channel, campaign.organization_id))
@@ -418,33 +420,42 @@ def _insert_page(
     rows = _FANOUT_ROWS.format(number=", capped.number_id" if whatsapp else "")
     insert, defaults = bulk.insert_select(model, fields, rows, ignore_conflicts=ignore)
     now = timezone.now()
-    reason, reason_params = caps.skip_reason_sql(campaign=campaign, customer="page.customer_id", now=now)
+    with connection.cursor() as cursor:
+        # A page's INSERT has a high estimated cost: PostgreSQL would spend more on compiling it
+        # (JIT) than on running it.
+        cursor.execute(f"SET LOCAL jit = off; {audience}", audience_params)
+        cursor.nextset()
+        ids = [row[0] for row in cursor.fetchall()]
+    # The caps as a statement of their own, plan-stable (campaigns.caps), then joined to the page.
+    capped = caps.skip_reasons(campaign=campaign, customer_ids=ids, now=now)
     # The campaign's row FOR KEY SHARE, what the foreign key's check would take on every row, once:
     # it cannot be deleted while the page is written (models.MESSAGE_FKS, campaign_deleting).
-    # The audience's SQL from its queryset, the INSERT's from the model's metadata: values are
-    # parameters. Per page, not per run: each page commits on its own, with the count of the
-    # recipients it skipped (only the rows it wrote: a re-run counts none twice).
+    # The INSERT's SQL from the model's metadata: values are parameters. Per page, not per run:
+    # each page commits on its own, with the count of the recipients it skipped (only the rows it
+    # wrote: a re-run counts none twice).
     sql = (
         f"WITH campaign AS (SELECT id, organization_id, whatsapp_number_id "  # noqa: S608
         f"FROM {Campaign._meta.db_table} WHERE id = %s FOR KEY SHARE), "
-        f"page (customer_id) AS MATERIALIZED ({audience}), "
-        f"capped AS MATERIALIZED (SELECT page.customer_id, {reason} AS reason, {number} AS number_id "
+        "page (customer_id, reason) AS MATERIALIZED (SELECT given.id, skip.reason "
+        "FROM unnest(%s::bigint[]) AS given(id) LEFT JOIN unnest(%s::bigint[], %s::text[]) "
+        "AS skip(id, reason) ON skip.id = given.id), "
+        f"capped AS MATERIALIZED (SELECT page.customer_id, page.reason, {number} AS number_id "
         f"FROM page CROSS JOIN campaign{sender}), "
         "plan (number_id, share, earlier) AS "
         "(SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[])), "
         f"written AS ({insert} RETURNING status), "
         f"counted AS (UPDATE {CampaignMetric._meta.db_table} SET skipped = skipped + "
         "(SELECT count(*) FROM written WHERE status = 'skipped') WHERE campaign_id = %s RETURNING 1) "
-        "SELECT (SELECT count(*) FROM campaign), (SELECT count(*) FROM page), "
-        "(SELECT count(*) FROM capped WHERE reason IS NULL), (SELECT max(customer_id) FROM page), "
+        "SELECT (SELECT count(*) FROM campaign), (SELECT count(*) FROM capped WHERE reason IS NULL), "
         "(SELECT count(*) FROM counted), "
         "(SELECT array_agg(ARRAY[coalesce(number_id, 0), n]) FROM "
         "(SELECT number_id, count(*) AS n FROM capped WHERE reason IS NULL GROUP BY number_id) AS queued)"
     )
     params = [
         campaign.pk,
-        *audience_params,
-        *reason_params,
+        ids,
+        list(capped),
+        list(capped.values()),
         *plan.rows(),
         *defaults,
         plan.size,
@@ -452,16 +463,13 @@ def _insert_page(
         campaign.pk,
     ]
     with connection.cursor() as cursor:
-        # The caps' subqueries give the page a high estimated cost: PostgreSQL would spend more on
-        # compiling it (JIT, ~1.6 s a page measured) than on running it (~0.5 s).
-        cursor.execute("SET LOCAL jit = off")
         cursor.execute(sql, params)
-        found, read, queued, last, _, per_number = cursor.fetchone()
+        found, queued, _, per_number = cursor.fetchone()
     if not found:
         return None
     for number_id, n in per_number or []:
         plan.written[number_id] = plan.written.get(number_id, 0) + n
-    return int(read), int(queued), int(last or 0), ignore
+    return len(ids), int(queued), max(ids, default=0), ignore
 
 
 def campaign_archive(*, campaign: Campaign) -> bool:

@@ -71,18 +71,39 @@ def update_rows(
 ANALYZE_AFTER_ROWS = 10_000
 
 
-def analyze_if_grown(model: type[models.Model], rows: int, fields: Sequence[str] = ()) -> None:
+def analyze_if_grown(
+    model: type[models.Model], rows: int, fields: Sequence[str] = (), *, share: float = 0.0
+) -> None:
     """After writing `rows` new rows in bulk (ANALYZE_AFTER_ROWS or more), refresh the planner's
     statistics of the model's table now (PostgreSQL). Until autovacuum gets to it, queries on the
     fresh rows are planned as if the table were small: sequential scans, plans 100x slower.
 
     `fields`: only these columns' statistics (the table's size is refreshed whatever the list),
-    about half the time of the whole table's when the queries on the fresh rows filter on a few."""
-    if rows >= ANALYZE_AFTER_ROWS:
-        quote = connection.ops.quote_name
+    about half the time of the whole table's when the queries on the fresh rows filter on a few.
+    `share`: only when the rows changed since the table's last ANALYZE (these included) are at
+    least that share of the rows its statistics know (or it has none): a write that leaves the
+    table's shape as it was does not pay an ANALYZE of a big table (1.3 to 1.7 s at 5,000,000 rows)."""
+    if rows < ANALYZE_AFTER_ROWS:
+        return
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    with connection.cursor() as cursor:
+        if share and not _shape_changed(cursor, table, rows, share):
+            return
         columns = ", ".join(quote(f.column) for f in _fields(model, fields))
-        with connection.cursor() as cursor:
-            cursor.execute(f"ANALYZE {quote(model._meta.db_table)}{f' ({columns})' if columns else ''}")
+        cursor.execute(f"ANALYZE {table}{f' ({columns})' if columns else ''}")
+
+
+def _shape_changed(cursor: Any, table: str, rows: int, share: float) -> bool:
+    # The statistics' changed-rows count may not hold this write's yet (reported when the writer
+    # goes idle): the larger of the two, never both.
+    cursor.execute(
+        "SELECT c.reltuples, coalesce(s.n_mod_since_analyze, 0) FROM pg_class c "
+        "LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid WHERE c.oid = %s::regclass",
+        [table],
+    )
+    known, changed = cursor.fetchone()
+    return known < 0 or max(changed, rows) >= share * known
 
 
 def copy_rows(

@@ -49,3 +49,27 @@ def test_only_the_fields_given_are_analyzed_and_the_table_size_is_refreshed(db):
     assert _reltuples() >= bulk.ANALYZE_AFTER_ROWS
     after = _analyzed_columns()
     assert {"organization_id", "erp_id"} <= after and after - before <= {"organization_id", "erp_id"}
+
+
+def test_with_a_share_a_write_that_leaves_the_table_s_shape_is_not_analyzed(db):
+    org = Organization.objects.create(name="Loja", slug="loja")
+    many = 10 * bulk.ANALYZE_AFTER_ROWS
+    Customer.objects.bulk_create(
+        [Customer(organization=org, erp_id=f"A{i}", name=f"Cliente {i}") for i in range(many)]
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Customer._meta.db_table}")
+    known = _reltuples()
+    assert known >= many
+    # 10,000 rows more, under a fifth of the 100,000 the statistics know: left to autovacuum
+    Customer.objects.bulk_create(
+        [
+            Customer(organization=org, erp_id=f"B{i}", name=f"Cliente {i}")
+            for i in range(bulk.ANALYZE_AFTER_ROWS)
+        ]
+    )
+    bulk.analyze_if_grown(Customer, bulk.ANALYZE_AFTER_ROWS, share=0.2)
+    assert _reltuples() == known
+    # the same write is a tenth of the table or more: analyzed now
+    bulk.analyze_if_grown(Customer, bulk.ANALYZE_AFTER_ROWS, share=0.05)
+    assert _reltuples() >= many + bulk.ANALYZE_AFTER_ROWS
