@@ -321,3 +321,104 @@ def queued_ids(connection: Redis, queue: str, *, limit: int = 1000) -> list[str]
             if t != PLAIN:
                 pipe.lrange(tenant_key(queue, t), 0, limit - 1)
         return [as_text(i) for ids in pipe.execute() for i in ids]
+
+
+# KEYS: ready, tenant list, count. ARGV: tenant, job id. Removes the id from the tenant's list.
+_REMOVE = """
+local n = redis.call('LREM', KEYS[2], 1, ARGV[2])
+if n > 0 then
+  redis.call('DECRBY', KEYS[3], n)
+  if redis.call('LLEN', KEYS[2]) == 0 then redis.call('ZREM', KEYS[1], ARGV[1]) end
+end
+return n
+"""
+
+# KEYS: ready, tenant list, count. ARGV: how many, job key prefix, tenant. Pops up to ARGV[1] ids
+# of one tenant and deletes their jobs (the queue page's "empty").
+_DRAIN = """
+local ids = redis.call('LPOP', KEYS[2], tonumber(ARGV[1]))
+if not ids then redis.call('ZREM', KEYS[1], ARGV[3]) return 0 end
+for _, id in ipairs(ids) do
+  redis.call('DEL', ARGV[2] .. id, ARGV[2] .. id .. ':dependents', ARGV[2] .. id .. ':dependencies',
+             'rq:results:' .. id)
+end
+redis.call('DECRBY', KEYS[3], #ids)
+if redis.call('LLEN', KEYS[2]) == 0 then redis.call('ZREM', KEYS[1], ARGV[3]) end
+return #ids
+"""
+
+
+def remove(connection: Redis, queue: str, job: Job) -> bool:
+    """Take a waiting job off its tenant's list; False if it is not there (a worker took it).
+    (RQ's own delete and cancel only leave its id behind: a pick skips ids whose job is not
+    queued; this keeps the counts exact too.)"""
+    tenant = job_tenant(job)
+    if tenant is None:
+        return False
+    keys = [ready_key(queue), tenant_key(queue, tenant), count_key(queue)]
+    return bool(_script(connection, _REMOVE)(keys=keys, args=[tenant, job.id], client=connection))
+
+
+def drain(connection: Redis, queue: str, limit: int, *, batch: int = 1000) -> int:
+    """Delete up to `limit` waiting jobs of the tenants' lists, tenant after tenant; how many."""
+    done = 0
+    while done < limit:
+        tenants = [as_text(t) for t in cast(list[bytes], connection.zrange(ready_key(queue), 0, 99))]
+        tenants = [t for t in tenants if t != PLAIN]
+        if not tenants:
+            break
+        for tenant in tenants:
+            keys = [ready_key(queue), tenant_key(queue, tenant), count_key(queue)]
+            args = [min(batch, limit - done), "rq:job:", tenant]
+            done += int(_script(connection, _DRAIN)(keys=keys, args=args, client=connection))
+            if done >= limit:
+                break
+    return done
+
+
+def waiting_page(connection: Redis, queue: str, start: int, stop: int) -> list[str]:
+    """Ids at positions [start, stop) of the tenants' lists, tenant after tenant in the order they
+    are served next (at most the first 1,000 tenants: a page, not an export)."""
+    tenants = [
+        t
+        for t in (as_text(x) for x in cast(list[bytes], connection.zrange(ready_key(queue), 0, 999)))
+        if t != PLAIN
+    ]
+    with connection.pipeline(transaction=False) as pipe:
+        for t in tenants:
+            pipe.llen(tenant_key(queue, t))
+        lengths = pipe.execute()
+    ids: list[str] = []
+    offset = 0
+    for tenant, length in zip(tenants, lengths, strict=True):
+        lo, hi = max(start - offset, 0), min(stop - offset, length)
+        if lo < hi:
+            ids += [as_text(i) for i in connection.lrange(tenant_key(queue, tenant), lo, hi - 1)]
+        offset += length
+        if offset >= stop:
+            break
+    return ids
+
+
+def tenant_summary(connection: Redis, queue: str, *, top: int = 10, scan: int = 1000) -> dict[str, Any]:
+    """The operators' view of a queue's tenants: how many have work waiting (`ready`), the `top`
+    by waiting jobs with their share of turns (weight over the ready tenants' weights), and what
+    the rest hold (`other_waiting`). Bounded: reads at most `scan` tenants."""
+    rows = tenant_counts(connection, queue, limit=scan)
+    ready = ready_tenants(connection, queue)
+    weights = connection.hmget(WEIGHTS, [t for t, _ in rows]) if rows else []
+    weight = {t: max(int(w or 1), 1) for (t, _), w in zip(rows, weights, strict=True)}
+    total_weight = sum(weight.values()) + max(ready - len(rows), 0)
+    listed = rows[:top]
+    return {
+        "ready": ready,
+        "tenants": [
+            {
+                "organization_id": None if t == PLAIN else int(t),
+                "waiting": n,
+                "share": round(weight[t] / total_weight, 4) if total_weight else 0.0,
+            }
+            for t, n in listed
+        ],
+        "other_waiting": sum(n for _, n in rows[top:]),
+    }

@@ -159,3 +159,69 @@ def test_every_tenant_gets_its_weighted_share_of_each_stretch_of_picks(redis_db,
         for a in busy:
             for b in busy:
                 assert done[a] / weights[a] - done[b] / weights[b] <= 1 + 1e-9
+
+
+def test_queue_stats_json_keeps_its_keys_and_adds_each_fair_queues_tenants():
+    import json
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    _flood(1, 30)
+    _flood(2, 5)
+    out = StringIO()
+    call_command("queue_stats", "--json", stdout=out)
+    data = json.loads(out.getvalue())
+    p3 = data[QUEUE]
+    assert {k: p3[k] for k in ("waiting", "active", "failed", "completed", "delayed")} == {
+        "waiting": 35,
+        "active": 0,
+        "failed": 0,
+        "completed": 0,
+        "delayed": 0,
+    }
+    assert p3["tenants"] == {
+        "ready": 2,
+        "tenants": [
+            {"organization_id": 1, "waiting": 30, "share": 0.5},
+            {"organization_id": 2, "waiting": 5, "share": 0.5},
+        ],
+        "other_waiting": 0,
+    }
+    assert "tenants" not in data["erp-sync-queue"]  # not a fair queue
+
+
+def test_the_prometheus_tenant_gauge_keeps_its_label_cardinality_bounded():
+    from crm.prometheus import TENANT_SERIES, PlatformCollector
+
+    for org in range(TENANT_SERIES + 5):
+        _flood(org + 1, org + 1)
+    families = {f.name: f for f in PlatformCollector().collect()}
+    samples = [s for s in families["crm_queue_tenant_waiting"].samples if s.labels["queue"] == QUEUE]
+    assert len(samples) == TENANT_SERIES + 1
+    by_org = {s.labels["organization"]: s.value for s in samples}
+    assert by_org["15"] == 15 and by_org["6"] == 6 and by_org["other"] == 1 + 2 + 3 + 4 + 5
+    ready = [s for s in families["crm_queue_tenants_ready"].samples if s.labels["queue"] == QUEUE]
+    assert ready[0].value == TENANT_SERIES + 5
+
+
+def test_the_queue_pages_list_cancel_and_empty_the_jobs_waiting_in_tenants_lists(redis_db):
+    from crm import queue_ops
+
+    ids = jobs.enqueue_many(
+        "tests.jobs.record",
+        queue=QUEUE,
+        kwargs_list=[{"key": "order", "value": str(i)} for i in range(4)],
+        job_ids=[f"fair-{i}" for i in range(4)],
+        organization_id=9,
+    )
+    page = queue_ops.list_jobs(QUEUE, "waiting")
+    assert sorted(r.id for r in page.rows) == ids
+    assert queue_ops.state_sizes(QUEUE)["waiting"] == 4
+    assert queue_ops.job_cancel("fair-1") == QUEUE
+    assert queue_ops.state_sizes(QUEUE)["waiting"] == 3
+    assert queue_ops.bulk_run(QUEUE, "empty") == 3
+    assert queue_ops.state_sizes(QUEUE)["waiting"] == 0
+    assert not any(redis_db.exists(f"rq:job:fair-{i}") for i in (0, 2, 3))
+    _worker_run([QUEUE])
+    assert recorded("order") == []  # nothing canceled or emptied ran
