@@ -7,10 +7,11 @@ job with one Lua script (`_PICK`): for each of its queues in priority order, the
 the lowest virtual time gives its head, which moves in the same script into RQ's intermediate
 list (RQ's "dequeued, not yet started" state), and the tenant's time advances by 1/weight (stride
 scheduling; weight per organization in `crm:fair:weights`, default 1). A tenant that joins the
-ready set starts at the queue's current time, so it is served within one turn of every other
-tenant whatever their backlogs. Jobs without a tenant (RQ's own list) take part as one more
-tenant, `_`. Priorities keep their meaning: a queue is served only when every queue before it
-in the worker's order is empty, across tenants too. A pick costs O(queues + log tenants).
+ready set starts BURST turns before the queue's current time, so it is served at once whatever
+the others' backlogs, and a small batch finishes in about its time alone. Jobs without a tenant
+(RQ's own list) take part as one more tenant, `_`. Priorities keep their meaning: a queue is
+served only when every queue before it in the worker's order is empty, across tenants too. A
+pick costs O(queues + log tenants).
 
 Nothing is lost or run twice when a worker dies between its pick and the job's start: the job is
 in the intermediate list; `FairIntermediateQueue.cleanup` (the registry sweep) puts a job still
@@ -39,6 +40,10 @@ PREFIX = "crm:fair:"
 WEIGHTS = f"{PREFIX}weights"
 PLAIN = "_"  # the pseudo-tenant standing for RQ's own list of a queue (jobs without a tenant)
 WAKE_CAP = 16  # wake tokens kept per queue: enough to wake the idle workers, bounded
+# Turns a tenant that had nothing waiting may take ahead of the others (as Linux CFS credits a
+# task that slept): a small batch beside a flood finishes in about its time alone, while a
+# tenant that stays busy is served strictly in turn.
+BURST = 4
 MAX_STALE = 100  # deleted or canceled ids a pick skips before it gives up for this call
 
 
@@ -59,18 +64,20 @@ def wake_key(queue: str) -> str:
 
 
 # KEYS: ready, tenant list, virtual time, count, wake, weights. ARGV: tenant, job id, at_front,
-# wake cap. A tenant joining the ready set starts at the queue's virtual time (no banked credit).
+# wake cap, burst. A tenant joining the ready set starts `burst` turns before the queue's virtual
+# time: never more (an idle tenant banks nothing beyond it), so it is served at once.
 _PUSH = """
 if ARGV[3] == '1' then redis.call('LPUSH', KEYS[2], ARGV[2]) else redis.call('RPUSH', KEYS[2], ARGV[2]) end
 redis.call('INCR', KEYS[4])
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  redis.call('ZADD', KEYS[1], tonumber(redis.call('GET', KEYS[3]) or '0'), ARGV[1])
+  local start = tonumber(redis.call('GET', KEYS[3]) or '0') - tonumber(ARGV[5])
+  redis.call('ZADD', KEYS[1], string.format('%.17g', start), ARGV[1])
 end
 if redis.call('LLEN', KEYS[5]) < tonumber(ARGV[4]) then redis.call('RPUSH', KEYS[5], '1') end
 return 1
 """
 
-# KEYS: weights. ARGV: prefix, max stale, then the queue names in priority order.
+# KEYS: weights. ARGV: prefix, max stale, burst, then the queue names in priority order.
 # Returns {queue, job id, tenant} or nil. The id moves to RQ's intermediate list in this script.
 _PICK = """
 local P = ARGV[1]
@@ -80,13 +87,14 @@ local function stride(t)
   return 1 / w
 end
 local stale = 0
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   local q = ARGV[i]
   local ready = P .. q .. ':ready'
   local vt = P .. q .. ':vt'
   local plain = 'rq:queue:' .. q
   if redis.call('LLEN', plain) > 0 and not redis.call('ZSCORE', ready, '_') then
-    redis.call('ZADD', ready, tonumber(redis.call('GET', vt) or '0'), '_')
+    local start = tonumber(redis.call('GET', vt) or '0') - tonumber(ARGV[3])
+    redis.call('ZADD', ready, string.format('%.17g', start), '_')
   end
   while true do
     local head = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
@@ -101,7 +109,9 @@ for i = 3, #ARGV do
     else
       redis.call('ZADD', ready, string.format('%.17g', score + stride(t)), t)
     end
-    redis.call('SET', vt, string.format('%.17g', score))
+    if score > tonumber(redis.call('GET', vt) or '0') then
+      redis.call('SET', vt, string.format('%.17g', score))  -- never backwards (a burst's credit)
+    end
     if id then
       if redis.call('HGET', 'rq:job:' .. id, 'status') == 'queued' then
         redis.call('RPUSH', plain .. ':intermediate', id)
@@ -145,7 +155,7 @@ def push(connection: Any, *, queue: str, tenant: str, job_id: str, at_front: boo
             wake_key(queue),
             WEIGHTS,
         ],
-        args=[tenant, job_id, "1" if at_front else "0", WAKE_CAP],
+        args=[tenant, job_id, "1" if at_front else "0", WAKE_CAP, BURST],
         client=connection,
     )
 
@@ -154,7 +164,7 @@ def pick(connection: Redis, queue_names: Sequence[str]) -> tuple[str, str, str] 
     """The next job of these queues (priority order), tenants in turn: (queue, job id, tenant),
     already moved to the queue's intermediate list; None when every queue is empty."""
     result = _script(connection, _PICK)(
-        keys=[WEIGHTS], args=[PREFIX, MAX_STALE, *queue_names], client=connection
+        keys=[WEIGHTS], args=[PREFIX, MAX_STALE, BURST, *queue_names], client=connection
     )
     if not result:
         return None

@@ -71,10 +71,12 @@ QUEUES: tuple[QueueSpec, ...] = (
     ),
     _ITEMS[1],
     QueueSpec(CAMPAIGN_TRIGGER, "Starts a scheduled campaign (one delayed job per campaign)", timeout=1800),
-    QueueSpec(WHATSAPP_SEND, "Sends WhatsApp template messages", attempts=2, backoff=1, timeout=120),
-    QueueSpec(EMAIL_SEND, "Sends campaign emails", attempts=3, backoff=60, timeout=300),
+    QueueSpec(
+        WHATSAPP_SEND, "Sends WhatsApp template messages", attempts=2, backoff=1, timeout=120, fair=True
+    ),
+    QueueSpec(EMAIL_SEND, "Sends campaign emails", attempts=3, backoff=60, timeout=300, fair=True),
     _ITEMS[2],
-    QueueSpec(POST_SALE_SURVEY, "Sends a post-sale survey", attempts=3, backoff=60, timeout=120),
+    QueueSpec(POST_SALE_SURVEY, "Sends a post-sale survey", attempts=3, backoff=60, timeout=120, fair=True),
     QueueSpec(
         CHATWOOT_MIRROR, "Mirrors sent campaign messages into Chatwoot", attempts=3, backoff=30, timeout=600
     ),
