@@ -25,7 +25,8 @@ def check_scratch() -> None:
     create and migrate that database when needed."""
     db = os.environ.get("DATABASE_URL", "")
     redis = os.environ.get("REDIS_URL", "")
-    if not db.rstrip("/").endswith("/crm_runner") or not redis.rstrip("/").endswith("/10"):
+    scratch_redis = redis.rstrip("/").endswith("/10") or redis.endswith("?db=10")  # TCP or a socket
+    if not db.rstrip("/").endswith("/crm_runner") or not scratch_redis:
         sys.exit("point DATABASE_URL at .../crm_runner and REDIS_URL at .../10 (this flushes them)")
     ensure_database()
 

@@ -19,7 +19,11 @@ A's backlog, once per limit of A:
   behind all of it (one FIFO queue per priority, no turn-taking between tenants).
 
 Target: B with A at most 2x B alone. Prints A's items queued ahead of B when B arrived and A's
-items done when B completed (about all of them: B waited behind A's whole backlog).
+items done when B completed. Since the queues serve tenants in turn (crm.fairshare, docs/
+fair-share.md), B's jobs take every other turn whatever A's backlog.
+
+Then the cost of a pick (`--pick-tenants`): µs per `fairshare.pick` (one Lua call, the round trip
+included) with 1, 100, 1,000 and 10,000 tenants waiting on one queue — flat means O(log tenants).
 Flushes Redis DB 10 and deletes its executions in crm_runner.
 """
 
@@ -40,6 +44,7 @@ import django
 django.setup()
 
 from benchmarks import runner_common as rc  # noqa: E402
+from crm import fairshare, jobs  # noqa: E402
 from crm.models import Organization  # noqa: E402
 from runner import services  # noqa: E402
 from runner.models import DEFAULT_TENANT_LIMIT, Execution, ExecutionItem, Handler  # noqa: E402
@@ -117,6 +122,36 @@ def with_backlog(
     case.a_rate = (case.a_done - before) / case.seconds if case.seconds else 0.0
 
 
+def _evalsha_usec(connection) -> tuple[int, int]:
+    stats = connection.info("commandstats").get("cmdstat_evalsha", {})
+    return int(stats.get("calls", 0)), int(stats.get("usec", 0))
+
+
+def pick_cost(tenants: int, picks: int = 5000) -> tuple[float, float]:
+    """µs per pick with `tenants` tenants waiting on one queue (each keeps work for every pick):
+    seen by the client (round trip included) and inside Redis (the script alone)."""
+    connection = jobs.get_connection()
+    connection.flushdb()
+    per_tenant = picks // tenants + 2
+    with connection.pipeline(transaction=False) as pipe:
+        for t in range(tenants):
+            for i in range(per_tenant):
+                job_id = f"pick-{t}-{i}"
+                fairshare.push(pipe, queue="items-p3", tenant=str(t), job_id=job_id)
+                pipe.hset(f"rq:job:{job_id}", "status", "queued")
+            if len(pipe) > 20_000:
+                pipe.execute()
+        pipe.execute()
+    calls, usec = _evalsha_usec(connection)
+    start = time.perf_counter()
+    for _ in range(picks):
+        fairshare.pick(connection, ["items-p1", "items-p2", "items-p3"])
+    elapsed = time.perf_counter() - start
+    calls_after, usec_after = _evalsha_usec(connection)
+    connection.flushdb()
+    return elapsed / picks * 1e6, (usec_after - usec) / max(calls_after - calls, 1)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     parser.add_argument("--a-items", type=int, default=100_000)
@@ -129,8 +164,20 @@ def main() -> int:
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--warm", type=float, default=3, help="seconds the workers run on A before B comes")
     parser.add_argument("--timeout", type=float, default=1200, help="give up on B after this many seconds")
+    parser.add_argument("--pick-tenants", default="1,100,1000,10000", help="tenants waiting, per pick figure")
+    parser.add_argument("--skip-fairness", action="store_true", help="only the pick figures")
     args = parser.parse_args()
     rc.check_scratch()
+    pick_tenants = [int(x) for x in args.pick_tenants.split(",") if x.strip()]
+    for n in pick_tenants:
+        client, server = pick_cost(n)
+        print(
+            f"  pick with {n:>6,} tenants waiting: {server:6.1f} µs in Redis, {client:7.1f} µs seen by "
+            f"the client (round trip, load {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
+    if args.skip_fairness:
+        return 0
     rc.reset()
     handler = rc.noop_handler()
     a = rc.org("bench-tenant-a", rate_limit_per_minute=None)

@@ -26,7 +26,7 @@ from rq.job import Callback, Job
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from crm import queues
+from crm import fairshare, queues
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,11 @@ def get_queue(name: str) -> Queue:
     """The raw RQ queue (no commit deferral: `enqueue` handles that itself)."""
     queues.get_spec(name)
     return django_rq.get_queue(
-        name, commit_mode="auto", serializer=JSONSerializer, connection=get_connection()
+        name,
+        commit_mode="auto",
+        serializer=JSONSerializer,
+        connection=get_connection(),
+        queue_class=fairshare.FairQueue,
     )
 
 
@@ -403,6 +407,7 @@ def delete_job(job_id: str) -> bool:
     except NoSuchJobError:
         return False
     keys = queues.redis_keys(job.origin)
+    fairshare.remove(connection, job.origin, job)
     with connection.pipeline() as pipe:
         job.delete(pipeline=pipe, remove_from_queue=True)
         for name in ("failed", "completed", "scheduled", "deferred", "canceled"):

@@ -114,6 +114,9 @@ def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+TENANT_SERIES = 10  # per-tenant series per fair queue; the rest are summed as "other"
+
+
 class PlatformCollector(Collector):
     """Reads everything at scrape time (no state in this process)."""
 
@@ -140,6 +143,28 @@ class PlatformCollector(Collector):
             for state in stats.STATES:
                 family.add_metric([queue, state], counts[state])
         yield family
+        yield from PlatformCollector._tenants()
+
+    @staticmethod
+    def _tenants() -> Iterator[Metric]:
+        """Waiting jobs per tenant of each fair queue: the TENANT_SERIES tenants holding most, the
+        rest summed as organization="other" (bounded label cardinality whatever the tenants)."""
+        family = GaugeMetricFamily(
+            "crm_queue_tenant_waiting",
+            "Jobs waiting per tenant on a fair queue (top tenants; the rest as organization=other).",
+            labels=["queue", "organization"],
+        )
+        ready = GaugeMetricFamily(
+            "crm_queue_tenants_ready", "Tenants with work waiting on a fair queue.", labels=["queue"]
+        )
+        for queue, summary in stats.tenant_stats(top=TENANT_SERIES).items():
+            ready.add_metric([queue], summary["ready"])
+            for row in summary["tenants"]:
+                org = row["organization_id"]
+                family.add_metric([queue, "none" if org is None else str(org)], row["waiting"])
+            family.add_metric([queue, "other"], summary["other_waiting"])
+        yield family
+        yield ready
 
     @staticmethod
     def _jobs(fields: dict[str, str]) -> Iterator[Metric]:

@@ -22,7 +22,7 @@ from rq.job import Job, JobStatus
 from rq.results import Result
 from rq.serializers import JSONSerializer
 
-from crm import jobs, promote, queues, stats
+from crm import fairshare, jobs, promote, queues, stats
 
 STATES = ("waiting", "active", "delayed", "completed", "failed")
 JOB_ACTIONS = ("retry", "delete", "promote", "cancel")
@@ -173,9 +173,11 @@ def _sizes(connection: Redis, queue: str) -> dict[str, int]:
         pipe.llen(keys["waiting"])
         for name in ("active", "failed", "completed", "scheduled", "deferred"):
             pipe.zcard(keys[name])
-        waiting, active, failed, completed, scheduled, deferred = pipe.execute()
+        pipe.get(fairshare.count_key(queue))
+        listed, active, failed, completed, scheduled, deferred, fair = pipe.execute()
     return {
-        "waiting": waiting,
+        "waiting": listed + max(int(fair or 0), 0),  # RQ's list and the tenants' lists
+        "listed": listed,
         "active": active,
         "failed": failed,
         "completed": completed,
@@ -183,6 +185,15 @@ def _sizes(connection: Redis, queue: str) -> dict[str, int]:
         "deferred": deferred,
         "delayed": scheduled + deferred,
     }
+
+
+def _waiting_range(connection: Redis, queue: str, start: int, stop: int, listed: int) -> list[Entry]:
+    """RQ's list (RPUSHed: the newest at the tail), then the tenants' lists in serving order."""
+    keys = queues.redis_keys(queue)
+    ids = [_text(i) for i in reversed(connection.lrange(keys["waiting"], -stop, -start - 1))]
+    if stop > listed:
+        ids += fairshare.waiting_page(connection, queue, max(start - listed, 0), stop - listed)
+    return [(i, None) for i in ids]
 
 
 def _range(
@@ -195,8 +206,8 @@ def _range(
     if stop <= start:
         return []
     keys = queues.redis_keys(queue)
-    if state == "waiting":  # RPUSHed: the newest is at the tail
-        return [(_text(i), None) for i in reversed(connection.lrange(keys["waiting"], -stop, -start - 1))]
+    if state == "waiting":  # RPUSHed: the newest is at the tail; then the tenants' lists
+        return _waiting_range(connection, queue, start, stop, sizes["listed"])
     if state == "delayed":
         scheduled = sizes["scheduled"]
         entries: list[Entry] = []
@@ -514,7 +525,8 @@ def job_cancel(job_id: str) -> str:
     if not is_queue(job.origin) or status != JobStatus.QUEUED:
         raise WrongState(_status(job))
     connection = jobs.get_connection()
-    if not connection.lrem(queues.redis_keys(job.origin)["waiting"], 1, job.id):
+    waiting = queues.redis_keys(job.origin)["waiting"]
+    if not connection.lrem(waiting, 1, job.id) and not fairshare.remove(connection, job.origin, job):
         raise WrongState(_status(job, refresh=True))  # a worker took it meanwhile
     job.cancel()
     ttl = queues.get_spec(job.origin).result_ttl
@@ -578,10 +590,10 @@ def _bound(size: int, limit: int | None) -> int:
 def _empty(connection: Redis, queue: str, limit: int | None) -> int:
     key = queues.redis_keys(queue)["waiting"]
     script = connection.register_script(_EMPTY)
-    limit, done = _bound(connection.llen(key), limit), 0
+    limit, done = _bound(_sizes(connection, queue)["waiting"], limit), 0
     while done < limit:
         popped = int(script(keys=[key], args=[min(BULK, limit - done), _JOB]))
         if not popped:
             break
         done += popped
-    return done
+    return done + fairshare.drain(connection, queue, limit - done, batch=BULK)

@@ -16,6 +16,9 @@ class QueueSpec:
     backoff: int = 0  # seconds before the first retry; doubles for every further retry
     timeout: int = 600  # seconds a job may run before the worker kills it
     result_ttl: int = 3600  # how long a finished job stays visible (and blocks its job id)
+    # Tenants served in turn (crm.fairshare): a job enqueued with its organization waits in that
+    # organization's list, not behind every other tenant's backlog.
+    fair: bool = False
 
     def retry_intervals(self) -> list[int]:
         """Exponential backoff for RQ's Retry, which counts retries after the first run."""
@@ -47,7 +50,14 @@ def items_queue(priority: int) -> str:
 
 
 _ITEMS = {
-    p: QueueSpec(items_queue(p), f"Integration items, priority {p} ({t})", attempts=3, backoff=5, timeout=300)
+    p: QueueSpec(
+        items_queue(p),
+        f"Integration items, priority {p} ({t})",
+        attempts=3,
+        backoff=5,
+        timeout=300,
+        fair=True,
+    )
     for t, p in sorted(JOB_PRIORITY.items(), key=lambda kv: kv[1])
 }
 
@@ -61,14 +71,23 @@ QUEUES: tuple[QueueSpec, ...] = (
     ),
     _ITEMS[1],
     QueueSpec(CAMPAIGN_TRIGGER, "Starts a scheduled campaign (one delayed job per campaign)", timeout=1800),
-    QueueSpec(WHATSAPP_SEND, "Sends WhatsApp template messages", attempts=2, backoff=1, timeout=120),
-    QueueSpec(EMAIL_SEND, "Sends campaign emails", attempts=3, backoff=60, timeout=300),
+    QueueSpec(
+        WHATSAPP_SEND, "Sends WhatsApp template messages", attempts=2, backoff=1, timeout=120, fair=True
+    ),
+    QueueSpec(EMAIL_SEND, "Sends campaign emails", attempts=3, backoff=60, timeout=300, fair=True),
     _ITEMS[2],
-    QueueSpec(POST_SALE_SURVEY, "Sends a post-sale survey", attempts=3, backoff=60, timeout=120),
+    QueueSpec(POST_SALE_SURVEY, "Sends a post-sale survey", attempts=3, backoff=60, timeout=120, fair=True),
     QueueSpec(
         CHATWOOT_MIRROR, "Mirrors sent campaign messages into Chatwoot", attempts=3, backoff=30, timeout=600
     ),
-    QueueSpec(RUNS, "Integration runs: produce items and fan them out", attempts=3, backoff=5, timeout=1800),
+    QueueSpec(
+        RUNS,
+        "Integration runs: produce items and fan them out",
+        attempts=3,
+        backoff=5,
+        timeout=1800,
+        fair=True,
+    ),
     _ITEMS[3],
     QueueSpec(
         ERP_SYNC,
@@ -92,6 +111,12 @@ QUEUES: tuple[QueueSpec, ...] = (
 
 QUEUE_NAMES: tuple[str, ...] = tuple(q.name for q in QUEUES)
 _BY_NAME = {q.name: q for q in QUEUES}
+
+
+def is_fair(name: str) -> bool:
+    """Does this queue serve its tenants in turn? (False for a queue that is not ours.)"""
+    spec = _BY_NAME.get(name)
+    return spec is not None and spec.fair
 
 
 def get_spec(name: str) -> QueueSpec:

@@ -208,7 +208,11 @@ RQ_QUEUES = {
 }
 # Enqueue only after the surrounding transaction commits, so a job never sees a row that is
 # not there yet (and a rolled-back request enqueues nothing).
-RQ = {"COMMIT_MODE": "on_db_commit", "WORKER_CLASS": "crm.worker.Worker"}
+RQ = {
+    "COMMIT_MODE": "on_db_commit",
+    "WORKER_CLASS": "crm.worker.Worker",
+    "QUEUE_CLASS": "crm.fairshare.FairQueue",  # tenants served in turn (docs/fair-share.md)
+}
 RQ_SHOW_ADMIN_LINK = False  # crm/admin.py registers django-rq's admin for platform operators only
 
 # How fast a killed worker's job is noticed: the worker refreshes its job's heartbeat every

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 from rq.utils import utcparse
 
-from crm import jobs, queues
+from crm import fairshare, jobs, queues
 
 STATES = ("waiting", "active", "failed", "completed", "delayed")
 
@@ -20,10 +20,12 @@ def queue_stats() -> dict[str, dict[str, int]]:
             pipe.llen(keys["waiting"])
             for state in ("active", "failed", "completed", "scheduled", "deferred"):
                 pipe.zcard(keys[state])
+            pipe.get(fairshare.count_key(name))
         raw = pipe.execute()
     result = {}
     for i, name in enumerate(queues.QUEUE_NAMES):
-        waiting, active, failed, completed, scheduled, deferred = raw[i * 6 : (i + 1) * 6]
+        listed, active, failed, completed, scheduled, deferred, fair = raw[i * 7 : (i + 1) * 7]
+        waiting = listed + max(int(fair or 0), 0)  # RQ's list and the tenants' lists (crm.fairshare)
         # "delayed" as BullMQ means it: waiting for a time (scheduled/retry backoff) or for a
         # dependency (deferred).
         result[name] = {
@@ -34,6 +36,17 @@ def queue_stats() -> dict[str, dict[str, int]]:
             "delayed": scheduled + deferred,
         }
     return result
+
+
+def tenant_stats(*, top: int = 10) -> dict[str, dict]:
+    """Per fair queue: its tenants with work waiting, the `top` by waiting jobs with their share of
+    turns, and what the others hold (crm.fairshare.tenant_summary)."""
+    connection = jobs.get_connection()
+    return {
+        name: fairshare.tenant_summary(connection, name, top=top)
+        for name in queues.QUEUE_NAMES
+        if queues.is_fair(name)
+    }
 
 
 def oldest_waiting() -> dict[str, float]:

@@ -43,6 +43,7 @@ from rq.utils import now
 from rq.worker import SimpleWorker, WorkerStatus
 
 from crm import prometheus, promote
+from crm.fairshare import FairQueue
 from crm.jobs import Defer
 
 logger = logging.getLogger("crm.jobs")
@@ -70,6 +71,8 @@ class _QueryCounter:
 
 
 class Worker(SimpleWorker):
+    queue_class = FairQueue  # its dequeue_any serves tenants in turn (crm.fairshare)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # The product's queues hold JSON: a serializer asked for elsewhere (django-rq's `rqworker`
         # passes RQ's pickle one unless told otherwise) would fail every job it dequeues.
@@ -156,6 +159,11 @@ class Worker(SimpleWorker):
             pipeline.expire(self.key, self.worker_ttl + 60)
             pipeline.execute()
         logger.warning("worker %s registered again: Redis had lost its registration", self.name)
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        # Every pick goes through the intermediate list (crm.fairshare), whatever the number of
+        # queues: leave it in the same transaction that registers the job as started.
+        super().prepare_job_execution(job, remove_from_intermediate_queue=True)
 
     # --- heartbeat -------------------------------------------------------------------------
     def get_heartbeat_ttl(self, job: Job) -> int:

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from django.conf import settings
 from rq.serializers import JSONSerializer
 
-from crm import jobs, promote, queues
+from crm import fairshare, jobs, promote, queues
 from crm.supervisor import Supervisor
 from crm.worker import Worker
 
@@ -49,7 +49,8 @@ def _active(queue_names: Sequence[str]) -> int:
             pipe.zcard(f"rq:wip:{name}")  # expired entries too: the sweep retries them
             pipe.llen(f"rq:queue:{name}")
             pipe.llen(f"rq:queue:{name}:intermediate")
-        return sum(pipe.execute())
+        listed = sum(pipe.execute())
+    return listed + sum(fairshare.waiting(connection, queue_names).values())
 
 
 def run_burst(queue_names: Sequence[str], *, settle: float = 3.0) -> int:

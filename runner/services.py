@@ -430,6 +430,7 @@ def _item_specs(execution: Execution, handler: Handler, item_ids: list[int]) -> 
                 "item_ids": group,
             },
             job_id=f"runner-item-{group[0]}",
+            organization_id=execution.organization_id,  # served in the tenant's turn
         )
 
 

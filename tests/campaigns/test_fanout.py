@@ -16,7 +16,7 @@ from django.db.models import Count
 from campaigns import links, selectors, services
 from campaigns import models as campaign_models
 from campaigns.models import Campaign, CampaignMetric, EmailMessage, WhatsappMessage
-from crm import jobs
+from crm import fairshare, jobs
 from crm.models import JobRun
 
 
@@ -57,7 +57,9 @@ def test_a_fan_out_run_again_after_a_crash_writes_each_message_once(wa, run_jobs
     first = _batches(campaign)
     assert len(first) == 2000  # two pages committed, the third never started
     assert CampaignMetric.objects.get(campaign=campaign).queued == 0  # counted at the end only
-    assert jobs.get_connection().llen("rq:queue:whatsapp-send") == 0  # and enqueued at the end only
+    assert (
+        len(fairshare.queued_ids(jobs.get_connection(), "whatsapp-send")) == 0
+    )  # and enqueued at the end only
 
     late.marketing_consent = True
     late.save(update_fields=["marketing_consent"])
@@ -77,13 +79,13 @@ def test_a_fan_out_run_again_after_a_crash_writes_each_message_once(wa, run_jobs
             assert again[customer_id] == position // 100, customer_id
     batches = set(again.values())
     assert CampaignMetric.objects.get(campaign=campaign).queued == 2500
-    assert jobs.get_connection().llen("rq:queue:whatsapp-send") == len(batches)
+    assert len(fairshare.queued_ids(jobs.get_connection(), "whatsapp-send")) == len(batches)
 
     # and once more: nothing written, nothing enqueued twice
     assert services.campaign_fanout(campaign_id=campaign.pk, chunk=700) == 2500
     assert _batches(campaign) == again
     assert CampaignMetric.objects.get(campaign=campaign).queued == 2500
-    assert jobs.get_connection().llen("rq:queue:whatsapp-send") == len(batches)
+    assert len(fairshare.queued_ids(jobs.get_connection(), "whatsapp-send")) == len(batches)
 
 
 def test_an_email_fan_out_writes_one_message_per_recipient_in_batches(wa, settings):
@@ -97,7 +99,7 @@ def test_an_email_fan_out_writes_one_message_per_recipient_in_batches(wa, settin
     assert mail.count() == 250 and mail.values("customer_id").distinct().count() == 250
     assert sorted(mail.values_list("batch", flat=True).distinct()) == list(range(7))  # 250 / 40
     assert {m.status for m in mail} == {"queued"} and len({m.token for m in mail}) == 250
-    assert jobs.get_connection().llen("rq:queue:email-send") == 7
+    assert len(fairshare.queued_ids(jobs.get_connection(), "email-send")) == 7
     assert not WhatsappMessage.objects.filter(campaign=campaign).exists()
 
 

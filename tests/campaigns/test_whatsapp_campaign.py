@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from campaigns import caps, services
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
-from crm import jobs, recovery
+from crm import fairshare, jobs, recovery
 from crm.models import Organization
 from integrations.whatsapp import phones
 from tests.campaigns.conftest import TOKEN
@@ -67,10 +67,10 @@ def test_fan_out_is_bulk_not_one_round_trip_per_recipient(wa, run_jobs, settings
         total = services.campaign_fanout(campaign_id=campaign.pk, chunk=1000)
     assert total == 3000
     assert len(queries) < 25, [q["sql"][:80] for q in queries]
-    assert jobs.get_connection().llen("rq:queue:whatsapp-send") == 12  # 3,000 / 250 batches
+    assert len(fairshare.queued_ids(jobs.get_connection(), "whatsapp-send")) == 12  # 3,000 / 250 batches
     # running the fan-out again (a crash and a retry) adds nothing
     assert services.campaign_fanout(campaign_id=campaign.pk) == 3000
-    assert jobs.get_connection().llen("rq:queue:whatsapp-send") == 12
+    assert len(fairshare.queued_ids(jobs.get_connection(), "whatsapp-send")) == 12
 
 
 def test_an_empty_template_variable_skips_the_message_and_meta_never_sees_it(wa, sandbox, run_jobs):
@@ -379,7 +379,8 @@ def test_in_flight_messages_of_a_dead_worker_are_settled_not_resent(wa, sandbox,
     WhatsappMessage.objects.update(
         status=S.SENDING, attempts=1, sending_at=timezone.now() - timedelta(hours=1)
     )
-    jobs.get_connection().delete("rq:queue:whatsapp-send")
+    conn = jobs.get_connection()
+    conn.delete("rq:queue:whatsapp-send", *conn.scan_iter("crm:fair:whatsapp-send:*"))  # the jobs lost
     assert services.reconcile_in_flight() == 3
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.SENT

@@ -82,7 +82,13 @@ def test_queue_stats_prints_the_same_counts(run_jobs, english):
     _populate(run_jobs)
     out = StringIO()
     call_command("queue_stats", "--json", stdout=out)
-    assert json.loads(out.getvalue()) == stats.queue_stats()
+    printed = json.loads(out.getvalue())
+    # The same counts, and each fair queue's tenants under the new key `tenants`.
+    assert {
+        q: {k: v for k, v in c.items() if k != "tenants"} for q, c in printed.items()
+    } == stats.queue_stats()
+    assert printed["erp-sync-queue"].keys() == set(stats.STATES)
+    assert set(printed["email-send"]["tenants"]) == {"ready", "tenants", "other_waiting"}
     out = StringIO()
     call_command("queue_stats", stdout=out)
     lines = out.getvalue().splitlines()

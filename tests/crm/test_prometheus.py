@@ -142,6 +142,8 @@ def test_the_apps_families_follow_the_platforms_in_registration_order(client):
     families = [(f.name, f.type) for f in text_string_to_metric_families(response.content.decode())]
     assert families == [
         ("crm_queue_jobs", "gauge"),
+        ("crm_queue_tenant_waiting", "gauge"),
+        ("crm_queue_tenants_ready", "gauge"),
         ("crm_jobs", "counter"),
         ("crm_job_duration_seconds", "histogram"),
         ("crm_erp_sync_rows", "counter"),

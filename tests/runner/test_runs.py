@@ -7,7 +7,7 @@ import pytest
 from django.core.management import call_command
 from django.db import connection
 
-from crm import jobs
+from crm import fairshare, jobs
 from runner import services
 from runner.models import Execution, ExecutionItem
 from tests.runner.conftest import processed
@@ -52,11 +52,11 @@ def test_items_fan_out_on_the_priority_queue_of_their_trigger(py_handler, org):
 
     tasks.execution_run(Execution.objects.get().pk)
     conn = jobs.get_connection()
-    queued = [jobs.fetch_job(j.decode()) for j in conn.lrange("rq:queue:items-p2", 0, -1)]  # manual = 2
+    queued = [jobs.fetch_job(j) for j in fairshare.queued_ids(conn, "items-p2")]  # manual = 2
     # An in-process handler's single items travel in groups: every item is in exactly one job.
     ids = [i for job in queued if job for i in job.kwargs["item_ids"]]
     assert sorted(ids) == sorted(ExecutionItem.objects.values_list("id", flat=True)) and len(ids) == 3
-    assert conn.llen("rq:queue:items-p5") == 0
+    assert fairshare.queued_ids(conn, "items-p5") == []
 
 
 def test_an_item_failing_twice_succeeds_on_its_third_attempt(py_handler, org, run_jobs, fast):
@@ -173,13 +173,13 @@ def test_a_run_larger_than_a_minute_of_its_tenants_limit_is_fed_one_slice_at_a_t
     )
     execution.refresh_from_db()
     # Only the first slice (600/60 = 10 items, one group job) is queued; the feeder waits its turn.
-    assert conn.llen("rq:queue:items-p3") == 1
+    assert len(fairshare.queued_ids(conn, "items-p3")) == 1
     assert execution.fed_through == first[9]
     assert conn.zscore("rq:scheduled:items-p3", f"runner-feed-{execution.pk}") is not None
     # Backpressure: while the slice fed is still pending, the feeder adds nothing.
     with pytest.raises(jobs.Defer):
         services.execution_feed(execution_id=execution.pk)
-    assert conn.llen("rq:queue:items-p3") == 1
+    assert len(fairshare.queued_ids(conn, "items-p3")) == 1
 
     # The feeder reads the limit at every slice: raised by the operator, the rest goes in one slice
     # (and the test does not wait the minute its 650 items are worth at 600/min).
@@ -213,7 +213,7 @@ def test_recovery_gives_a_paced_run_back_its_feeder_not_every_pending_item(py_ha
     conn.flushdb()  # Redis loses everything
 
     recovery.recover()
-    queued = [jobs.fetch_job(j.decode()) for j in conn.lrange("rq:queue:items-p3", 0, -1)]
+    queued = [jobs.fetch_job(j) for j in fairshare.queued_ids(conn, "items-p3")]
     fed = [
         i for job in queued if job and job.func_name.endswith("items_process") for i in job.kwargs["item_ids"]
     ]
@@ -227,3 +227,42 @@ def test_recovery_gives_a_paced_run_back_its_feeder_not_every_pending_item(py_ha
     assert len(fed) == 10
     feeder = [job for job in queued if job and job.id == f"runner-feed-{execution.pk}"]
     assert len(feeder) == 1 and feeder[0].meta["organization_id"] == org.pk  # for its log line
+
+
+def test_a_small_tenants_run_is_served_beside_a_flooding_tenants_backlog_not_behind_it(integration, run_jobs):
+    from crm.models import Organization
+    from runner.models import Handler, RunnerSettings
+
+    big = Organization.objects.create(name="Grande", slug="big")
+    small = Organization.objects.create(name="Pequena", slug="small")
+    RunnerSettings.objects.create(organization=big, rate_limit_per_minute=60_000)  # queued at once
+    handler = Handler.objects.create(
+        integration=integration,
+        handler_key="shared",
+        direction="inbound",
+        kind=Handler.Kind.PYTHON,
+        callable_path="tests.runner.handlers",
+        organization=None,  # one handler serving every tenant
+    )
+    flood = services.events_store(
+        handler=handler,
+        organization_id=big.pk,
+        trigger="queue",
+        events=[{"external_id": f"big{i}", "payload": {}} for i in range(500)],
+    )
+    quiet = services.events_store(
+        handler=handler,
+        organization_id=small.pk,
+        trigger="queue",
+        events=[{"external_id": f"small{i}", "payload": {}} for i in range(10)],
+    )
+    assert flood is not None and quiet is not None
+    run_jobs(["items-p3"])
+    order = processed()
+    assert sorted(order) == sorted([f"big{i}" for i in range(500)] + [f"small{i}" for i in range(10)])
+    # The small tenant's items run in its first turn, beside the big tenant's first group of 10,
+    # not after the 500 queued ahead of them.
+    assert max(order.index(f"small{i}") for i in range(10)) < 30, order[:30]
+    for execution in (flood, quiet):
+        execution.refresh_from_db()
+        assert execution.status == Execution.Status.COMPLETED

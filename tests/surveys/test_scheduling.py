@@ -9,7 +9,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from crm import cron, jobs, queues, recovery
+from crm import cron, fairshare, jobs, queues, recovery
 from crm.models import Organization, Sale, Store
 from surveys import services
 from surveys.models import Survey
@@ -19,8 +19,7 @@ S = Survey.Status
 
 
 def _queued_job_ids() -> list[str]:
-    raw = jobs.get_connection().lrange(f"rq:queue:{queues.POST_SALE_SURVEY}", 0, -1)
-    return [v.decode() if isinstance(v, bytes) else v for v in raw]
+    return fairshare.queued_ids(jobs.get_connection(), queues.POST_SALE_SURVEY)
 
 
 def test_a_sale_created_with_the_orm_schedules_one_survey_due_n_days_later(shop: Shop):

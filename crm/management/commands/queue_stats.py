@@ -21,7 +21,10 @@ HEADINGS = {
 
 
 class Command(cli.CrmCommand):
-    help = "Per-queue counts: waiting, active, failed, completed, delayed (same as GET /admin/metrics)."
+    help = (
+        "Per-queue counts: waiting, active, failed, completed, delayed (same as GET /admin/metrics); "
+        "--json adds each fair queue's tenants with work waiting under `tenants`."
+    )
     needs = (cli.REDIS,)
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -42,7 +45,10 @@ class Command(cli.CrmCommand):
     def _frame(*, as_json: bool, indent: int | None = None) -> list[str]:
         data = stats.queue_stats()
         if as_json:
-            return [json.dumps(data, indent=indent)]
+            tenants: dict[str, Any] = {name: {**counts} for name, counts in data.items()}
+            for name, summary in stats.tenant_stats().items():
+                tenants[name]["tenants"] = summary
+            return [json.dumps(tenants, indent=indent)]
         width = max(len(q) for q in data)
         cell = max(9, *(len(str(HEADINGS[s])) for s in stats.STATES))
         header = f"{HEADINGS['queue']!s:<{width}}  " + "  ".join(

@@ -1,0 +1,434 @@
+"""Fair share per tenant on RQ: within a queue, tenants with work waiting are served in turn.
+
+A job enqueued with an organization (job.meta["organization_id"]) does not go on RQ's list of its
+queue but on that tenant's own list (`crm:fair:<queue>:t:<org>`), and the tenant joins the queue's
+ready set (`crm:fair:<queue>:ready`, a sorted set scored by virtual time). A worker takes its next
+job with one Lua script (`_PICK`): for each of its queues in priority order, the ready tenant with
+the lowest virtual time gives its head, which moves in the same script into RQ's intermediate
+list (RQ's "dequeued, not yet started" state), and the tenant's time advances by 1/weight (stride
+scheduling; weight per organization in `crm:fair:weights`, default 1). A tenant that joins the
+ready set starts BURST turns before the queue's current time, so it is served at once whatever
+the others' backlogs, and a small batch finishes in about its time alone. Jobs without a tenant
+(RQ's own list) take part as one more tenant, `_`. Priorities keep their meaning: a queue is
+served only when every queue before it in the worker's order is empty, across tenants too. A
+pick costs O(queues + log tenants).
+
+Nothing is lost or run twice when a worker dies between its pick and the job's start: the job is
+in the intermediate list; `FairIntermediateQueue.cleanup` (the registry sweep) puts a job still
+queued back at the head of its tenant after a minute, without spending an attempt. After a Redis
+flush the structure is gone with the jobs, and `manage.py recover` enqueues them again from
+PostgreSQL through the same path (the recoverers give each job its organization).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
+
+from django_rq.queues import DjangoRQ
+from redis import Redis, WatchError
+from rq import Queue
+from rq.exceptions import DequeueTimeout, DuplicateJobError, NoSuchJobError
+from rq.intermediate_queue import IntermediateQueue
+from rq.job import Job, JobStatus
+from rq.utils import as_text
+
+from crm import queues
+
+PREFIX = "crm:fair:"
+WEIGHTS = f"{PREFIX}weights"
+PLAIN = "_"  # the pseudo-tenant standing for RQ's own list of a queue (jobs without a tenant)
+WAKE_CAP = 16  # wake tokens kept per queue: enough to wake the idle workers, bounded
+# Turns a tenant that had nothing waiting may take ahead of the others (as Linux CFS credits a
+# task that slept): a small batch beside a flood finishes in about its time alone, while a
+# tenant that stays busy is served strictly in turn.
+BURST = 4
+MAX_STALE = 100  # deleted or canceled ids a pick skips before it gives up for this call
+
+
+def ready_key(queue: str) -> str:
+    return f"{PREFIX}{queue}:ready"
+
+
+def tenant_key(queue: str, tenant: object) -> str:
+    return f"{PREFIX}{queue}:t:{tenant}"
+
+
+def count_key(queue: str) -> str:
+    return f"{PREFIX}{queue}:n"
+
+
+def wake_key(queue: str) -> str:
+    return f"{PREFIX}{queue}:wake"
+
+
+# KEYS: ready, tenant list, virtual time, count, wake, weights. ARGV: tenant, job id, at_front,
+# wake cap, burst. A tenant joining the ready set starts `burst` turns before the queue's virtual
+# time: never more (an idle tenant banks nothing beyond it), so it is served at once.
+_PUSH = """
+if ARGV[3] == '1' then redis.call('LPUSH', KEYS[2], ARGV[2]) else redis.call('RPUSH', KEYS[2], ARGV[2]) end
+redis.call('INCR', KEYS[4])
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+  local start = tonumber(redis.call('GET', KEYS[3]) or '0') - tonumber(ARGV[5])
+  redis.call('ZADD', KEYS[1], string.format('%.17g', start), ARGV[1])
+end
+if redis.call('LLEN', KEYS[5]) < tonumber(ARGV[4]) then redis.call('RPUSH', KEYS[5], '1') end
+return 1
+"""
+
+# KEYS: weights. ARGV: prefix, max stale, burst, then the queue names in priority order.
+# Returns {queue, job id, tenant} or nil. The id moves to RQ's intermediate list in this script.
+_PICK = """
+local P = ARGV[1]
+local function stride(t)
+  local w = tonumber(redis.call('HGET', KEYS[1], t) or '1') or 1
+  if w <= 0 then w = 1 end
+  return 1 / w
+end
+local stale = 0
+for i = 4, #ARGV do
+  local q = ARGV[i]
+  local ready = P .. q .. ':ready'
+  local vt = P .. q .. ':vt'
+  local plain = 'rq:queue:' .. q
+  if redis.call('LLEN', plain) > 0 and not redis.call('ZSCORE', ready, '_') then
+    local start = tonumber(redis.call('GET', vt) or '0') - tonumber(ARGV[3])
+    redis.call('ZADD', ready, string.format('%.17g', start), '_')
+  end
+  while true do
+    local head = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
+    if #head == 0 then break end
+    local t, score = head[1], tonumber(head[2])
+    local src = plain
+    if t ~= '_' then src = P .. q .. ':t:' .. t end
+    local id = redis.call('LPOP', src)
+    if id and t ~= '_' then redis.call('DECR', P .. q .. ':n') end
+    if redis.call('LLEN', src) == 0 then
+      redis.call('ZREM', ready, t)
+    else
+      redis.call('ZADD', ready, string.format('%.17g', score + stride(t)), t)
+    end
+    if score > tonumber(redis.call('GET', vt) or '0') then
+      redis.call('SET', vt, string.format('%.17g', score))  -- never backwards (a burst's credit)
+    end
+    if id then
+      if redis.call('HGET', 'rq:job:' .. id, 'status') == 'queued' then
+        redis.call('RPUSH', plain .. ':intermediate', id)
+        return {q, id, t}
+      end
+      stale = stale + 1
+      if stale >= tonumber(ARGV[2]) then return nil end
+    end
+  end
+end
+return nil
+"""
+
+_scripts: dict[str, Any] = {}
+
+
+def _script(connection: Any, source: str) -> Any:
+    # One Script per source: it is always called with an explicit client (a connection or a
+    # pipeline), so the client it was first registered on does not matter.
+    script = _scripts.get(source)
+    if script is None:
+        script = _scripts[source] = connection.register_script(source)
+    return script
+
+
+def job_tenant(job: Job) -> str | None:
+    """The tenant a job is served as: its organization, or None (RQ's own list)."""
+    org = (job.meta or {}).get("organization_id")
+    return None if org is None else str(org)
+
+
+def push(connection: Any, *, queue: str, tenant: str, job_id: str, at_front: bool = False) -> None:
+    """Put a job id at the tail (or head) of its tenant's list on `queue` (a pipeline works too)."""
+    script = _script(connection, _PUSH)
+    script(
+        keys=[
+            ready_key(queue),
+            tenant_key(queue, tenant),
+            f"{PREFIX}{queue}:vt",
+            count_key(queue),
+            wake_key(queue),
+            WEIGHTS,
+        ],
+        args=[tenant, job_id, "1" if at_front else "0", WAKE_CAP, BURST],
+        client=connection,
+    )
+
+
+def pick(connection: Redis, queue_names: Sequence[str]) -> tuple[str, str, str] | None:
+    """The next job of these queues (priority order), tenants in turn: (queue, job id, tenant),
+    already moved to the queue's intermediate list; None when every queue is empty."""
+    result = _script(connection, _PICK)(
+        keys=[WEIGHTS], args=[PREFIX, MAX_STALE, BURST, *queue_names], client=connection
+    )
+    if not result:
+        return None
+    queue, job_id, tenant = (as_text(x) for x in result)
+    return queue, job_id, tenant
+
+
+def wait_for_work(connection: Redis, queue_names: Sequence[str], timeout: int) -> bool:
+    """Block up to `timeout` s until a producer signals work on one of these queues."""
+    return connection.blpop([wake_key(q) for q in queue_names], timeout) is not None
+
+
+def set_weight(connection: Redis, organization_id: int, weight: int) -> None:
+    """An organization's share of turns (default 1): weight 2 is served twice as often."""
+    if weight == 1:
+        connection.hdel(WEIGHTS, str(organization_id))
+    else:
+        connection.hset(WEIGHTS, str(organization_id), max(int(weight), 1))
+
+
+def waiting(connection: Redis, queue_names: Iterable[str]) -> dict[str, int]:
+    """Jobs waiting in the tenants' lists per queue (RQ's own list is counted by RQ)."""
+    names = list(queue_names)
+    with connection.pipeline(transaction=False) as pipe:
+        for q in names:
+            pipe.get(count_key(q))
+        return {q: max(int(v or 0), 0) for q, v in zip(names, pipe.execute(), strict=True)}
+
+
+def tenant_counts(connection: Redis, queue: str, *, limit: int = 1000) -> list[tuple[str, int]]:
+    """(tenant, waiting) of up to `limit` ready tenants of a queue, most waiting first; the plain
+    list counts as tenant `_`. Bounded: one ZRANGE and `limit` LLENs in one round trip."""
+    tenants = [as_text(t) for t in cast(list[bytes], connection.zrange(ready_key(queue), 0, limit - 1))]
+    with connection.pipeline(transaction=False) as pipe:
+        for t in tenants:
+            pipe.llen(f"rq:queue:{queue}" if t == PLAIN else tenant_key(queue, t))
+        counts = pipe.execute()
+    rows = [(t, int(c)) for t, c in zip(tenants, counts, strict=True) if c]
+    return sorted(rows, key=lambda r: (-r[1], r[0]))
+
+
+def ready_tenants(connection: Redis, queue: str) -> int:
+    return int(connection.zcard(ready_key(queue)))
+
+
+class FairIntermediateQueue(IntermediateQueue):
+    """RQ's intermediate list, swept differently: a job taken by a worker that died before it
+    started (still `queued`, not in the started registry, seen there for a minute) goes back to
+    the head of its tenant's list with its attempts untouched; RQ would fail or retry it."""
+
+    def cleanup(self, worker: Any, queue: Queue) -> None:
+        for job_id in self.get_job_ids():
+            if job_id in queue.started_job_registry:
+                continue
+            if self.set_first_seen(job_id) or not self.should_be_cleaned_up(job_id):
+                continue
+            try:
+                job: Job | None = Job.fetch(job_id, connection=self.connection, serializer=queue.serializer)
+            except NoSuchJobError:
+                job = None
+            with self.connection.pipeline() as pipe:
+                pipe.lrem(self.key, 1, job_id)
+                pipe.delete(self.get_first_seen_key(job_id))
+                if job is not None and job.get_status(refresh=False) == JobStatus.QUEUED:
+                    assert isinstance(queue, FairQueue)
+                    queue.push_job(job, pipe, at_front=True)
+                pipe.execute()
+
+
+class FairQueue(DjangoRQ):
+    """An RQ queue whose jobs with an organization wait in per-tenant lists, served in turn
+    (settings.RQ's QUEUE_CLASS: every queue of the project, the django-rq dashboard's too)."""
+
+    def push_job(self, job: Job, pipeline: Any, *, at_front: bool = False) -> None:
+        """Push a saved job: to its tenant's list on a fair queue, else to RQ's list."""
+        tenant = job_tenant(job) if queues.is_fair(self.name) else None
+        if tenant is None:
+            self.push_job_id(job.id, pipeline=pipeline, at_front=at_front)
+            pipeline.rpush(wake_key(self.name), "1")
+            pipeline.ltrim(wake_key(self.name), 0, WAKE_CAP - 1)
+        else:
+            push(pipeline, queue=self.name, tenant=tenant, job_id=job.id, at_front=at_front)
+
+    def _enqueue_async_job(
+        self, job: Job, pipeline: Any = None, at_front: bool = False, unique: bool = False
+    ) -> Job:
+        # RQ's own, with the push through push_job; `unique` checked under WATCH of the job key so
+        # two producers of one id cannot both push it.
+        is_deferred = job.get_status(refresh=False) == JobStatus.DEFERRED
+        self._prepare_for_queue(job)
+        if unique:
+            self._enqueue_unique(job, at_front=at_front)
+            return job
+        pipe = pipeline if pipeline is not None else self.connection.pipeline()
+        if is_deferred:
+            self.deferred_job_registry.remove(job, pipeline=pipe)
+        self._persist_job(job, pipe)
+        self.push_job(job, pipe, at_front=at_front)
+        if pipeline is None:
+            pipe.execute()
+        return job
+
+    def _enqueue_unique(self, job: Job, *, at_front: bool) -> None:
+        with self.connection.pipeline() as pipe:
+            try:
+                pipe.watch(job.key)
+                if pipe.exists(job.key):
+                    raise DuplicateJobError(f"Job with ID '{job.id}' already exists")
+                pipe.multi()
+                self._persist_job(job, pipe)
+                self.push_job(job, pipe, at_front=at_front)
+                pipe.execute()
+            except WatchError:
+                raise DuplicateJobError(f"Job with ID '{job.id}' already exists") from None
+
+    @property
+    def intermediate_queue(self) -> IntermediateQueue:
+        return FairIntermediateQueue(self.key, connection=self.connection)
+
+    @property
+    def count(self) -> int:
+        """Waiting jobs: RQ's own list and the tenants' lists."""
+        return int(self.connection.llen(self.key)) + waiting(self.connection, [self.name])[self.name]
+
+    @classmethod
+    def dequeue_any(
+        cls,
+        queues: Iterable[Queue],
+        timeout: int | None,
+        connection: Redis,
+        job_class: type[Job] | None = None,
+        serializer: Any = None,
+        death_penalty_class: Any = None,
+    ) -> tuple[Job, Queue] | None:
+        """The next job, tenants in turn within each queue (see the module docstring); with a
+        timeout, blocks on the producers' wake signal until work comes or it runs out."""
+        by_name = {q.name: q for q in queues}
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            picked = pick(connection, list(by_name))
+            if picked is None:
+                if deadline is None:
+                    return None
+                left = deadline - time.monotonic()
+                if left <= 0 or not wait_for_work(connection, list(by_name), max(int(left + 0.999), 1)):
+                    raise DequeueTimeout(timeout, list(by_name))
+                continue
+            name, job_id, _tenant = picked
+            queue = by_name[name]
+            try:
+                job = queue.job_class.fetch(job_id, connection=connection, serializer=queue.serializer)
+            except NoSuchJobError:
+                connection.lrem(queue.intermediate_queue_key, 1, job_id)
+                continue
+            return job, queue
+
+
+def queued_ids(connection: Redis, queue: str, *, limit: int = 1000) -> list[str]:
+    """Ids waiting on a queue, RQ's own list first, then each ready tenant's (up to `limit` each)."""
+    tenants = [as_text(t) for t in cast(list[bytes], connection.zrange(ready_key(queue), 0, -1))]
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.lrange(f"rq:queue:{queue}", 0, limit - 1)
+        for t in tenants:
+            if t != PLAIN:
+                pipe.lrange(tenant_key(queue, t), 0, limit - 1)
+        return [as_text(i) for ids in pipe.execute() for i in ids]
+
+
+# KEYS: ready, tenant list, count. ARGV: tenant, job id. Removes the id from the tenant's list.
+_REMOVE = """
+local n = redis.call('LREM', KEYS[2], 1, ARGV[2])
+if n > 0 then
+  redis.call('DECRBY', KEYS[3], n)
+  if redis.call('LLEN', KEYS[2]) == 0 then redis.call('ZREM', KEYS[1], ARGV[1]) end
+end
+return n
+"""
+
+# KEYS: ready, tenant list, count. ARGV: how many, job key prefix, tenant. Pops up to ARGV[1] ids
+# of one tenant and deletes their jobs (the queue page's "empty").
+_DRAIN = """
+local ids = redis.call('LPOP', KEYS[2], tonumber(ARGV[1]))
+if not ids then redis.call('ZREM', KEYS[1], ARGV[3]) return 0 end
+for _, id in ipairs(ids) do
+  redis.call('DEL', ARGV[2] .. id, ARGV[2] .. id .. ':dependents', ARGV[2] .. id .. ':dependencies',
+             'rq:results:' .. id)
+end
+redis.call('DECRBY', KEYS[3], #ids)
+if redis.call('LLEN', KEYS[2]) == 0 then redis.call('ZREM', KEYS[1], ARGV[3]) end
+return #ids
+"""
+
+
+def remove(connection: Redis, queue: str, job: Job) -> bool:
+    """Take a waiting job off its tenant's list; False if it is not there (a worker took it).
+    (RQ's own delete and cancel only leave its id behind: a pick skips ids whose job is not
+    queued; this keeps the counts exact too.)"""
+    tenant = job_tenant(job)
+    if tenant is None:
+        return False
+    keys = [ready_key(queue), tenant_key(queue, tenant), count_key(queue)]
+    return bool(_script(connection, _REMOVE)(keys=keys, args=[tenant, job.id], client=connection))
+
+
+def drain(connection: Redis, queue: str, limit: int, *, batch: int = 1000) -> int:
+    """Delete up to `limit` waiting jobs of the tenants' lists, tenant after tenant; how many."""
+    done = 0
+    while done < limit:
+        tenants = [as_text(t) for t in cast(list[bytes], connection.zrange(ready_key(queue), 0, 99))]
+        tenants = [t for t in tenants if t != PLAIN]
+        if not tenants:
+            break
+        for tenant in tenants:
+            keys = [ready_key(queue), tenant_key(queue, tenant), count_key(queue)]
+            args = [min(batch, limit - done), "rq:job:", tenant]
+            done += int(_script(connection, _DRAIN)(keys=keys, args=args, client=connection))
+            if done >= limit:
+                break
+    return done
+
+
+def waiting_page(connection: Redis, queue: str, start: int, stop: int) -> list[str]:
+    """Ids at positions [start, stop) of the tenants' lists, tenant after tenant in the order they
+    are served next (at most the first 1,000 tenants: a page, not an export)."""
+    tenants = [
+        t
+        for t in (as_text(x) for x in cast(list[bytes], connection.zrange(ready_key(queue), 0, 999)))
+        if t != PLAIN
+    ]
+    with connection.pipeline(transaction=False) as pipe:
+        for t in tenants:
+            pipe.llen(tenant_key(queue, t))
+        lengths = pipe.execute()
+    ids: list[str] = []
+    offset = 0
+    for tenant, length in zip(tenants, lengths, strict=True):
+        lo, hi = max(start - offset, 0), min(stop - offset, length)
+        if lo < hi:
+            ids += [as_text(i) for i in connection.lrange(tenant_key(queue, tenant), lo, hi - 1)]
+        offset += length
+        if offset >= stop:
+            break
+    return ids
+
+
+def tenant_summary(connection: Redis, queue: str, *, top: int = 10, scan: int = 1000) -> dict[str, Any]:
+    """The operators' view of a queue's tenants: how many have work waiting (`ready`), the `top`
+    by waiting jobs with their share of turns (weight over the ready tenants' weights), and what
+    the rest hold (`other_waiting`). Bounded: reads at most `scan` tenants."""
+    rows = tenant_counts(connection, queue, limit=scan)
+    ready = ready_tenants(connection, queue)
+    weights = connection.hmget(WEIGHTS, [t for t, _ in rows]) if rows else []
+    weight = {t: max(int(w or 1), 1) for (t, _), w in zip(rows, weights, strict=True)}
+    total_weight = sum(weight.values()) + max(ready - len(rows), 0)
+    listed = rows[:top]
+    return {
+        "ready": ready,
+        "tenants": [
+            {
+                "organization_id": None if t == PLAIN else int(t),
+                "waiting": n,
+                "share": round(weight[t] / total_weight, 4) if total_weight else 0.0,
+            }
+            for t, n in listed
+        ],
+        "other_waiting": sum(n for _, n in rows[top:]),
+    }
