@@ -263,3 +263,25 @@ def aiohttp_errors() -> tuple[type[BaseException], ...]:
     import aiohttp
 
     return (TimeoutError, aiohttp.ClientError)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_guard_leaves_no_database_session_open_in_a_helper_thread(settings):
+    """The trusted origins are read wherever a connection is checked, also in threads no request or
+    job ever closes (an event loop's executor, the email senders' pool): those keep no session."""
+    import threading
+
+    from django.db import connection
+
+    settings.ALLOW_PRIVATE_OUTBOUND_URLS = False
+    outbound.trust_origin("http://127.0.0.1:9")  # forgets the cached origins: the next check reads them
+    seen: list[object] = []
+
+    def check() -> None:
+        seen.append(outbound.trusted_host("127.0.0.1", 9))
+        seen.append(connection.connection)
+
+    thread = threading.Thread(target=check)
+    thread.start()
+    thread.join(timeout=60)
+    assert seen == [True, None]
