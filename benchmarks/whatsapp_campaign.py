@@ -301,11 +301,11 @@ def ensure_history(org: Organization, rows: int) -> float:
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (campaign_id, organization_id, customer_id, batch, token, queued_at, "  # noqa: S608
-            "status, error_reason, sent_at, attempts, phone, wa_id, cost) "
+            "status, error_reason, sent_at, attempts, phone, wa_id, cost, cost_currency) "
             "SELECT (%s::bigint[])[k], %s, CASE WHEN c < %s THEN (%s::bigint[])[c + 1] ELSE %s + c END, 0, "
             "left(md5(random()::text || c || '-' || k), 22), t, "
             "(ARRAY['sent', 'delivered', 'read'])[1 + c %% 3], "
-            "'', t, 1, '', '', 0 FROM generate_series(0, %s) AS c, generate_series(1, %s) AS k, "
+            "'', t, 1, '', '', 0, '' FROM generate_series(0, %s) AS c, generate_series(1, %s) AS k, "
             "LATERAL (SELECT now() - random() * interval '90 days' + (c * 0) * interval '1 s' AS t) AS at",
             [
                 [c.pk for c in campaigns],

@@ -113,7 +113,10 @@ for i = 4, #ARGV do
       redis.call('SET', vt, string.format('%.17g', score))  -- never backwards (a burst's credit)
     end
     if id then
-      if redis.call('HGET', 'rq:job:' .. id, 'status') == 'queued' then
+      -- queued; or a hash without a status (another writer's, maybe unreadable: the worker fails
+      -- it with the reason). Deleted (no hash) and canceled ids are skipped.
+      local st = redis.call('HGET', 'rq:job:' .. id, 'status')
+      if st == 'queued' or (not st and redis.call('EXISTS', 'rq:job:' .. id) == 1) then
         redis.call('RPUSH', plain .. ':intermediate', id)
         return {q, id, t}
       end
@@ -319,6 +322,11 @@ class FairQueue(DjangoRQ):
             except NoSuchJobError:
                 connection.lrem(queue.intermediate_queue_key, 1, job_id)
                 continue
+            except Exception as exc:
+                # A hash RQ cannot load: as RQ's own dequeue does, the job and queue travel with the
+                # error, so the worker fails that job (crm.worker) instead of dying of it.
+                exc.job_id, exc.queue = job_id, queue  # type: ignore[attr-defined]
+                raise
             return job, queue
 
 

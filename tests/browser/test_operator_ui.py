@@ -157,7 +157,8 @@ def test_a_new_operator_reads_the_pages_right(stack: Stack, new_page: Callable[.
     # The WhatsApp campaign: "Now" states, cost in reais, a time axis in the organization's zone.
     page.goto(f"/admin/campaigns/campaign/{whatsapp_id}/change/")
     expect(page.locator("#live-now caption")).to_be_visible()
-    expect(page.locator("#live-status [data-field=cost]")).to_have_text(re.compile(r"^R\$\s?\d+,\d{2}$"))
+    # The cost in the rate card's currency (the sandbox's card is in US dollars), never as reais.
+    expect(page.locator("#live-status [data-field=cost]")).to_have_text(re.compile(r"^US\$\s?\d+,\d{2}\b"))
     expect(page.locator("fieldset.channel-email")).to_have_count(0)
     expect(page.locator("#campaign-chart-events canvas")).to_have_count(1)
     screenshot(page, "ui-campaign-now-and-money")
@@ -191,7 +192,7 @@ def test_a_new_operator_reads_the_pages_right(stack: Stack, new_page: Callable[.
     page.goto(f"/admin/crm/organization/{org_id}/dashboard/")
     expect(page.locator("#dashboard-reached")).to_be_visible()
     cost = page.locator(f"#dashboard-campaigns tr[data-campaign='{whatsapp_id}'] td[data-money=cost]")
-    expect(cost).to_have_text(re.compile(r"^R\$\s?\d+,\d{2}$"))
+    expect(cost).to_have_text(re.compile(r"^US\$\s?\d+,\d{2}\b"))  # the rate card's currency
     chart = json.loads(page.locator("#organization-chart-data").inner_text())
     assert chart["whatsapp_sent"][-1] == DEMO_CUSTOMERS  # today, the window's last day
     expect(page.locator("#organization-chart-sent canvas")).to_have_count(1)

@@ -81,11 +81,11 @@ def _write_history(org: Organization, campaign: Campaign, *, customers: int, per
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} (campaign_id, organization_id, customer_id, batch, token, queued_at, "  # noqa: S608
-            "status, error_reason, sent_at, attempts, phone, wa_id, cost) "
+            "status, error_reason, sent_at, attempts, phone, wa_id, cost, cost_currency) "
             "SELECT CASE WHEN k = 0 THEN %s ELSE 1000000 + k END, %s, c, 0, "
             "left(md5(c || '-' || k), 22), now(), "
             "CASE WHEN k = 0 THEN 'queued' ELSE 'sent' END, '', "
-            "CASE WHEN k = 0 THEN NULL ELSE now() - (k * interval '90 days' / %s) END, 0, '', '', 0 "
+            "CASE WHEN k = 0 THEN NULL ELSE now() - (k * interval '90 days' / %s) END, 0, '', '', 0, '' "
             "FROM generate_series(1, %s) AS c, generate_series(0, %s) AS k",
             [campaign.pk, org.pk, per_customer, customers, per_customer],
         )

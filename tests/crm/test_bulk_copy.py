@@ -47,7 +47,7 @@ def test_fields_not_given_get_their_defaults(db):
         None,
         "",
         "",
-        True,
+        False,  # consent is never assumed: the model default
         None,
     )
     assert ana.created_at and ana.updated_at and bia.created_at >= ana.created_at
@@ -94,7 +94,7 @@ def test_insert_select_writes_the_rows_a_query_makes_with_the_other_fields_defau
     copies = Customer.objects.filter(organization=org, erp_id__startswith="copy-").order_by("erp_id")
     assert [(c.erp_id, c.name) for c in copies] == [("copy-E0", "ANA 0"), ("copy-E1", "ANA 1")]
     first = copies[0]
-    assert (first.email, first.phone, first.marketing_consent) == ("", "", True) and first.updated_at
+    assert (first.email, first.phone, first.marketing_consent) == ("", "", False) and first.updated_at
     with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(bulk.insert_select(Customer, fields, made)[0], [*params, org.pk, "E2"])
 
