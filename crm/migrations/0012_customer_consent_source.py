@@ -7,12 +7,13 @@ from django.db import migrations, models
 
 
 def legacy_consent(apps, schema_editor):
-    """Consent held before its source was kept is not invented away nor made up: it stays, marked
-    "legacy", with the time it had (none for customers who got it as the old default)."""
+    """Consent recorded before its source was kept stays, marked "legacy", with its time (a sign-up
+    form's, the demo's). Consent without any time was the old default of every customer created
+    without one (the ERP sync, the admin): no legal basis was ever recorded, so it is not kept."""
     Customer = apps.get_model("crm", "Customer")
-    Customer.objects.filter(marketing_consent=True, marketing_consent_source="").update(
-        marketing_consent_source="legacy"
-    )
+    given = Customer.objects.filter(marketing_consent=True, marketing_consent_source="")
+    given.filter(consent_at__isnull=True).update(marketing_consent=False)
+    given.filter(consent_at__isnull=False).update(marketing_consent_source="legacy")
 
 
 class Migration(migrations.Migration):
