@@ -79,3 +79,56 @@ def sale_saved(sender: type[Sale], instance: Sale, created: bool, raw: bool = Fa
             sale_ids=[instance.pk],
             created_ids=[instance.pk] if created else [],
         )
+
+
+# --- Customer events -------------------------------------------------------------------------
+# Facts about one customer that automation reacts to, announced by the app that saw them: a
+# WhatsApp reply (conversations), a tracked link clicked (campaigns), a survey answered (surveys),
+# a customer created (crm, the ERP sync), a segment entered (campaigns' segments). The emitter
+# calls `customer_events` inside the transaction that recorded the fact, so a consumer's writes
+# (the flows app's enrollments) commit or roll back with it: an event is acted on once, never lost.
+
+CUSTOMER_EVENT_KINDS = frozenset(
+    {"whatsapp_reply", "link_clicked", "survey_answered", "customer_created", "segment_entered"}
+)
+
+
+@dataclass(frozen=True)
+class CustomerEvent:
+    """One fact about a customer. `data` holds plain values only, per kind:
+    whatsapp_reply {"text", "number_id", "message_id", "campaign_id"?}; link_clicked {"campaign_id",
+    "link_id"}; survey_answered {"survey_id", "score"}; customer_created {}; segment_entered
+    {"segment"}. `key` identifies the fact for deduplication (e.g. the reply's wamid)."""
+
+    kind: str
+    organization_id: int
+    customer_id: int
+    at: Any  # an aware datetime
+    key: str = ""
+    data: dict[str, Any] | None = None
+
+
+EventsConsumer = Callable[[Sequence[CustomerEvent]], int]
+
+_EVENT_CONSUMERS: dict[str, tuple[int, EventsConsumer]] = {}
+
+
+def on_customer_events(name: str, consumer: EventsConsumer, *, order: int = 0) -> None:
+    """Register `consumer` (returns how many things it did) under `name`; by ascending `order`."""
+    _EVENT_CONSUMERS[name] = (order, consumer)
+
+
+def off_customer_events(name: str) -> None:
+    _EVENT_CONSUMERS.pop(name, None)
+
+
+def customer_events(events: Sequence[CustomerEvent]) -> dict[str, int]:
+    """Tell every consumer about these events (one call per batch: a bulk path passes them all at
+    once); returns each consumer's count by name. Call it inside the recording transaction."""
+    unknown = {e.kind for e in events} - CUSTOMER_EVENT_KINDS
+    if unknown:
+        raise ValueError(f"unknown customer event kind(s): {sorted(unknown)}")
+    names = sorted(_EVENT_CONSUMERS, key=lambda n: (_EVENT_CONSUMERS[n][0], n))
+    if not events:
+        return {name: 0 for name in names}
+    return {name: _EVENT_CONSUMERS[name][1](events) for name in names}
