@@ -277,6 +277,8 @@ class Customer(models.Model):
     # (created here, or a placeholder for a customer a synced sale refers to).
     erp_trans_id = models.BigIntegerField(_("ERP trans_id"), null=True, blank=True)
     erp_registered_at = models.DateTimeField(_("registered in the ERP at"), null=True, blank=True)
+    # A customer date automation reacts to (flows' `date` trigger, audience filters by birthday month).
+    birth_date = models.DateField(_("birth date"), null=True, blank=True)
     # LGPD: marketing needs a recorded legal basis, so consent is "not given" until a source that
     # carries one sets it (crm.services.customers_consent_set), with its source, time and who.
     marketing_consent = models.BooleanField(_("marketing consent"), default=False)
