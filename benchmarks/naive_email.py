@@ -16,10 +16,11 @@ import smtplib
 from django.db.models import F
 from django.utils import timezone
 
-from campaigns import email_render, email_sending, links
+from campaigns import email_sending, links
 from campaigns.models import CampaignMetric, EmailMessage
 from integrations.email.smtp import CONNECT_TIMEOUT
 from integrations.models import EmailSettings
+from messaging import email_render, email_transport
 
 
 def send_one(message_id: int) -> None:
@@ -38,7 +39,7 @@ def send_one(message_id: int) -> None:
         open_pixel_url=links.link_url("o", message),
     )
     address = message.customer.email.strip()
-    mime = email_sending.build_message(
+    mime = email_transport.build_message(
         email_settings=email_settings,
         to_name=message.customer.name,
         to_address=address,

@@ -29,7 +29,6 @@ from campaigns.models import (
     Channel,
     CustomerSegment,
     EmailMessage,
-    EmailSuppression,
     SegmentMovement,
     WhatsappMessage,
 )
@@ -491,8 +490,8 @@ class CampaignAdmin(TenantAdmin):
 
     def _email_preview(self, obj: Campaign) -> str:
         """The email as the first recipient will see it (links not yet tracked), or the compile error."""
-        from campaigns import email_render
         from campaigns.email_sending import compiled_email, variables_for
+        from messaging import email_render
 
         customer = selectors.campaign_audience(campaign=obj).order_by("pk").first()
         if customer is None:
@@ -790,19 +789,6 @@ class EmailMessageAdmin(BigTableAdmin):
     def reason(self, obj: EmailMessage) -> str:
         """Why it was not delivered: the server's bounce, or why it was skipped or failed."""
         return obj.bounce_message or obj.error_reason
-
-
-@admin.register(EmailSuppression)
-class EmailSuppressionAdmin(TenantAdmin):
-    list_display = ("email", "organization", "reason", "detail", "created_at")
-    list_select_related = ("organization",)
-    list_filter = ("reason", "organization")
-    search_fields = ("=email",)
-    show_full_result_count = False
-
-    def save_model(self, request: HttpRequest, obj: EmailSuppression, form, change: bool) -> None:
-        obj.email = obj.email.strip().lower()
-        super().save_model(request, obj, form, change)
 
 
 @admin.register(CampaignMetric)

@@ -29,17 +29,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import smtplib
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from email.headerregistry import Address
-from email.message import EmailMessage as MimeMessage
-from email.utils import format_datetime, make_msgid
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -48,7 +43,7 @@ from django.db import transaction
 from django.db.models import F, Min, Q
 from django.utils import timezone
 
-from campaigns import caps, email_render, links, services
+from campaigns import caps, links, services
 from campaigns.models import (
     OUTCOME_UNKNOWN,
     BounceType,
@@ -56,20 +51,19 @@ from campaigns.models import (
     CampaignMetric,
     Channel,
     EmailMessage,
-    EmailSuppression,
 )
 from campaigns.variables import customer_variables
 from crm import bulk, ratelimit
 from crm.jobs import Defer
 from crm.models import Customer, Organization
 from crm.services import organizations_pause
-from integrations.email import esp, pool
-from integrations.email.bounces import Failure, SmtpFailure, classify_exception
-from integrations.email.smtp import OutcomeUnknown, SmtpServer
+from integrations.email import esp
+from integrations.email.bounces import Failure
+from integrations.email.smtp import SmtpServer
 from integrations.models import EmailSettings
-from integrations.text import fold_whitespace
-from messaging import decisions
+from messaging import decisions, email_render, pacing, suppression
 from messaging.decisions import Verdict
+from messaging.email_transport import Delivery, build_message, deliver, email_transport
 
 logger = logging.getLogger(__name__)
 
@@ -91,117 +85,9 @@ def compiled_email(campaign: Campaign) -> email_render.CompiledEmail:
     return _compile(campaign.email_subject, campaign.email_body, campaign.email_body_format)
 
 
-def smtp_server(email_settings: EmailSettings) -> SmtpServer:
-    """The organization's server with its password decrypted in memory (never in a payload or log)."""
-    return SmtpServer(
-        host=email_settings.host,
-        port=email_settings.port,
-        security=email_settings.security,
-        username=email_settings.username,
-        password=email_settings.get_password(),
-    )
-
-
-def esp_account(email_settings: EmailSettings) -> esp.EspAccount:
-    """The organization's ESP account with its API key decrypted in memory (never in a payload or log)."""
-    return esp.EspAccount(
-        provider=email_settings.provider,
-        api_key=email_settings.get_esp_api_key(),
-        api_url=email_settings.esp_api_url,
-    )
-
-
-def email_transport(email_settings: EmailSettings) -> SmtpServer | esp.EspAccount:
-    """Where `deliver` hands the organization's messages: its SMTP server or its ESP account."""
-    if email_settings.provider == EmailSettings.Provider.SMTP:
-        return smtp_server(email_settings)
-    return esp_account(email_settings)
-
-
 def variables_for(customer: Customer, *, store_name: str, unsubscribe_url: str = "") -> dict[str, str]:
     """An email's variables: the template variables (campaigns.variables) and its unsubscribe link."""
     return {**customer_variables(customer, store_name=store_name), "unsubscribe_url": unsubscribe_url}
-
-
-def build_message(
-    *,
-    email_settings: EmailSettings,
-    to_name: str,
-    to_address: str,
-    rendered: email_render.RenderedEmail,
-    unsubscribe_url: str = "",
-) -> MimeMessage:
-    """A multipart/alternative message (text + HTML) with the RFC 8058 one-click headers."""
-    message = MimeMessage()
-    message["From"] = Address(email_settings.sender_name, addr_spec=email_settings.sender_email)
-    # A name with a line break (typed, or from an ERP) would make the header invalid and fail the job.
-    message["To"] = Address(fold_whitespace(to_name), addr_spec=to_address)
-    message["Subject"] = rendered.subject
-    message["Date"] = format_datetime(timezone.now())
-    message["Message-ID"] = make_msgid(domain=email_settings.sender_email.rpartition("@")[2] or None)
-    if unsubscribe_url:
-        targets = [f"<{unsubscribe_url}>"]
-        if email_settings.unsubscribe_mailto:
-            targets.append(f"<mailto:{email_settings.unsubscribe_mailto}?subject=unsubscribe>")
-        message["List-Unsubscribe"] = ", ".join(targets)
-        message["List-Unsubscribe-Post"] = "List-Unsubscribe=One-Click"
-    message.set_content(rendered.text)
-    message.add_alternative(rendered.html, subtype="html")
-    return message
-
-
-@dataclass
-class Delivery:
-    """What happened to one message handed to the server."""
-
-    reply: str = ""
-    failure: SmtpFailure | None = None
-    unknown: str = ""  # the connection broke after the hand-over
-    message_id: str = ""  # the ESP's id for the message (its tracking webhooks name it so)
-    transient: str = ""  # the ESP cannot take it now (429, 5xx, unreachable): nothing was sent
-    retry_after: float | None = None  # with `transient`: seconds the ESP asked to wait (Retry-After)
-    unsendable: str = ""  # the message could not be built (an invalid header): it never will be
-
-
-def deliver(
-    server: SmtpServer | esp.EspAccount,
-    build: Callable[[], MimeMessage],
-    *,
-    bulk: bool = True,
-    ready: Callable[[], bool] | None = None,
-) -> Delivery | None:
-    """Send over the process's pooled connection (or the ESP's API) and classify what was answered.
-    `bulk`: marketing mail (the ESP's broadcast stream); False for a one-off message. `ready`: called
-    right before the hand-over, once the connection is open (see pool.send); when it answers False
-    nothing is sent and None is returned."""
-    if isinstance(server, esp.EspAccount):
-        if ready is not None and not ready():
-            return None
-        result = esp.send(
-            provider=server.provider,
-            api_key=server.api_key,
-            api_url=server.api_url,
-            message=build(),
-            bulk=bulk,
-        )
-        return Delivery(
-            reply=result.reply,
-            failure=result.failure,
-            unknown=result.unknown,
-            message_id=result.message_id,
-            transient=result.transient,
-            retry_after=result.retry_after,
-        )
-    try:
-        reply = pool.send(server, build, idle_check=settings.EMAIL_CONNECTION_IDLE_CHECK, ready=ready)
-        return None if reply is None else Delivery(reply=reply)
-    except OutcomeUnknown as exc:
-        return Delivery(unknown=str(exc))
-    except (smtplib.SMTPException, OSError) as exc:
-        failure = classify_exception(exc)
-        if failure.kind is Failure.SENDER:
-            pool.discard(server)
-        return Delivery(failure=failure)
 
 
 @dataclass
@@ -344,11 +230,8 @@ def chunk_eligible(*, campaign: Campaign, ids: list[int]) -> tuple[list[EmailMes
     or with an invalid address. A message whose customer is gone is skipped on the spot."""
     messages = list(EmailMessage.objects.filter(id__in=ids).select_related("customer").order_by("id"))
     services.skip_without_customer(model=EmailMessage, campaign_id=campaign.pk, ids=ids, found=messages)
-    addresses = {m.customer.email.strip().lower() for m in messages}
-    suppressed = set(
-        EmailSuppression.objects.filter(
-            organization_id=campaign.organization_id, email__in=addresses
-        ).values_list("email", flat=True)
+    suppressed = suppression.suppressed_addresses(
+        organization_id=campaign.organization_id, addresses=[m.customer.email for m in messages]
     )
     capped = caps.skip_reasons(
         campaign=campaign, customer_ids=[m.customer_id for m in messages], now=timezone.now()
@@ -372,7 +255,7 @@ def _skip_reason(m: EmailMessage, *, suppressed: set[str], capped: dict[int, str
     if not m.customer.can_receive_email:
         return "customer opted out or has no address"
     if m.email.lower() in suppressed:
-        return "address suppressed (an earlier hard bounce or complaint)"
+        return suppression.SUPPRESSED
     if m.customer_id in capped:
         return capped[m.customer_id]
     try:
@@ -427,7 +310,7 @@ def chunk_send(
 
         def on_time() -> bool:
             # The organization's rate, in Redis: shared by every worker and process.
-            slot = ratelimit.reserve(f"email:{org.pk}", 1, per_second)
+            slot = ratelimit.reserve(pacing.email_key(org.pk), 1, per_second)
             if slot.start > 0:
                 stop.wait(slot.start)
             return not stop.is_set()
@@ -544,18 +427,7 @@ def chunk_apply(campaign: Campaign, chunk: ChunkPlan, counts: Counter[str]) -> N
             skipped=F("skipped") + len(chunk.skipped),
         )
         if chunk.suppress:
-            EmailSuppression.objects.bulk_create(
-                [
-                    EmailSuppression(
-                        organization_id=campaign.organization_id,
-                        email=address,
-                        reason=EmailSuppression.Reason.HARD_BOUNCE,
-                        detail=detail,
-                    )
-                    for address, detail in chunk.suppress
-                ],
-                ignore_conflicts=True,
-            )
+            suppression.addresses_suppress(organization_id=campaign.organization_id, entries=chunk.suppress)
     counts.update(
         sent=len(chunk.sent),
         bounced=len(chunk.bounced),

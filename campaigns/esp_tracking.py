@@ -33,10 +33,12 @@ from django.db.models import F
 from django.utils import timezone
 
 from campaigns import links
-from campaigns.models import BounceType, CampaignMetric, EmailMessage, EmailSuppression
+from campaigns.models import BounceType, CampaignMetric, EmailMessage
 from crm.models import OptOutSource
 from crm.services import customers_opt_out
 from integrations.email.bounces import Failure, classify_esp_bounce, esp_event_markers
+from messaging import suppression
+from messaging.models import EmailSuppression
 
 logger = logging.getLogger(__name__)
 
@@ -143,16 +145,8 @@ def _customer_opt_out(message: EmailMessage) -> bool:
 def _suppress(message: EmailMessage, reason: str, detail: str) -> None:
     if not message.email:
         return
-    EmailSuppression.objects.bulk_create(
-        [
-            EmailSuppression(
-                organization_id=message.organization_id,
-                email=message.email.strip().lower(),
-                reason=reason,
-                detail=detail[:2000],
-            )
-        ],
-        ignore_conflicts=True,  # an address already suppressed keeps its first reason
+    suppression.addresses_suppress(
+        organization_id=message.organization_id, entries=[(message.email, detail)], reason=reason
     )
 
 

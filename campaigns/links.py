@@ -42,7 +42,7 @@ def link_targets(*, campaign: Campaign) -> dict[str, object]:
     WhatsApp button's redirect URL and, for emails, the body's tracked links in order."""
     targets: list[str] = []
     if campaign.channel == Channel.EMAIL:
-        from campaigns import email_render
+        from messaging import email_render
 
         try:
             targets = list(

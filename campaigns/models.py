@@ -594,36 +594,6 @@ class EmailMessage(CampaignMessage):
         ]
 
 
-class EmailSuppression(models.Model):
-    """An address the organization never emails again (a hard bounce, a complaint, an operator)."""
-
-    class Reason(models.TextChoices):
-        HARD_BOUNCE = "hard_bounce", _("hard bounce")
-        COMPLAINT = "complaint", _("spam complaint")
-        MANUAL = "manual", _("added by an operator")
-
-    organization = models.ForeignKey(
-        Organization,
-        on_delete=models.CASCADE,
-        related_name="email_suppressions",
-        verbose_name=_("organization"),
-    )
-    email = models.EmailField(_("address"))  # stored lower-cased
-    reason = models.CharField(_("reason"), max_length=20, choices=Reason.choices)
-    detail = models.TextField(_("detail"), blank=True, default="")
-    created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
-
-    class Meta:
-        verbose_name = _("email suppression")
-        verbose_name_plural = _("email suppressions")
-        constraints = [
-            models.UniqueConstraint(fields=["organization", "email"], name="email_suppression_unique"),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.email} ({self.reason})"
-
-
 class CustomerSegment(models.Model):
     """A customer's RFM segment in one daily snapshot (see campaigns.segments for the rules)."""
 

@@ -18,7 +18,6 @@ from campaigns.models import (
     Channel,
     CustomerSegment,
     EmailMessage,
-    EmailSuppression,
     SaleAttribution,
     WhatsappMessage,
 )
@@ -26,6 +25,7 @@ from crm.models import Customer, Sale
 from crm.money import DEFAULT_CURRENCY, cost_estimate, format_cost
 from integrations.models import WhatsappNumber
 from integrations.services import whatsapp_price_currency
+from messaging.models import EmailSuppression
 
 COUNT_KEYS = (
     "queued",

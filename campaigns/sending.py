@@ -48,7 +48,7 @@ from integrations.services import whatsapp_numbers_pause, whatsapp_price_currenc
 from integrations.whatsapp.client import GraphClient, SendResult, TemplateMessage, UrlButton
 from integrations.whatsapp.parameters import template_text
 from integrations.whatsapp.phones import normalize_phone, phone_region
-from messaging import decisions
+from messaging import decisions, pacing
 from messaging.decisions import Verdict
 
 logger = logging.getLogger(__name__)
@@ -326,7 +326,7 @@ def _pace_horizon(lanes: list[_Lane]) -> float:
     paced = [lane for lane in lanes if lane.number.messages_per_second]
     if len(paced) < 2:
         return window
-    waits = ratelimit.free_in([f"wa:{lane.number.pk}" for lane in paced])
+    waits = ratelimit.free_in([pacing.whatsapp_key(lane.number.pk) for lane in paced])
     done = [
         wait + len(lane.items) / lane.number.messages_per_second
         for wait, lane in zip(waits, paced, strict=True)
@@ -340,7 +340,7 @@ def _prepare(lane: _Lane, *, within: float) -> None:
     lane.token = number.get_access_token()
     lane.client = graph_client(number.graph_url or settings.WHATSAPP_GRAPH_URL)
     lane.slots = ratelimit.reserve(
-        f"wa:{number.pk}", len(lane.items), number.messages_per_second, within=within
+        pacing.whatsapp_key(number.pk), len(lane.items), number.messages_per_second, within=within
     )
 
 

@@ -106,8 +106,8 @@ def campaign_validate(*, campaign: Campaign) -> None:
 
 
 def _validate_email(campaign: Campaign) -> None:
-    from campaigns import email_render
     from integrations.models import EmailSettings
+    from messaging import email_render
 
     email_settings = EmailSettings.objects.filter(organization_id=campaign.organization_id).first()
     if email_settings is None:

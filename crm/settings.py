@@ -101,6 +101,7 @@ INSTALLED_APPS = [
     "django_rq",
     "anymail",  # the ESPs' tracking webhooks (campaigns.esp_tracking) and its system checks
     "axes",  # failed admin logins throttled per account and per address
+    "messaging",  # how anything is sent: below the apps that send
     "campaigns",
     "integrations",
     "erp",

@@ -25,7 +25,6 @@ from django.db.models.functions import Coalesce
 from django.template.loader import render_to_string
 from django.utils import timezone, translation
 
-from campaigns.models import EmailSuppression
 from crm import aio, hooks, jobs, queues, ratelimit, recovery
 from crm.jobs import Defer
 from crm.models import Customer, OptOutSource, Organization, Sale
@@ -36,16 +35,16 @@ from integrations.models import EmailSettings, WhatsappNumber
 from integrations.services import whatsapp_numbers_pause
 from integrations.whatsapp.client import SendResult, TemplateMessage, UrlButton
 from integrations.whatsapp.phones import normalize_phone
-from messaging import decisions
+from messaging import decisions, email_transport, pacing, suppression
 from messaging.decisions import Verdict
+from messaging.email_render import RenderedEmail
+from messaging.email_transport import Delivery
 from surveys import links
 from surveys.models import COMMENT_MAX, OUTCOME_UNKNOWN, SCORE_MAX, SCORE_MIN, Survey
 
 if TYPE_CHECKING:
     from email.message import EmailMessage as MimeMessage
 
-    from campaigns.email_render import RenderedEmail
-    from campaigns.email_sending import Delivery
     from integrations.email.esp import EspAccount
     from integrations.email.smtp import SmtpServer
 
@@ -245,8 +244,6 @@ def survey_answer(*, survey: Survey, score: int, comment: str) -> bool:
 
 def render_survey_email(survey: Survey) -> RenderedEmail:
     """The survey email (Portuguese): subject, HTML and text bodies with the survey's https link."""
-    from campaigns.email_render import RenderedEmail
-
     context = {
         "first_name": first_name(survey.customer.name or ""),
         "organization": survey.organization.name,
@@ -281,11 +278,6 @@ def survey_send(*, survey_id: int) -> str:
         )
         return "cancelled"
     _defer_if_paused(org, survey.channel)
-    if survey.channel == Channel.EMAIL:
-        # Imported before the claim: a broken deploy fails the job while the survey is still
-        # SCHEDULED, so the dispatch sends it once fixed.
-        from campaigns import email_render, email_sending  # noqa: F401
-
     with transaction.atomic():
         # One survey of a customer at a time: a second one waits here, then sees the first as
         # sending (or sent) and is skipped by the cool-down.
@@ -339,10 +331,8 @@ def _email_skip_reason(survey: Survey) -> str:
         validate_email(address)
     except ValidationError:
         return f"invalid email address {address!r}"
-    if EmailSuppression.objects.filter(
-        organization_id=survey.organization_id, email=address.lower()
-    ).exists():
-        return "address suppressed (an earlier hard bounce or complaint)"
+    if suppression.suppressed_addresses(organization_id=survey.organization_id, addresses=[address]):
+        return suppression.SUPPRESSED
     return ""
 
 
@@ -446,19 +436,17 @@ def _failed_attempt_on_error(survey: Survey) -> Iterator[None]:
 
 def _send_email(survey: Survey) -> str:
     """Hand the survey email to the organization's SMTP server or ESP, at its rate; record the outcome."""
-    from campaigns import email_sending
-
     email_settings, server, message = _email_prepared(survey)
 
     def on_time() -> bool:
         # The slot is taken once the connection is open, so connecting never eats into it.
         with _failed_attempt_on_error(survey):
-            key, per_second = f"email:{survey.organization_id}", email_settings.messages_per_minute / 60
-            _wait_for_slot(key, per_second, survey)
+            per_second = email_settings.messages_per_minute / 60
+            _wait_for_slot(pacing.email_key(survey.organization_id), per_second, survey)
         return True
 
     # bulk=False: one message about the customer's purchase, not a broadcast
-    outcome = email_sending.deliver(server, lambda: message, bulk=False, ready=on_time)
+    outcome = email_transport.deliver(server, lambda: message, bulk=False, ready=on_time)
     assert outcome is not None  # `on_time` never answers no (it raises Defer instead)
     return _email_outcome(survey, outcome)
 
@@ -466,8 +454,6 @@ def _send_email(survey: Survey) -> str:
 def _email_prepared(survey: Survey) -> tuple[EmailSettings, SmtpServer | EspAccount, MimeMessage]:
     """The organization's email settings read fresh, its transport (SMTP server or ESP, credentials
     decrypted in memory) and the message. Defers, the organization's email paused, without settings."""
-    from campaigns import email_sending
-
     with _failed_attempt_on_error(survey):
         email_settings = EmailSettings.objects.filter(organization_id=survey.organization_id).first()
         if email_settings is None:
@@ -476,8 +462,8 @@ def _email_prepared(survey: Survey) -> tuple[EmailSettings, SmtpServer | EspAcco
             )
             _release(survey)
             raise Defer(PAUSED_DELAY, "organization has no email settings")
-        server = email_sending.email_transport(email_settings)
-        message = email_sending.build_message(
+        server = email_transport.email_transport(email_settings)
+        message = email_transport.build_message(
             email_settings=email_settings,
             to_name=survey.customer.name,
             to_address=survey.customer.email.strip(),
@@ -532,16 +518,8 @@ def _email_refused(survey: Survey, decision: decisions.Decision) -> str:
         _fail(survey, f"soft bounce: {text}")
     else:
         _fail(survey, f"hard bounce: {text}")
-        EmailSuppression.objects.bulk_create(
-            [
-                EmailSuppression(
-                    organization_id=survey.organization_id,
-                    email=survey.customer.email.strip().lower(),
-                    reason=EmailSuppression.Reason.HARD_BOUNCE,
-                    detail=text[:2000],
-                )
-            ],
-            ignore_conflicts=True,
+        suppression.addresses_suppress(
+            organization_id=survey.organization_id, entries=[(survey.customer.email, text)]
         )
     return "failed"
 
@@ -573,7 +551,7 @@ def _send_whatsapp(survey: Survey) -> str:
     with _failed_attempt_on_error(survey):
         token = number.get_access_token()  # fresh, decrypted in memory only
         client = graph_client(number.graph_url or settings.WHATSAPP_GRAPH_URL)
-        _wait_for_slot(f"wa:{number.pk}", number.messages_per_second, survey)
+        _wait_for_slot(pacing.whatsapp_key(number.pk), number.messages_per_second, survey)
     result = aio.run(
         client.send_template(
             phone_number_id=number.phone_number_id,

@@ -16,11 +16,12 @@ from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
 from campaigns import links, selectors, services
-from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage, EmailSuppression
+from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage
 from crm.models import Customer, Organization, Store
 from integrations.email import pool
 from integrations.email.smtp_sandbox import SmtpSandbox
 from integrations.models import EmailSettings
+from messaging.models import EmailSuppression
 from tests.campaigns.test_fanout import check_a_message_whose_customer_was_deleted_is_skipped
 from tests.conftest import redis_keys_holding
 
@@ -547,7 +548,7 @@ def test_a_bad_smtp_argument_is_a_clear_error(transactional_db):
 
 def test_smtplib_sees_the_same_session_reused(em, smtp):
     """The pool hands back the same authenticated session while it is alive."""
-    from campaigns.email_sending import smtp_server
+    from messaging.email_transport import smtp_server
 
     server = smtp_server(EmailSettings.objects.get(pk=em["settings"].pk))
     first = pool.connection(server)
@@ -620,7 +621,7 @@ def test_the_admin_previews_the_email_and_shows_live_counts(em, smtp, run_jobs):
     assert status["counts"]["sent"] == 2 and status["progress"] == 1.0
     listing = client.get("/admin/campaigns/emailmessage/").content.decode()
     assert listing.count("c0@example.com.br") == 1
-    assert client.get("/admin/campaigns/emailsuppression/").status_code == 200
+    assert client.get("/admin/messaging/emailsuppression/").status_code == 200
 
 
 def test_a_scheduled_email_campaign_is_started_by_its_trigger(em, smtp, run_jobs, redis_db):

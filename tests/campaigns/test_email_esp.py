@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from campaigns import inbox as campaign_inbox
 from campaigns import links, selectors, services
-from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage, EmailSuppression
+from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage
 from crm import inbox, jobs, promote, queues, recovery
 from crm.models import Customer, InboxEvent, Organization, Store
 from integrations.email import esp
@@ -38,6 +38,7 @@ from integrations.email.esp_sandbox import (
     subscription_change_event,
 )
 from integrations.models import EmailSettings
+from messaging.models import EmailSuppression
 from tests.campaigns.test_esp_intake import applied_from_inbox
 from tests.conftest import redis_keys_holding, wait_for
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from campaigns.email_sending import ATTEMPTS, Delivery, chunk_classify
+from campaigns.email_sending import ATTEMPTS, chunk_classify
 from campaigns.models import OUTCOME_UNKNOWN, BounceType, EmailMessage
 from integrations.email.bounces import Failure, SmtpFailure
+from messaging.email_transport import Delivery
 
 NOW = datetime(2026, 1, 5, 12, 0, tzinfo=UTC)
 

@@ -24,12 +24,13 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from campaigns import inbox as campaign_inbox
-from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, EmailSuppression
+from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage
 from crm import inbox, intake
 from crm.models import Customer, InboxEvent, Organization
 from integrations.email import tracking
 from integrations.email.esp_sandbox import bounce_event
 from integrations.models import EmailSettings
+from messaging.models import EmailSuppression
 from tests.crm.test_intake import HOSTILE, json_values
 
 S = EmailMessage.Status

@@ -33,13 +33,13 @@ from campaigns.models import (
     CampaignMetric,
     CustomerSegment,
     EmailMessage,
-    EmailSuppression,
     WhatsappMessage,
 )
 from crm import jobs, queues, tenancy
 from crm.models import Customer, InboxEvent, JobRun, Membership, Organization, Sale, Store
 from erp.models import ErpConnection, ErpSyncIssue
 from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, WhatsappPrice
+from messaging.models import EmailSuppression
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
 from surveys.models import Survey
 

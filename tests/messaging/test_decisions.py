@@ -11,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from campaigns.email_sending import ATTEMPTS as EMAIL_ATTEMPTS
-from campaigns.email_sending import Delivery, chunk_classify
+from campaigns.email_sending import chunk_classify
 from campaigns.models import EmailMessage
 from campaigns.sending import ATTEMPTS, Outcome, batch_classify
 from integrations.email.bounces import Failure, SmtpFailure
@@ -20,6 +20,7 @@ from integrations.whatsapp.client import SendResult
 from integrations.whatsapp.errors import BY_CODE, classify
 from messaging import decisions
 from messaging.decisions import Verdict
+from messaging.email_transport import Delivery
 
 CODES = st.one_of(st.none(), st.sampled_from(sorted(BY_CODE)), st.integers(-5, 140_000))
 STATUSES = st.one_of(st.none(), st.sampled_from([200, 400, 401, 403, 404, 408, 425, 429, 500, 502, 503]))

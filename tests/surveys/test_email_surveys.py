@@ -8,11 +8,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from campaigns.models import EmailSuppression
 from crm import cron, jobs, queues, ratelimit
 from crm.models import Organization
 from integrations.email.smtp_sandbox import SmtpSandbox, Stage
 from integrations.models import EmailSettings
+from messaging import pacing
+from messaging.models import EmailSuppression
 from surveys import links, services
 from surveys.models import OUTCOME_UNKNOWN, Survey
 from tests.surveys.conftest import SENDER, Shop, reload
@@ -317,7 +318,7 @@ def test_a_rate_slot_far_ahead_defers_the_survey_without_spending_an_attempt(
     email_shop: Shop, smtp: SmtpSandbox, run_jobs
 ):
     EmailSettings.objects.filter(organization=email_shop.org).update(messages_per_minute=60)
-    ratelimit.reserve(f"email:{email_shop.org.pk}", 120, 1.0)  # a campaign booked the next 2 minutes
+    ratelimit.reserve(pacing.email_key(email_shop.org.pk), 120, 1.0)  # a campaign booked the next 2 minutes
     survey = email_shop.due_survey(email_shop.ana)
 
     _send_due(run_jobs)

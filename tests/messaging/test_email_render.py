@@ -1,4 +1,4 @@
-"""campaigns.email_render: compiling operators' subjects and MJML/HTML bodies, rendering them per recipient
+"""messaging.email_render: compiling operators' subjects and MJML/HTML bodies, rendering them per recipient
 (variables, tracked links, open pixel, text part). Pure: real mrml and Django templates, no database."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import time
 import mrml
 import pytest
 
-from campaigns.email_render import (
+from messaging.email_render import (
     VARIABLES,
     CompiledEmail,
     RenderedEmail,
@@ -232,7 +232,7 @@ def test_template_error_is_a_value_error() -> None:
 def test_the_engine_itself_knows_no_tags_or_other_filters() -> None:
     from django.template import Context, TemplateSyntaxError
 
-    from campaigns.email_render import _ENGINE
+    from messaging.email_render import _ENGINE
 
     for source in ("{% load static %}", "{% include 'x.html' %}", "{% if 1 %}{% endif %}", "{{ x|safe }}"):
         with pytest.raises(TemplateSyntaxError):

@@ -1,4 +1,4 @@
-"""Campaign emails: the operator's subject and MJML/HTML body compiled once per campaign, then rendered
+"""Emails: an operator's subject and MJML/HTML body compiled once (per campaign), then rendered
 for each recipient (variables, tracked links, open pixel and a plain-text alternative).
 
 Pure: no database, no network, no filesystem. `compile_email` does all the slow work (MJML to HTML,
