@@ -46,7 +46,7 @@ django.setup()
 from benchmarks import runner_common as rc  # noqa: E402
 from crm import fairshare, jobs  # noqa: E402
 from crm.models import Organization  # noqa: E402
-from runner import services  # noqa: E402
+from runner import events, executions  # noqa: E402
 from runner.models import DEFAULT_TENANT_LIMIT, Execution, ExecutionItem, Handler  # noqa: E402
 
 TARGET = 2.0
@@ -71,7 +71,7 @@ class Case:
 
 def b_completion(handler: Handler, tenant_b: int, n: int, *, timeout: float) -> float:
     start = time.monotonic()
-    b = services.events_store(
+    b = events.events_store(
         handler=handler, organization_id=tenant_b, trigger="queue", events=rc.events("b", n)
     )
     assert b is not None  # events without ids are never duplicates
@@ -97,17 +97,17 @@ def with_backlog(
     rc.org(a.slug, rate_limit_per_minute=case.limit)
     limit = case.limit or DEFAULT_TENANT_LIMIT
     t0 = time.monotonic()
-    backlog = services.events_store(
+    backlog = events.events_store(
         handler=handler, organization_id=a.pk, trigger="queue", events=rc.events("a", args.a_items)
     )
     assert backlog is not None
     case.stored = time.monotonic() - t0
     backlog.refresh_from_db()
     if backlog.fed_through is not None:
-        size = max(limit // services.PACE_SLICES, 1)
+        size = max(limit // executions.PACE_SLICES, 1)
         case.how = (
             f"paced: more than a minute of its limit, fed a slice of {size:,} items every "
-            f"{60 / services.PACE_SLICES:.0f} s, at most one slice queued"
+            f"{60 / executions.PACE_SLICES:.0f} s, at most one slice queued"
         )
     else:
         case.how = f"not paced: within a minute of its limit, all {args.a_items:,} items queued at once"

@@ -29,7 +29,7 @@ from benchmarks import runner_common as rc  # noqa: E402
 from crm import jobs, workers  # noqa: E402
 from crm.models import Organization  # noqa: E402
 from integrations.runner.sandbox import HandlerSandbox  # noqa: E402
-from runner import services  # noqa: E402
+from runner import executions  # noqa: E402
 from runner.models import Execution, Handler, IntegrationType, RunnerSettings  # noqa: E402
 
 TARGET = 0.5
@@ -56,7 +56,7 @@ def noop_items(org: Organization, it: IntegrationType, n: int) -> float:
         },
     )
     jobs.get_connection().set("runner:test:produce", n)
-    execution = services.execution_start(handler=handler, organization_id=org.pk, trigger="manual")
+    execution = executions.execution_start(handler=handler, organization_id=org.pk, trigger="manual")
     workers.run_burst(["runs"], settle=0)
     start = time.monotonic()
     workers.run_burst(["items-p2"], settle=0)
@@ -89,9 +89,9 @@ def http_batch_items(org: Organization, it: IntegrationType, n: int, batch_size:
                 "batch_size": batch_size,
             },
         )
-        events = [{"external_id": f"h{i}", "payload": {"i": i}} for i in range(n)]
-        execution = services.events_store(
-            handler=handler, organization_id=org.pk, trigger="manual", events=events
+        produced = [{"external_id": f"h{i}", "payload": {"i": i}} for i in range(n)]
+        execution = events.events_store(
+            handler=handler, organization_id=org.pk, trigger="manual", events=produced
         )
         assert execution is not None  # events without ids are never duplicates
         start = time.monotonic()

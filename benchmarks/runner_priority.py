@@ -27,7 +27,7 @@ import django
 django.setup()
 
 from benchmarks import runner_common as rc  # noqa: E402
-from runner import services  # noqa: E402
+from runner import events  # noqa: E402
 from runner.models import ExecutionItem  # noqa: E402
 
 TARGET_P99 = 1.0
@@ -49,7 +49,7 @@ def main() -> int:
         f"{args.processes} worker processes"
     )
     t0 = time.monotonic()
-    backlog = services.events_store(
+    backlog = events.events_store(
         handler=handler,
         organization_id=tenant.pk,
         trigger="schedule",
@@ -61,7 +61,7 @@ def main() -> int:
         rc.wait_for(lambda: rc.items_started([backlog.pk]) > 0, timeout=60, what="the workers to start")
         hooks = []
         for i in range(args.webhooks):
-            hook = services.events_store(
+            hook = events.events_store(
                 handler=handler,
                 organization_id=tenant.pk,
                 trigger="webhook",

@@ -22,7 +22,7 @@ from django.views.decorators.http import require_POST
 from crm import jobs, resilience, tenancy
 from crm.tenancy import TenantAdmin
 from integrations.admin import https_urls, write_only_input
-from runner import dashboard, services
+from runner import dashboard, executions, operator
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
 
 
@@ -68,7 +68,7 @@ class IntegrationTypeAdmin(TenantAdmin):
     @admin.action(description=_("Close the circuit breaker now"), permissions=["operate"])
     def reset_circuit(self, request: HttpRequest, queryset: QuerySet[IntegrationType]) -> None:
         for it in queryset:
-            services.integration_reset_circuit(integration=it)
+            operator.integration_reset_circuit(integration=it)
         self.message_user(request, _("Circuit closed."), messages.SUCCESS)
 
     # The runner dashboard: one page over every handler, circuit and tenant (staff only: admin_view).
@@ -121,7 +121,7 @@ class IntegrationTypeAdmin(TenantAdmin):
         handler = get_object_or_404(handlers.get_queryset(request).select_related("integration"), pk=pk)
         if not handlers.has_change_permission(request, handler):
             raise PermissionDenied
-        services.handler_set_paused(handler=handler, paused=paused)
+        operator.handler_set_paused(handler=handler, paused=paused)
         text = _("Handler %(handler)s paused.") if paused else _("Handler %(handler)s resumed.")
         self.message_user(request, text % {"handler": handler}, messages.SUCCESS)
         return HttpResponseRedirect(reverse("admin:runner_dashboard") + f"#handler-{pk}")
@@ -130,7 +130,7 @@ class IntegrationTypeAdmin(TenantAdmin):
         if not self.has_change_permission(request):
             raise PermissionDenied
         integration = get_object_or_404(IntegrationType, pk=pk)
-        services.integration_reset_circuit(integration=integration)
+        operator.integration_reset_circuit(integration=integration)
         self.message_user(
             request, _("Circuit of %(integration)s closed.") % {"integration": integration}, messages.SUCCESS
         )
@@ -229,13 +229,13 @@ class HandlerAdmin(TenantAdmin):
     @admin.action(description=_("Pause the selected handlers"), permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[Handler]) -> None:
         for h in queryset:
-            services.handler_set_paused(handler=h, paused=True)
+            operator.handler_set_paused(handler=h, paused=True)
         self.message_user(request, _("Paused: their items wait and resume in order."), messages.SUCCESS)
 
     @admin.action(description=_("Resume the selected handlers"), permissions=["change"])
     def resume(self, request: HttpRequest, queryset: QuerySet[Handler]) -> None:
         for h in queryset:
-            services.handler_set_paused(handler=h, paused=False)
+            operator.handler_set_paused(handler=h, paused=False)
         self.message_user(request, _("Resumed."), messages.SUCCESS)
 
     @admin.action(description=_("Run now (manual trigger)"), permissions=["change"])
@@ -250,14 +250,14 @@ class HandlerAdmin(TenantAdmin):
                     messages.WARNING,
                 )
                 continue
-            services.execution_start(handler=h, organization_id=h.organization_id, trigger="manual")
+            executions.execution_start(handler=h, organization_id=h.organization_id, trigger="manual")
             started += 1
         if started:
             self.message_user(request, _("Runs started: %(n)d.") % {"n": started}, messages.SUCCESS)
 
     @admin.action(description=_("Replay the DLQ items of the selected handlers"), permissions=["change"])
     def replay_dlq(self, request: HttpRequest, queryset: QuerySet[Handler]) -> None:
-        n = sum(services.items_replay(item_ids=services.dlq_items(handler=h)) for h in queryset)
+        n = sum(operator.items_replay(item_ids=operator.dlq_items(handler=h)) for h in queryset)
         self.message_user(request, _("Items replayed: %(n)d.") % {"n": n}, messages.SUCCESS)
 
 
@@ -288,12 +288,12 @@ class ExecutionAdmin(TenantAdmin):
 
     @admin.action(description=_("Cancel (pending items are never processed)"), permissions=["change"])
     def cancel(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
-        n = sum(services.execution_cancel(execution=e) for e in queryset)
+        n = sum(operator.execution_cancel(execution=e) for e in queryset)
         self.message_user(request, _("Items cancelled: %(n)d.") % {"n": n}, messages.SUCCESS)
 
     @admin.action(description=_("Replay the DLQ items of the selected executions"), permissions=["change"])
     def replay_dlq(self, request: HttpRequest, queryset: QuerySet[Execution]) -> None:
-        n = sum(services.items_replay(item_ids=services.dlq_items(execution=e)) for e in queryset)
+        n = sum(operator.items_replay(item_ids=operator.dlq_items(execution=e)) for e in queryset)
         self.message_user(request, _("Items replayed: %(n)d.") % {"n": n}, messages.SUCCESS)
 
 
@@ -336,7 +336,7 @@ class ExecutionItemAdmin(TenantAdmin):
 
     @admin.action(description=_("Replay the selected DLQ items"), permissions=["change"])
     def replay(self, request: HttpRequest, queryset: QuerySet[ExecutionItem]) -> None:
-        n = services.items_replay(item_ids=queryset.values_list("id", flat=True))
+        n = operator.items_replay(item_ids=queryset.values_list("id", flat=True))
         self.message_user(
             request, ngettext("%(n)d item replayed.", "%(n)d items replayed.", n) % {"n": n}, messages.SUCCESS
         )

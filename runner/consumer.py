@@ -6,7 +6,7 @@ call, acknowledge it with one outcome per message. A message is acknowledged onl
 is committed: a consumer killed at any point leaves its unacknowledged messages to be redelivered.
 A redelivery of a stored message is recognised and acknowledged without being stored again: by
 its message_id, or, without one, by the hash of its body when the broker marks it redelivered
-(see `services.events_store`). A body is read as the HTTP intakes read theirs (`crm.intake.parse_json`:
+(see `events.events_store`). A body is read as the HTTP intakes read theirs (`crm.intake.parse_json`:
 UTF-8, nesting, numbers, NUL), after its content_encoding (gzip) is undone within
 RUNNER_AMQP_MAX_BYTES (`amqp.decoded_body`); a poison message is refused without requeue, so the
 broker dead-letters it (see `amqp.open_queue`) and the consumer goes on. A lost channel or
@@ -29,7 +29,7 @@ from redis.exceptions import RedisError
 from crm import intake
 from integrations.runner import amqp
 from integrations.runner.amqp import Message, Outcome
-from runner import conf, services
+from runner import conf, events
 from runner.models import Handler
 
 logger = logging.getLogger("runner.consume")
@@ -47,7 +47,7 @@ class Poison(ValueError):
 
 
 def event_of(message: Message, *, max_bytes: int = amqp.DEFAULT_MAX_BYTES) -> dict[str, Any]:
-    """The event a message carries (for `services.events_store`); raises Poison if it has none.
+    """The event a message carries (for `events.events_store`); raises Poison if it has none.
 
     The item's external id is the message_id, else the body's `id`. Only the message_id is the
     event's id (a body's `id` usually names a record, which may change again); a message without
@@ -61,7 +61,7 @@ def event_of(message: Message, *, max_bytes: int = amqp.DEFAULT_MAX_BYTES) -> di
     if message.message_id:
         event["event_id"] = message.message_id
     else:
-        event["content_id"] = services.content_key(message.body)
+        event["content_id"] = events.content_key(message.body)
         event["redelivered"] = message.redelivered
     return event
 
@@ -202,7 +202,7 @@ class BatchConsumer:
             return outcomes
         close_old_connections()
         try:
-            execution = services.events_store(
+            execution = events.events_store(
                 handler=self.handler,
                 organization_id=self.organization_id,
                 trigger="queue",
@@ -253,7 +253,7 @@ class BatchConsumer:
         for i, (message, event) in enumerate(zip(batch.kept, batch.events, strict=True)):
             close_old_connections()
             try:
-                execution = services.events_store(
+                execution = events.events_store(
                     handler=self.handler,
                     organization_id=self.organization_id,
                     trigger="queue",

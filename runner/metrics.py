@@ -7,7 +7,6 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 from redis import Redis
 
-from crm import prometheus
 from crm.resilience import snapshot
 from runner.models import ExecutionItem, IntegrationType
 
@@ -30,6 +29,3 @@ def collect_circuits_and_dlq(connection: Redis) -> Iterator[Metric]:
     # dlq_at is set with the failure and cleared by a replay: counted on its partial index.
     n = ExecutionItem.objects.filter(dlq_at__isnull=False).count()
     yield GaugeMetricFamily("crm_runner_dlq_items", "Runner items in the DLQ (not replayed).", value=n)
-
-
-prometheus.register_collector("runner.circuits_and_dlq", collect_circuits_and_dlq)

@@ -12,7 +12,7 @@ from crm.models import Organization
 from integrations.outbound import validate_outbound_url
 
 MAX_ATTEMPTS = 3  # every attempt counted, the first included (seed 000)
-# A longer event id is recorded as its SHA-256 (services.event_key), never cut.
+# A longer event id is recorded as its SHA-256 (runner.events.event_key), never cut.
 EVENT_ID_MAX = 200
 
 
@@ -250,13 +250,13 @@ class WebhookEvent(models.Model):
     """An event id seen by a handler for an organization (a webhook's event id, an AMQP message's
     id — SHA-256 of it past EVENT_ID_MAX —, or the SHA-256 of an id-less AMQP message's body): a
     provider's retry or a broker's redelivery of the same event is not stored again (see
-    services.events_store). Kept WEBHOOK_EVENT_KEEP (services), pruned by the runner-event-ids-prune
+    runner.events.events_store). Kept WEBHOOK_EVENT_KEEP (runner.events), pruned by the runner-event-ids-prune
     cron."""
 
     # No index of their own (a row is written per event with an id): the unique constraint leads
     # with the handler, and an organization's events are looked up only when it is deleted.
     # No database foreign keys: the webhook request writes this row alone, with the id its
-    # execution will have once a worker drains the inbox (services.webhook_receive), and the
+    # execution will have once a worker drains the inbox (runner.events.webhook_receive), and the
     # deferred checks would lock the same handler and organization rows for every concurrent
     # request. Deleting through Django still cascades (and sets execution to NULL).
     handler = models.ForeignKey(

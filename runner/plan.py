@@ -2,7 +2,7 @@
 
 `items_classify` turns the handler's answers into an `ItemsPlan` (which items succeed, which go
 back to pending for a retry and after what backoff, which go to the DLQ, which were never called);
-`runner.services.items_apply` writes that plan in one transaction.
+`runner.items.items_apply` writes that plan in one transaction.
 """
 
 from __future__ import annotations

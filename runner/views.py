@@ -12,7 +12,7 @@ from django.views.decorators.http import require_POST
 
 from crm import intake
 from crm.models import Organization
-from runner import cache, services
+from runner import cache, events
 from runner.models import Handler
 
 SIGNATURE_HEADER = "X-Runner-Signature"
@@ -62,7 +62,7 @@ def hook(request: HttpRequest, integration_key: str, handler_key: str) -> JsonRe
     # order updated twice is two events), so it labels the item and de-duplicates nothing.
     event_id = request.headers.get("X-Event-Id", "")
     external_id = event_id or (payload.get("id") if isinstance(payload, dict) else "")
-    execution_id, duplicate = services.webhook_receive(
+    execution_id, duplicate = events.webhook_receive(
         handler=handler,
         organization_id=organization_id,
         event_id=event_id,

@@ -22,7 +22,7 @@ from crm.models import Organization
 from crm.resilience import BreakerPolicy, Gate
 from erp import services as erp_services
 from integrations.millennium.sandbox import MillenniumSandbox
-from runner import services as runner_services
+from runner import operator
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType
 from tests.campaigns import conftest as campaign_world
 from tests.conftest import recorded, wait_for
@@ -251,7 +251,7 @@ def test_dlq_items_are_counted_until_replayed(client):
     )
     ExecutionItem.objects.create(execution=execution, external_id="ok", status="succeeded", finished_at=now)
     assert value(scrape(client), "crm_runner_dlq_items") == 3
-    assert runner_services.items_replay(item_ids=[failed[0].pk]) == 1
+    assert operator.items_replay(item_ids=[failed[0].pk]) == 1
     assert value(scrape(client), "crm_runner_dlq_items") == 2
 
 

@@ -10,7 +10,7 @@ from django.urls import reverse
 from crm import jobs, resilience
 from crm.models import Organization
 from crm.resilience import Admission
-from runner import cache, conf, services
+from runner import cache, conf, executions, items, operator
 from runner.models import Execution, Handler, IntegrationType, RunnerSettings
 
 URL = "/admin/runner/integrationtype/dashboard/"
@@ -23,7 +23,7 @@ def staff_client(client, transactional_db) -> Client:
 
 
 def _admit(handler: Handler, *, n: int = 1, tenant_limit: int = 1000, handler_limit: int = 0) -> Admission:
-    admission = services.gate().admit(
+    admission = items.gate().admit(
         integration_key=handler.integration.integration_key,
         handler_id=handler.pk,
         organization_id=handler.organization_id or 0,
@@ -40,7 +40,7 @@ def _admit(handler: Handler, *, n: int = 1, tenant_limit: int = 1000, handler_li
 def _fail(handler: Handler, times: int) -> None:
     """Calls that fail for the breaker, through the real Gate (as an item job reports them)."""
     for _ in range(times):
-        services.gate().finish(
+        items.gate().finish(
             _admit(handler),
             integration_key=handler.integration.integration_key,
             handler_id=handler.pk,
@@ -79,7 +79,7 @@ def test_an_open_circuit_shows_the_seconds_until_half_open_and_reset_closes_it(
 
     response = staff_client.post(reverse("admin:runner_dashboard_reset", args=[integration.pk]), follow=True)
     assert response.redirect_chain[0][0].startswith(URL)
-    assert services.gate().breaker_state("crm-x")["state"] == "closed"
+    assert items.gate().breaker_state("crm-x")["state"] == "closed"
     assert "Circuit of crm-x closed." in response.content.decode()
     row = _row(response.content.decode(), f"integration-{integration.pk}")
     assert 'data-state="closed"' in row and 'data-field="failures">0<' in row
@@ -165,7 +165,7 @@ def test_tenant_and_handler_windows_and_leases_show_what_was_admitted(staff_clie
     assert 'data-field="in-flight">2 / 10<' in handler
     assert 'data-field="rate">8 / 20<' in handler
 
-    services.gate().finish(held, integration_key="crm-x", handler_id=py_handler.pk, outcome="success")
+    items.gate().finish(held, integration_key="crm-x", handler_id=py_handler.pk, outcome="success")
     handler = _row(staff_client.get(URL).content.decode(), f"handler-{py_handler.pk}")
     assert 'data-field="in-flight">1 / 10<' in handler  # the lease is released, the window still counts
     assert 'data-field="rate">8 / 20<' in handler
@@ -174,7 +174,7 @@ def test_tenant_and_handler_windows_and_leases_show_what_was_admitted(staff_clie
 def test_executions_items_and_the_dlq_of_a_real_run(staff_client, py_handler, org, run_jobs, english):
     jobs.get_connection().set("runner:test:produce", 4)
     jobs.get_connection().sadd("runner:test:reject", "e1")
-    execution = services.execution_start(handler=py_handler, organization_id=org.pk, trigger="manual")
+    execution = executions.execution_start(handler=py_handler, organization_id=org.pk, trigger="manual")
     run_jobs()
     execution.refresh_from_db()
     assert (execution.status, execution.items_succeeded, execution.items_failed) == ("completed", 3, 1)
@@ -189,7 +189,7 @@ def test_executions_items_and_the_dlq_of_a_real_run(staff_client, py_handler, or
     assert reverse("admin:runner_execution_change", args=[execution.pk]) in recent
     assert 'data-status="completed"' in recent
 
-    services.items_replay(item_ids=services.dlq_items(handler=py_handler))  # back to pending
+    operator.items_replay(item_ids=operator.dlq_items(handler=py_handler))  # back to pending
     row = _row(staff_client.get(URL).content.decode(), f"handler-{py_handler.pk}")
     assert re.findall(r'<td class="num">(\d+)</td>', row) == ["1", "0", "3", "0", "0"]
     assert 'data-field="dlq">0<' in row
@@ -243,7 +243,7 @@ def test_anonymous_non_staff_and_staff_without_permissions_are_refused(py_handle
     assert clerk.post(pause).status_code == 404  # a member of no organization sees no handler
     assert clerk.post(reset).status_code == 403
     assert Handler.objects.get(pk=py_handler.pk).paused is False
-    assert services.gate().breaker_state("crm-x")["state"] == "open"
+    assert items.gate().breaker_state("crm-x")["state"] == "open"
 
 
 def _handlers(n: int, org: Organization) -> None:

@@ -1,12 +1,12 @@
 from __future__ import annotations
 
 from crm import jobs
-from runner import services
+from runner import events, items
 from runner.models import Execution, ExecutionItem
 
 
 def _events(handler, org, n: int) -> Execution:
-    execution = services.events_store(
+    execution = events.events_store(
         handler=handler,
         organization_id=org.pk,
         trigger="webhook",
@@ -59,14 +59,14 @@ def test_an_outage_opens_the_circuit_and_items_wait_without_spending_attempts(
     sandbox.fail_next(5, status=503)
     execution = _events(http_handler, org, 8)
     run_jobs(settle=0.5)
-    state = services.gate().breaker_state("crm-x")
+    state = items.gate().breaker_state("crm-x")
     assert state["state"] == "open"
     assert sandbox.calls["/process"] == 5  # nothing called once open
     assert not ExecutionItem.objects.filter(execution=execution, dlq_at__isnull=False).exists()
     run_jobs(settle=6)  # the circuit half-opens, the probes succeed, everything drains
     execution.refresh_from_db()
     assert (execution.status, execution.items_succeeded) == ("completed", 8)
-    assert services.gate().breaker_state("crm-x")["state"] == "closed"
+    assert items.gate().breaker_state("crm-x")["state"] == "closed"
     assert max(ExecutionItem.objects.values_list("attempts", flat=True)) <= 2
 
 
@@ -76,7 +76,7 @@ def test_a_4xx_is_permanent_and_goes_to_the_dlq(http_handler, org, sandbox, run_
     run_jobs()
     item = ExecutionItem.objects.get()
     assert item.status == "failed" and item.attempts == 1 and "unknown customer" in item.last_error
-    assert services.gate().breaker_state("crm-x")["state"] == "closed"
+    assert items.gate().breaker_state("crm-x")["state"] == "closed"
 
 
 def test_two_worker_processes_never_exceed_the_handlers_concurrency(

@@ -6,7 +6,7 @@ from typing import Any
 
 from crm import jobs, resilience
 from crm.resilience import BreakerPolicy, Gate
-from runner import cache, services, tasks
+from runner import cache, executions, operator, tasks
 from runner.models import ExecutionItem, Handler, RunnerSettings
 from tests.runner.conftest import processed
 
@@ -137,7 +137,7 @@ def test_items_over_the_tenant_limit_wait_without_spending_attempts(py_handler, 
     settings.RUNNER_TENANT_DEFER = 2.0
     tenant = RunnerSettings.objects.create(organization=org, rate_limit_per_minute=10)
     jobs.get_connection().set("runner:test:produce", 6)
-    execution = services.execution_start(handler=py_handler, organization_id=org.pk, trigger="manual")
+    execution = executions.execution_start(handler=py_handler, organization_id=org.pk, trigger="manual")
     tasks.execution_run(execution.pk)  # all six queued at once (under a minute of the limit)
     tenant.rate_limit_per_minute = 3  # then the limit drops below them
     tenant.save()
@@ -159,7 +159,7 @@ def test_items_over_the_handlers_rate_limit_wait_without_spending_attempts(
     py_handler.rate_limit_per_minute = 2
     py_handler.save()
     jobs.get_connection().set("runner:test:produce", 5)
-    services.execution_start(handler=py_handler, organization_id=org.pk, trigger="manual")
+    executions.execution_start(handler=py_handler, organization_id=org.pk, trigger="manual")
     run_jobs(settle=1.0)
     assert ExecutionItem.objects.filter(status="succeeded").count() == 2
     waiting = ExecutionItem.objects.filter(status="pending")
@@ -171,13 +171,13 @@ def test_a_paused_handler_keeps_its_items_waiting_and_resumes_them_in_order(
     py_handler, org, run_jobs, settings
 ):
     settings.RUNNER_PAUSE_DEFER = 1.0
-    services.handler_set_paused(handler=py_handler, paused=True)
+    operator.handler_set_paused(handler=py_handler, paused=True)
     jobs.get_connection().set("runner:test:produce", 5)
-    execution = services.execution_start(handler=py_handler, organization_id=org.pk, trigger="manual")
+    execution = executions.execution_start(handler=py_handler, organization_id=org.pk, trigger="manual")
     run_jobs(settle=0.5)
     assert processed() == []
     assert ExecutionItem.objects.filter(execution=execution, status="pending", attempts=0).count() == 5
-    services.handler_set_paused(handler=py_handler, paused=False)
+    operator.handler_set_paused(handler=py_handler, paused=False)
     run_jobs()
     assert processed() == [f"e{i}" for i in range(5)]
 
@@ -189,9 +189,9 @@ def test_a_pause_does_not_touch_other_handlers(py_handler, integration, org, run
         direction="inbound",
         callable_path="tests.runner.handlers",
     )
-    services.handler_set_paused(handler=py_handler, paused=True)
+    operator.handler_set_paused(handler=py_handler, paused=True)
     jobs.get_connection().set("runner:test:produce", 2)
-    services.execution_start(handler=other, organization_id=org.pk, trigger="manual")
+    executions.execution_start(handler=other, organization_id=org.pk, trigger="manual")
     run_jobs(settle=0.5)
     assert sorted(processed()) == ["e0", "e1"]
 

@@ -8,14 +8,14 @@ from django.core.management import call_command
 from django.db import connection
 
 from crm import fairshare, jobs
-from runner import services
+from runner import events, executions, items, operator
 from runner.models import Execution, ExecutionItem
 from tests.runner.conftest import processed
 
 
 def _run(handler, org, n: int) -> Execution:
     jobs.get_connection().set("runner:test:produce", n)
-    return services.execution_start(handler=handler, organization_id=org.pk, trigger="manual")
+    return executions.execution_start(handler=handler, organization_id=org.pk, trigger="manual")
 
 
 def test_a_manual_run_processes_every_item_and_completes_once(py_handler, org, run_jobs):
@@ -43,7 +43,7 @@ def test_a_worker_keeps_one_gate_and_one_lease_renewer_however_many_item_jobs_it
     execution.refresh_from_db()
     assert execution.status == Execution.Status.COMPLETED
     assert renewers() <= max(before, 1)
-    assert services.gate() is services.gate()
+    assert items.gate() is items.gate()
 
 
 def test_items_fan_out_on_the_priority_queue_of_their_trigger(py_handler, org):
@@ -123,7 +123,7 @@ def test_the_fan_in_completes_exactly_once_under_concurrent_completions(py_handl
     def complete_one() -> None:
         try:
             barrier.wait()
-            wins.append(services._settle(execution.pk, succeeded=1))
+            wins.append(executions.settle(execution.pk, succeeded=1))
         finally:
             connection.close()
 
@@ -142,7 +142,7 @@ def test_cancel_leaves_no_pending_item_and_counts_them(py_handler, org):
     from runner import tasks
 
     tasks.execution_run(execution.pk)
-    assert services.execution_cancel(execution=execution) == 5
+    assert operator.execution_cancel(execution=execution) == 5
     execution.refresh_from_db()
     assert (execution.status, execution.items_cancelled, execution.items_remaining) == ("cancelled", 5, 0)
 
@@ -153,7 +153,7 @@ def _paced(org, monkeypatch, limit: int = 600) -> None:
     from runner.models import RunnerSettings
 
     RunnerSettings.objects.create(organization=org, rate_limit_per_minute=limit)
-    monkeypatch.setattr(services, "PACE_SLICES", 60)
+    monkeypatch.setattr(executions, "PACE_SLICES", 60)
 
 
 def _events(n: int) -> list[dict]:
@@ -164,7 +164,7 @@ def test_a_run_larger_than_a_minute_of_its_tenants_limit_is_fed_one_slice_at_a_t
     py_handler, org, run_jobs, monkeypatch
 ):
     _paced(org, monkeypatch)
-    execution = services.events_store(
+    execution = events.events_store(
         handler=py_handler, organization_id=org.pk, trigger="queue", events=_events(650)
     )
     conn = jobs.get_connection()
@@ -178,7 +178,7 @@ def test_a_run_larger_than_a_minute_of_its_tenants_limit_is_fed_one_slice_at_a_t
     assert conn.zscore("rq:scheduled:items-p3", f"runner-feed-{execution.pk}") is not None
     # Backpressure: while the slice fed is still pending, the feeder adds nothing.
     with pytest.raises(jobs.Defer):
-        services.execution_feed(execution_id=execution.pk)
+        executions.execution_feed(execution_id=execution.pk)
     assert len(fairshare.queued_ids(conn, "items-p3")) == 1
 
     # The feeder reads the limit at every slice: raised by the operator, the rest goes in one slice
@@ -203,7 +203,7 @@ def test_recovery_gives_a_paced_run_back_its_feeder_not_every_pending_item(py_ha
     from crm import recovery
 
     _paced(org, monkeypatch)
-    execution = services.events_store(
+    execution = events.events_store(
         handler=py_handler, organization_id=org.pk, trigger="queue", events=_events(700)
     )
     long_ago = timezone.now() - timedelta(minutes=5)
@@ -244,13 +244,13 @@ def test_a_small_tenants_run_is_served_beside_a_flooding_tenants_backlog_not_beh
         callable_path="tests.runner.handlers",
         organization=None,  # one handler serving every tenant
     )
-    flood = services.events_store(
+    flood = events.events_store(
         handler=handler,
         organization_id=big.pk,
         trigger="queue",
         events=[{"external_id": f"big{i}", "payload": {}} for i in range(500)],
     )
-    quiet = services.events_store(
+    quiet = events.events_store(
         handler=handler,
         organization_id=small.pk,
         trigger="queue",

@@ -179,7 +179,7 @@ def test_event_ids_are_forgotten_after_their_keep(client, py_handler, drain_inbo
 
     from django.utils import timezone
 
-    from runner import services
+    from runner import events
     from runner.models import WebhookEvent
 
     _hmac_handler(py_handler)
@@ -187,11 +187,9 @@ def test_event_ids_are_forgotten_after_their_keep(client, py_handler, drain_inbo
     headers = {"X-Runner-Signature": signature(SECRET, body), "X-Event-Id": "evt-old"}
     assert _post(client, body, **headers).status_code == 202
     assert _post(client, body, **headers).status_code == 200  # remembered
-    assert services.webhook_events_prune() == 0
-    WebhookEvent.objects.update(
-        received_at=timezone.now() - services.WEBHOOK_EVENT_KEEP - timedelta(minutes=1)
-    )
-    assert services.webhook_events_prune() == 1
+    assert events.webhook_events_prune() == 0
+    WebhookEvent.objects.update(received_at=timezone.now() - events.WEBHOOK_EVENT_KEEP - timedelta(minutes=1))
+    assert events.webhook_events_prune() == 1
     # Forgotten: the same id is an event again.
     assert _post(client, body, **headers).status_code == 202
     drain_inbox()
@@ -204,10 +202,10 @@ def test_the_prune_cron_forgets_every_old_event_id_beyond_one_statements_worth(p
     from django.utils import timezone
 
     from crm import cron
-    from runner import services, tasks
+    from runner import events, tasks
     from runner.models import WebhookEvent
 
-    old = timezone.now() - services.WEBHOOK_EVENT_KEEP - timedelta(minutes=1)
+    old = timezone.now() - events.WEBHOOK_EVENT_KEEP - timedelta(minutes=1)
     WebhookEvent.objects.bulk_create(
         [WebhookEvent(handler=py_handler, organization=org, event_id=f"e{i}") for i in range(10_005)]
     )
@@ -228,17 +226,17 @@ def test_one_group_commit_statement_sorts_deliveries_repeats_and_anonymous_event
     from django.utils import timezone
 
     from crm.models import InboxEvent
-    from runner import services
+    from runner import events
 
     org_id = py_handler.organization_id
-    earlier, _ = services.webhook_receive(
+    earlier, _ = events.webhook_receive(
         handler=py_handler, organization_id=org_id, event_id="old", payload={}
     )
     InboxEvent.objects.all().delete()
     now = timezone.now()
     keys = ["a", "b", "", "a", "old", "", "b", "c"]
     rows = [[py_handler.pk, org_id, key, f"x{i}", json.dumps({"i": i}), now] for i, key in enumerate(keys)]
-    statement = services._RECEIVE
+    statement = events._RECEIVE
     with connection.cursor() as cursor:
         cursor.execute(statement.sql_rendered, statement.params(rows))
         found = {n: (created, repeat) for n, created, repeat in cursor.fetchall()}
@@ -261,7 +259,7 @@ def test_concurrent_requests_in_one_group_commit_store_each_event_once(transacti
     from django.db import connection
 
     from crm.models import InboxEvent
-    from runner import services
+    from runner import events
 
     keys = [f"evt-{i % 10}" for i in range(30)] + [""] * 10
     results: dict[int, tuple[int | None, bool]] = {}
@@ -270,7 +268,7 @@ def test_concurrent_requests_in_one_group_commit_store_each_event_once(transacti
     def receive(i: int) -> None:
         start.wait()
         try:
-            results[i] = services.webhook_receive(
+            results[i] = events.webhook_receive(
                 handler=py_handler,
                 organization_id=py_handler.organization_id,
                 event_id=keys[i],
@@ -291,4 +289,4 @@ def test_concurrent_requests_in_one_group_commit_store_each_event_once(transacti
         assert len({execution for execution, _ in answers}) == 1
     anonymous = [results[i] for i, k in enumerate(keys) if not k]
     assert all(not duplicate for _, duplicate in anonymous) and len({e for e, _ in anonymous}) == 10
-    assert InboxEvent.objects.filter(kind=services.WEBHOOK_KIND).count() == 20
+    assert InboxEvent.objects.filter(kind=events.WEBHOOK_KIND).count() == 20

@@ -6,14 +6,14 @@ from django.core.management.base import CommandError
 from django.utils.translation import gettext as _
 
 from crm import cli
-from runner import services
+from runner import executions
 from runner.models import Handler
 
 
 def handler_or_error(integration_key: str, handler_key: str) -> Handler:
     """The handler, or a CommandError that names it and lists the handlers that exist."""
     try:
-        return services.handler_get(integration_key=integration_key, handler_key=handler_key)
+        return executions.handler_get(integration_key=integration_key, handler_key=handler_key)
     except Handler.DoesNotExist:
         known = Handler.objects.order_by("integration__integration_key", "handler_key").values_list(
             "integration__integration_key", "handler_key"

@@ -9,7 +9,7 @@ from django.utils.translation import ngettext
 from tqdm import tqdm
 
 from crm import cli
-from runner import services
+from runner import operator
 from runner.management.commands._handler import handler_or_error
 from runner.models import Execution
 
@@ -33,14 +33,14 @@ class Command(cli.CrmCommand):
                     _("--handler %(value)r: expected INTEGRATION_KEY/HANDLER_KEY")
                     % {"value": options["handler"]}
                 )
-            ids = services.dlq_items(handler=handler_or_error(ik, hk))
+            ids = operator.dlq_items(handler=handler_or_error(ik, hk))
         else:
             execution = Execution.objects.filter(pk=options["execution"]).first()
             if execution is None:
                 raise CommandError(_("no execution %(id)s") % {"id": options["execution"]})
-            ids = services.dlq_items(execution=execution)
+            ids = operator.dlq_items(execution=execution)
         with tqdm(total=len(ids), unit=_(" items"), disable=None, file=sys.stderr, dynamic_ncols=True) as bar:
-            n = services.items_replay(item_ids=ids, progress=bar.update)
+            n = operator.items_replay(item_ids=ids, progress=bar.update)
         self.stdout.write(
             ngettext("replayed %(count)s item", "replayed %(count)s items", n) % {"count": cli.number(n)}
         )

@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import CommandParser
 
 from crm import cli
-from runner import services
+from runner import executions
 from runner.management.commands._handler import handler_or_error, organization_id_for
 
 
@@ -21,5 +21,5 @@ class Command(cli.CrmCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         handler = handler_or_error(options["integration_key"], options["handler_key"])
         org_id = organization_id_for(handler, options["org"])
-        execution = services.execution_start(handler=handler, organization_id=org_id, trigger="manual")
+        execution = executions.execution_start(handler=handler, organization_id=org_id, trigger="manual")
         self.stdout.write(str(execution.pk))
