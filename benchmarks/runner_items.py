@@ -29,7 +29,7 @@ from benchmarks import runner_common as rc  # noqa: E402
 from crm import jobs, workers  # noqa: E402
 from crm.models import Organization  # noqa: E402
 from integrations.runner.sandbox import HandlerSandbox  # noqa: E402
-from runner import executions  # noqa: E402
+from runner import events, executions  # noqa: E402
 from runner.models import Execution, Handler, IntegrationType, RunnerSettings  # noqa: E402
 
 TARGET = 0.5
