@@ -11,7 +11,8 @@ Test controls (JSON, under ``/_sandbox/``; the in-process :class:`SandboxServer`
   "times": 1, "webhook_failure_code": 131049, "error_subcode": 2494010}`` - the next ``times`` sends to
   that recipient (``times`` null or absent = every send) fail with that Graph error, or, with only
   ``webhook_failure_code``, are accepted and get one ``failed`` status callback instead of
-  sent/delivered/read. Rules apply to sends that pass validation; a recipient's own rules come before
+  sent/delivered/read, or, with ``"hang_up": true``, are accepted and the connection is dropped
+  before any answer. Rules apply to sends that pass validation; a recipient's own rules come before
   ``"*"`` rules, oldest first. ``GET`` lists the rules, ``DELETE`` clears them.
 - ``POST /_sandbox/config`` ``{"latency_ms": 200, "drop_ninth_digit": true, "webhook_url": "...",
   "app_secret": "...", "status_delays_ms": [20, 40, 60], "waba_id": "...",
@@ -238,6 +239,8 @@ class Rule:
     webhook_failure_code: int | None = None
     error_subcode: int | None = None
     retry_after: int | None = None  # seconds, sent as Retry-After with the error
+    # Accepted and recorded, then the connection is dropped before any answer (broken after the request).
+    hang_up: bool = False
 
     @property
     def rejects(self) -> bool:
@@ -260,6 +263,9 @@ class Rule:
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown rule fields: {sorted(unknown)}")
+        hang_up = data.get("hang_up", False)
+        if not isinstance(hang_up, bool):
+            raise ValueError('"hang_up" must be true or false')
         to = data.get("to")
         if not isinstance(to, str) or not (to == "*" or TO_RE.fullmatch(to)):
             raise ValueError('"to" must be "*" or a phone number of 8-15 digits')
@@ -276,9 +282,10 @@ class Rule:
             raise ValueError('"times" must be 1 or more, or null for every send')
         if values["retry_after"] is not None and values["retry_after"] < 0:
             raise ValueError('"retry_after" must be 0 or more seconds')
-        if values["code"] is None and status is None and values["webhook_failure_code"] is None:
-            raise ValueError('a rule needs "code", "http_status" or "webhook_failure_code"')
-        return cls(to=to.lstrip("+"), **values)
+        scripted = (values["code"], status, values["webhook_failure_code"])
+        if all(value is None for value in scripted) and not hang_up:
+            raise ValueError('a rule needs "code", "http_status", "webhook_failure_code" or "hang_up"')
+        return cls(to=to.lstrip("+"), hang_up=hang_up, **values)
 
 
 @dataclass
@@ -604,6 +611,7 @@ class SandboxServer(ThreadedAppServer):
         webhook_failure_code: int | None = None,
         error_subcode: int | None = None,
         retry_after: int | None = None,
+        hang_up: bool = False,
     ) -> dict[str, Any]:
         """Script failures for ``to`` (or ``"*"``); returns the stored rule. ``times=None`` = always."""
         rule = Rule.parse(
@@ -615,6 +623,7 @@ class SandboxServer(ThreadedAppServer):
                 "webhook_failure_code": webhook_failure_code,
                 "error_subcode": error_subcode,
                 "retry_after": retry_after,
+                "hang_up": hang_up,
             }
         )
         return self._on_loop(lambda: self._add_rule(rule))
@@ -751,8 +760,9 @@ class SandboxServer(ThreadedAppServer):
 
     def _accept(
         self, phone_number_id: str, to: str, template: dict[str, Any], payload: dict[str, Any]
-    ) -> bytes:
-        """Record a send (or raise the GraphError a rule scripts); returns the 200 response body."""
+    ) -> tuple[bool, bytes]:
+        """Record a send (or raise the GraphError a rule scripts); returns whether a rule says to drop the
+        connection instead of answering, and the 200 response body."""
         digits = to.lstrip("+")
         rule = self._take_rule(digits)
         if rule is not None and rule.rejects:
@@ -783,7 +793,8 @@ class SandboxServer(ThreadedAppServer):
             )
             self._webhook_tasks.add(task)
             task.add_done_callback(self._webhook_tasks.discard)
-        return _dumps(
+        hang_up = rule is not None and rule.hang_up
+        return hang_up, _dumps(
             {
                 "messaging_product": "whatsapp",
                 "contacts": [{"input": to, "wa_id": wa_id}],
@@ -816,10 +827,12 @@ class SandboxServer(ThreadedAppServer):
             except ValueError:
                 raise GraphError(100, "The request body is not valid JSON") from None
             to, template = validate_message(payload)
-            body = self._accept(phone_number_id, to, template, payload)
+            hang_up, body = self._accept(phone_number_id, to, template, payload)
         except GraphError as error:
             self._state.rejected += 1
             return error.response()
+        if hang_up and request.transport is not None:
+            request.transport.abort()  # the send is recorded; the client never hears of it
         return web.Response(body=body, content_type="application/json")
 
     async def _handle_unknown(self, request: web.Request) -> web.Response:

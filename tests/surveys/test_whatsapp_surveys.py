@@ -216,3 +216,22 @@ def test_a_survey_whose_send_timed_out_is_never_sent_twice(
     assert _send_due(run_jobs) == 0
     assert services.survey_send(survey_id=survey.pk) == "nothing to do"
     assert len(meta.messages()) == 1
+
+
+def test_a_survey_whose_connection_dropped_after_the_request_is_never_sent_twice(
+    whatsapp_shop: Shop, meta: SandboxServer, run_jobs
+):
+    # Meta recorded the send and the connection broke before its answer: it may well have reached
+    # the customer, and the Graph API takes no idempotency key.
+    meta.add_rule(to="5511999990001", hang_up=True, times=1)
+    survey = whatsapp_shop.due_survey(whatsapp_shop.ana, store=whatsapp_shop.shopping)
+
+    _send_due(run_jobs)
+
+    survey = reload(survey)
+    assert len(meta.messages()) == 1
+    assert survey.status == S.FAILED and survey.attempts == 1
+    assert survey.reason.startswith("outcome unknown")
+    assert _send_due(run_jobs) == 0
+    assert services.survey_send(survey_id=survey.pk) == "nothing to do"
+    assert len(meta.messages()) == 1
