@@ -7,13 +7,19 @@ class CampaignsConfig(AppConfig):
     verbose_name = _("Campaigns")
 
     def ready(self) -> None:
+        """What campaigns plug into the platform, listed here, but for the recoverers and give-ups that
+        campaigns/services.py still registers as it is imported (until the campaigns split) and the
+        organization dashboard page (campaigns/admin_dashboard.py, moving above the apps)."""
         from django.db.models.signals import pre_delete
 
-        # The recoverer, the inbox handler, the /metrics collector, the organization dashboard.
         from campaigns import admin_dashboard, attribution, inbox, metrics, services  # noqa: F401
         from campaigns.models import Campaign
-        from crm import hooks
+        from crm import hooks, prometheus
+        from crm import inbox as platform_inbox
 
+        platform_inbox.register(inbox.KIND)(inbox.webhooks_apply)
+        platform_inbox.register(inbox.ESP)(inbox.esp_events_apply)
+        prometheus.register_collector("campaigns.messages", metrics.collect_messages)
         pre_delete.connect(services.campaign_deleting, sender=Campaign, dispatch_uid="campaigns.deleting")
         # Last: its statement takes the organization's attribution lock, held until the commit.
         hooks.on_sales_written("attributed", attribution.sales_written, order=100)

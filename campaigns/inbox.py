@@ -18,7 +18,6 @@ KIND = "whatsapp"
 ESP = "esp"
 
 
-@inbox.register(KIND)
 def webhooks_apply(events: list[inbox.Event]) -> None:
     """Apply a batch of accepted webhook bodies: every status in one `statuses_apply` (monotonic,
     whatever the order), every preference in one `preferences_apply` (the latest wins)."""
@@ -37,7 +36,6 @@ def esp_payload(provider: str, raws: list[dict]) -> str:
     return json.dumps({"provider": provider, "events": raws}, ensure_ascii=False)
 
 
-@inbox.register(ESP)
 def esp_events_apply(events: list[inbox.Event]) -> dict[int, inbox.Retry]:
     """Apply a batch of accepted ESP tracking bodies: the events of each provider and organization
     together (one lookup of their messages), in the order they were accepted. An event for a

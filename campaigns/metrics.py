@@ -9,7 +9,6 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from redis import Redis
 
 from campaigns.models import CampaignMetric
-from crm import prometheus
 
 MESSAGE_STATUSES = (
     "sent",
@@ -44,6 +43,3 @@ def collect_messages(connection: Redis) -> Iterator[Metric]:
         for status in MESSAGE_STATUSES:
             family.add_metric([row["campaign__channel"], status], row[status] or 0)
     yield family
-
-
-prometheus.register_collector("campaigns.messages", collect_messages)

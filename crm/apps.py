@@ -7,11 +7,17 @@ class CrmConfig(AppConfig):
     verbose_name = _("CRM core")
 
     def ready(self) -> None:
+        """What the platform plugs into Django and into itself, all of it listed here (apps list theirs
+        in their own AppConfig.ready)."""
+        from django.core import checks as django_checks
         from django.db.models.signals import post_delete, post_save
 
-        from crm import checks, hooks  # noqa: F401 - checks: registers the system checks
+        from crm import checks, hooks, inbox, recovery
         from crm import services as crm_services
         from crm.models import Membership, Sale
+
+        django_checks.register(checks.check_public_url, django_checks.Tags.security)
+        recovery.register("inbox")(inbox.stranded)
 
         saved, deleted = crm_services.membership_saved, crm_services.membership_deleted
         post_save.connect(saved, sender=Membership, dispatch_uid="crm.membership_saved")

@@ -49,6 +49,5 @@ def public_url_warnings(*, public_url: str, debug: bool) -> list[checks.CheckMes
     ]
 
 
-@checks.register(checks.Tags.security)
 def check_public_url(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     return public_url_warnings(public_url=settings.PUBLIC_URL, debug=settings.DEBUG)

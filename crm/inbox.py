@@ -540,8 +540,7 @@ def set_aside_prune(*, limit: int = 10_000) -> int:
     return deleted
 
 
-@recovery.register("inbox")
-def _stranded() -> Iterator[jobs.JobSpec]:
+def stranded() -> Iterator[jobs.JobSpec]:
     """The safety sweep: a drain for every kind with events accepted, or due for a retry, more than
     SWEEP_AFTER ago (their wake-up was lost with Redis or with the web process that owed it);
     events kept for a retry that is not due are left alone."""

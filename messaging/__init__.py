@@ -7,5 +7,10 @@ failed — with the side effects it calls for (pause the organization or the num
 customer out, stop the campaign, suppress the address). Every sender applies that decision to its
 own rows; none decides on its own.
 
+It also owns what every sender shares on the way out: the email template language
+(`email_render`), the email transport and `deliver` (`email_transport`), the rate-limit keys
+(`pacing`) and the organization's email suppression list (`models.EmailSuppression`,
+`suppression`).
+
 Domain apps may import anything here; this package imports only the platform and providers.
 """

@@ -7,7 +7,10 @@ class SurveysConfig(AppConfig):
     verbose_name = _("Post-sale surveys")
 
     def ready(self) -> None:
-        from crm import hooks
-        from surveys import services  # also registers the recoverer
+        """What surveys plug into the platform, all of it listed here."""
+        from crm import hooks, recovery
+        from surveys import services
 
         hooks.on_sales_written("surveys", services.sales_written)
+        recovery.register("post-sale-surveys")(services.due_surveys)
+        recovery.gives_up(services.SEND_FUNC)(services.send_given_up)

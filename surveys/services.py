@@ -171,16 +171,14 @@ def surveys_dispatch(*, limit: int = 5000) -> int:
     return recovery.requeue_missing(_send_spec(pk, organization_id) for pk, organization_id in due)
 
 
-@recovery.gives_up(SEND_FUNC)
-def _send_given_up(kwargs: dict, reason: str, error: BaseException | None) -> None:
+def send_given_up(kwargs: dict, reason: str, error: BaseException | None) -> None:
     """A survey whose send cannot succeed is FAILED with the reason (never sent later)."""
     Survey.objects.filter(pk=kwargs["survey_id"], status__in=[Status.SCHEDULED, Status.SENDING]).update(
         status=Status.FAILED, reason=reason
     )
 
 
-@recovery.register("post-sale-surveys")
-def _due_surveys() -> Iterator[jobs.JobSpec]:
+def due_surveys() -> Iterator[jobs.JobSpec]:
     """Due surveys whose send job Redis no longer holds (the dispatch cron does the same each minute)."""
     due = _due(timezone.now()).values_list("pk", "organization_id")
     for pk, organization_id in due.iterator(chunk_size=2000):

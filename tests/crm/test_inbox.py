@@ -459,12 +459,12 @@ def test_an_event_its_handler_cannot_apply_yet_is_kept_and_given_again_in_accept
     given.clear()
     assert inbox.drain_batch(kind) == 0 and not given  # not due
     assert inbox.pending(kind) == 1
-    assert not any(spec.kwargs["kind"] == kind for spec in inbox._stranded())  # nor the sweep's
+    assert not any(spec.kwargs["kind"] == kind for spec in inbox.stranded())  # nor the sweep's
     inbox.accept(kind=kind, payload="d")
     assert inbox.drain_batch(kind) == 1 and given == [[(0, "d")]]
 
     InboxEvent.objects.filter(pk=kept.pk).update(not_before=timezone.now() - inbox.SWEEP_AFTER * 2)
-    assert [spec.kwargs["kind"] for spec in inbox._stranded() if spec.kwargs["kind"] == kind] == [kind]
+    assert [spec.kwargs["kind"] for spec in inbox.stranded() if spec.kwargs["kind"] == kind] == [kind]
     inbox.accept(kind=kind, payload="e")
     given.clear()
     assert inbox.drain_batch(kind) == 2
