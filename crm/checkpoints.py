@@ -17,8 +17,9 @@ from typing import Any
 from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
+from rq import get_current_job
 
-from crm.jobs import check_payload, func_path
+from crm.jobs import Defer, check_payload, enqueue, func_path, make_job_id
 from crm.models import JobRun
 
 
@@ -79,16 +80,12 @@ def jobrun_finish(run: JobRun, *, error: str = "") -> None:
 def checkpoint(**start_kwargs: Any) -> Iterator[JobRun]:
     """Wrap work in a JobRun: running before, completed after, failed (with traceback) on error."""
     if "job_id" not in start_kwargs:
-        from rq import get_current_job
-
         job = get_current_job()
         start_kwargs["job_id"] = job.id if job else ""
     run = jobrun_start(**start_kwargs)
     try:
         yield run
     except BaseException as exc:
-        from crm.jobs import Defer
-
         if isinstance(exc, Defer):
             raise  # not a failure: the job runs again later and resumes this run
         jobrun_finish(run, error="".join(traceback.format_exception(exc)))
@@ -104,7 +101,6 @@ def error_reason(error: str) -> str:
 
 
 def jobrun_job_id(kind: str, key: str) -> str:
-    from crm.jobs import make_job_id
 
     return make_job_id("jobrun", kind, key)
 
@@ -125,7 +121,6 @@ def jobrun_enqueue(
     Safe to call twice: an unfinished run is not enqueued again while its job exists, and a
     completed run is left alone.
     """
-    from crm.jobs import enqueue
 
     kwargs = kwargs or {}
     check_payload(kwargs)

@@ -10,6 +10,7 @@ gets the queue's retry policy, JSON payloads and at most one job per occurrence.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -202,7 +203,6 @@ class CrmScheduler(Scheduler):
             logger.warning("scheduler %s registered again: Redis had lost its registration", self.key)
 
     def enqueue_jobs(self) -> list:
-        import time
 
         if time.monotonic() - self._registered_at > self.reregister_every:
             changes = {k: v for k, v in cron_register(self).items() if v != "kept"}

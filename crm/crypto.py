@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from django.apps import apps
 from django.conf import settings
 
 PREFIX = "enc1"
@@ -84,7 +85,6 @@ def rotate(*, batch: int = 500, progress: Callable[[str, int], None] | None = No
     value, and both keys decrypt until the old one is removed from ENCRYPTION_OLD_KEYS.
     `progress(field, 1)` is told after each row.
     """
-    from django.apps import apps
 
     result: dict[str, int] = {}
     current = current_key_id()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from redis.exceptions import LockError
 from redis.lock import Lock
 
 from crm.jobs import get_connection
@@ -24,8 +25,6 @@ def lock_acquire(name: str, *, ttl: int = 300) -> Lock | None:
 
 def lock_release(lock: Lock) -> bool:
     """Release if still owned; False when the lock had expired or passed to another owner."""
-    from redis.exceptions import LockError
-
     try:
         lock.release()
     except LockError:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from decimal import ROUND_HALF_UP, Decimal
 
 from django.utils.formats import number_format
-from django.utils.translation import get_language
+from django.utils.translation import get_language, gettext
 
 # Amounts the platform records (WhatsApp rate cards, sales) are in reais unless they say otherwise.
 DEFAULT_CURRENCY = "BRL"
@@ -52,8 +52,6 @@ def format_cost(
 ) -> str:
     """A cost in its own currency, and, when it is not reais and a conversion rate for it is set,
     also in reais labelled as an estimate: "US$ 3,13 (≈ R$ 16,90, estimativa)"."""
-    from django.utils.translation import gettext
-
     shown = format_money(amount, currency, places=places)
     if amount is None or amount == "" or currency.upper() == DEFAULT_CURRENCY:
         return shown

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 
@@ -262,7 +263,6 @@ class Gate:
                 self._renewer.start()
 
     def _renew_loop(self) -> None:
-        import time
 
         while True:
             time.sleep(5)

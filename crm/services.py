@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 from collections.abc import Iterable
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.utils import timezone
 
-from crm.models import ConsentChange, ConsentSource, Customer, OptOutSource, Organization
+from crm import tenancy
+from crm.models import ConsentChange, ConsentSource, Customer, Membership, OptOutSource, Organization
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +111,6 @@ def customers_consent_set(
 def membership_set(*, user: Any, organization: Organization, role: str) -> tuple[Any, bool]:
     """Add the user to the organization with `role`, or change their role there: (membership, created).
     The user becomes staff (the admin is the product's UI) through `membership_saved`."""
-    from crm.models import Membership
-
     membership, created = Membership.objects.update_or_create(
         user=user, organization=organization, defaults={"role": role}
     )
@@ -116,8 +120,6 @@ def membership_set(*, user: Any, organization: Organization, role: str) -> tuple
 def membership_remove(*, user: Any, organization: Organization) -> bool:
     """Take the user out of the organization (True if they were in it); `membership_deleted` then
     drops their staff flag when it was their last membership and they are not an operator."""
-    from crm.models import Membership
-
     deleted, _rows = Membership.objects.filter(user=user, organization=organization).delete()
     return bool(deleted)
 
@@ -133,9 +135,6 @@ def membership_saved(sender: Any, instance: Any, **kwargs: Any) -> None:
 def membership_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:
     """post_delete of Membership: a user left without any organization is no longer staff, unless
     a platform operator (superuser or crm.operate_platform), whose staff flag is theirs to keep."""
-    from crm import tenancy
-    from crm.models import Membership
-
     user_model = type(instance).user.field.related_model
     user = user_model.objects.filter(pk=instance.user_id).first()
     if user is None or not user.is_staff or tenancy.is_operator(user):
@@ -149,10 +148,6 @@ def login_ensure(*, username: str, password: str | None, saved: Any, superuser: 
     """A login for the embedded mode and the demo: `password` when given (set again), else a generated
     one kept in the file `saved` (0600) for the next start. Returns the password when it was (re)set
     or is kept in `saved`; None when the user exists with a password this function never knew."""
-    import secrets
-
-    from django.contrib.auth import get_user_model
-
     user_model = get_user_model()
     user = user_model.objects.filter(username=username).first()
     if user is not None and not password:
@@ -174,11 +169,6 @@ def login_ensure(*, username: str, password: str | None, saved: Any, superuser: 
 def login_from_environment(*, prefix: str, default_username: str, superuser: bool) -> tuple[str, str | None]:
     """`login_ensure` for <prefix>_USERNAME / <prefix>_PASSWORD, else `default_username` with a
     generated password kept in var/<default_username>-password: (username, password when known)."""
-    import os
-    from pathlib import Path
-
-    from django.conf import settings
-
     username = os.environ.get(f"{prefix}_USERNAME", default_username)
     password = login_ensure(
         username=username,

@@ -32,6 +32,7 @@ from django.urls import URLPattern, URLResolver
 from django.utils.translation import gettext_lazy as _
 
 from crm import intake
+from crm.models import Membership
 
 OPERATE_PLATFORM = "crm.operate_platform"
 MANAGER = "manager"
@@ -49,8 +50,6 @@ def roles(user: Any) -> dict[int, str]:
         return {}
     cached = getattr(user, "_crm_roles", None)
     if cached is None:
-        from crm.models import Membership
-
         cached = dict(Membership.objects.filter(user_id=user.pk).values_list("organization_id", "role"))
         user._crm_roles = cached
     return cached

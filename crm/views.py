@@ -11,6 +11,8 @@ from django.template.response import TemplateResponse
 from django.utils.translation import gettext as _
 from django.views.decorators.cache import never_cache
 from redis.exceptions import RedisError
+from rq import Worker
+from rq.serializers import JSONSerializer
 
 from crm import cron, jobs, stats, tenancy
 
@@ -35,9 +37,6 @@ def _redis() -> None:
 
 def _background() -> dict:
     """Workers and schedulers alive, and how long the oldest waiting job has waited (seconds)."""
-    from rq import Worker
-    from rq.serializers import JSONSerializer
-
     connection = jobs.get_connection()
     workers = Worker.all(connection=connection, serializer=JSONSerializer)
     schedulers = [

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from django.conf import settings
 from rq.serializers import JSONSerializer
 
-from crm import fairshare, jobs, promote, queues
+from crm import fairshare, jobs, promote, queues, recovery
 from crm.supervisor import Supervisor
 from crm.worker import Worker
 
@@ -78,8 +78,6 @@ def run_burst(queue_names: Sequence[str], *, settle: float = 3.0) -> int:
 def _recover_at_start() -> None:
     """A long-running pool starts with a recovery pass, like the scheduler: work the database knows
     of but Redis lost (a flushed or replaced Redis) is back on the queues before the first job."""
-    from crm import recovery
-
     try:
         recovery.recover()
     except Exception:  # the periodic pass will try again; never keep the workers from starting

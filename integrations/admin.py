@@ -13,11 +13,16 @@ from django.utils.translation import gettext_lazy as _
 if TYPE_CHECKING:
     from django.utils.functional import _StrPromise  # a stub-only name: lazy translated strings
 
+import smtplib
+
 from crm.checks import public_url_warnings
 from crm.money import format_money
 from crm.tenancy import TenantAdmin
-from integrations.email import tracking
+from integrations.email import esp, tracking
+from integrations.email.bounces import classify_exception
+from integrations.email.smtp import SmtpServer, send_test_email
 from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, WhatsappPrice
+from integrations.services import whatsapp_numbers_resume
 
 
 def write_only_input(label: str | _StrPromise) -> forms.CharField:
@@ -115,7 +120,6 @@ class WhatsappNumberAdmin(TenantAdmin):
 
     @admin.action(description=_("Resume sending from the selected numbers"), permissions=["change"])
     def resume_sending(self, request, queryset) -> None:
-        from integrations.services import whatsapp_numbers_resume
 
         resumed = whatsapp_numbers_resume(numbers=queryset)
         self.message_user(request, _("%(n)s number(s) resumed.") % {"n": resumed}, messages.SUCCESS)
@@ -299,11 +303,6 @@ class EmailSettingsAdmin(TenantAdmin):
 
     @admin.action(description=_("Send a test email to the sender address"), permissions=["change"])
     def send_test_email(self, request, queryset):
-        import smtplib
-
-        from integrations.email import esp
-        from integrations.email.bounces import classify_exception
-        from integrations.email.smtp import SmtpServer, send_test_email
 
         for item in queryset.select_related("organization"):
             if item.provider != EmailSettings.Provider.SMTP:

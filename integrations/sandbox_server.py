@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
+import signal
 import threading
 from collections.abc import Callable
 from types import TracebackType
@@ -151,8 +152,6 @@ class ThreadedAppServer:
 
 def wait_for_stop_signal() -> None:
     """Block until SIGINT or SIGTERM (a sandbox command in the foreground), then restore the handlers."""
-    import signal
-
     stop = threading.Event()
     previous = {
         sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)

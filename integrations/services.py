@@ -5,11 +5,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+import httpx
 from django.db.models import QuerySet
 from django.utils import timezone
 
 from crm.services import REASON_MAX
+from integrations import http
+from integrations.errors import IntegrationError
 from integrations.models import WhatsappNumber, WhatsappPrice
+from integrations.whatsapp.pricing import parse_rate_card
 
 logger = logging.getLogger(__name__)
 
@@ -40,14 +44,6 @@ def whatsapp_numbers_resume(*, numbers: QuerySet[WhatsappNumber]) -> int:
 
 def whatsapp_prices_sync(*, url: str) -> dict[str, int]:
     """Fetch the rate card at `url` and upsert every price; returns {"rates": n, "skipped": m}."""
-    import logging
-
-    import httpx
-
-    from integrations import http
-    from integrations.errors import IntegrationError
-    from integrations.whatsapp.pricing import parse_rate_card
-
     with http.client() as client:
         try:
             response = client.get(url)

@@ -18,6 +18,7 @@ from django.db.models.signals import post_delete, post_save
 
 from crm import jobs
 from runner import conf
+from runner.models import DEFAULT_TENANT_LIMIT, Handler, IntegrationType, RunnerSettings
 
 if TYPE_CHECKING:
     from runner.models import Handler
@@ -48,7 +49,6 @@ def webhook_handler(integration_key: str, handler_key: str) -> tuple[Handler | N
 
 
 def _webhook_handler_read(key: tuple[str, str], now: float) -> tuple[Handler | None, str]:
-    from runner.models import Handler
 
     integration_key, handler_key = key
     handler = (
@@ -83,7 +83,6 @@ def _org_key(organization_id: int) -> str:
 
 
 def _fetch_type(integration_key: str) -> dict[str, Any] | None:
-    from runner.models import IntegrationType
 
     it = (
         IntegrationType.objects.filter(integration_key=integration_key)
@@ -94,7 +93,6 @@ def _fetch_type(integration_key: str) -> dict[str, Any] | None:
 
 
 def _fetch_handler(integration_key: str, handler_key: str) -> dict[str, Any] | None:
-    from runner.models import Handler
 
     h = (
         Handler.objects.filter(integration__integration_key=integration_key, handler_key=handler_key)
@@ -118,7 +116,6 @@ def _fetch_handler(integration_key: str, handler_key: str) -> dict[str, Any] | N
 
 
 def _fetch_org(organization_id: int) -> dict[str, Any]:
-    from runner.models import DEFAULT_TENANT_LIMIT, RunnerSettings
 
     limit = (
         RunnerSettings.objects.filter(organization_id=organization_id)
@@ -174,7 +171,6 @@ def _type_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
 
 def _handler_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
     _webhook_handlers.clear()
-    from runner.models import IntegrationType
 
     ik = (
         IntegrationType.objects.filter(pk=instance.integration_id)
@@ -193,7 +189,6 @@ def _settings_changed(sender: Any, instance: Any, **kwargs: Any) -> None:
 
 
 def connect_signals() -> None:
-    from runner.models import Handler, IntegrationType, RunnerSettings
 
     for signal in (post_save, post_delete):
         signal.connect(_type_changed, sender=IntegrationType, dispatch_uid=f"runner.cache.type.{signal}")

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 
 from integrations import http, retry
+from integrations.errors import IntegrationError
 from integrations.runner.contract import ItemIn, ItemOutcome, ProducedPage
 from integrations.text import excerpt
 
@@ -126,8 +127,6 @@ def produce(
     base_url: str, body: dict[str, Any], *, auth_header: str = "", auth_value: str = ""
 ) -> ProducedPage:
     """POST /produce: one page of items to create; raises IntegrationError when it cannot."""
-    from integrations.errors import IntegrationError
-
     try:
         response = _post(base_url, "/produce", body, _headers(auth_header, auth_value))
     except httpx.HTTPError as exc:

@@ -43,6 +43,7 @@ import json
 import logging
 import os
 import re
+import resource
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -985,8 +986,6 @@ class SandboxServer(ThreadedAppServer):
 def _raise_fd_limit() -> None:
     """Lift the soft open-files limit to the hard one: 1,000+ concurrent connections need the fds."""
     with contextlib.suppress(ImportError, ValueError, OSError):
-        import resource
-
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         wanted = 65536 if hard == resource.RLIM_INFINITY else min(hard, 65536)
         if soft != resource.RLIM_INFINITY and soft < wanted:

@@ -13,8 +13,11 @@ from tqdm import tqdm
 from crm import cli, services
 from crm.demo import demo_load
 from crm.models import Membership, Organization
+from erp.demo import erp_connection_demo
 from erp.services import customers_upsert
 from integrations import outbound
+from integrations.demo import email_settings_demo, whatsapp_number_demo
+from runner import demo
 
 
 def host_port(value: str) -> tuple[str, int]:
@@ -62,8 +65,6 @@ class Command(cli.CrmCommand):
         with tqdm(total=n, unit=_(" customers"), disable=n < 5000 or not self.stdout.isatty()) as bar:
             org = demo_load(customers_upsert=customers_upsert, customers=n, progress=bar.update)
         if options["graph_url"]:
-            from integrations.demo import whatsapp_number_demo
-
             outbound.trust_origin(options["graph_url"])  # the operator's choice: loopback in every mode
             number = whatsapp_number_demo(organization=org, graph_url=options["graph_url"])
             self.stdout.write(
@@ -71,8 +72,6 @@ class Command(cli.CrmCommand):
                 % {"number": number.phone_number_id, "url": options["graph_url"]}
             )
         if options["smtp"]:
-            from integrations.demo import email_settings_demo
-
             host, port = options["smtp"]
             outbound.trust_origin(f"smtp://[{host}]:{port}" if ":" in host else f"smtp://{host}:{port}")
             email_settings_demo(organization=org, host=host, port=port)
@@ -80,8 +79,6 @@ class Command(cli.CrmCommand):
                 _("demo email via SMTP %(address)s (no TLS, no login)") % {"address": f"{host}:{port}"}
             )
         if options["erp_url"]:
-            from erp.demo import erp_connection_demo
-
             outbound.trust_origin(options["erp_url"])
             erp_connection_demo(organization=org, base_url=options["erp_url"])
             self.stdout.write(
@@ -117,8 +114,6 @@ class Command(cli.CrmCommand):
     def _integration(self, org: Organization, public_url: str) -> None:
         """The demo integration of the runner, and how to start it: a run, and a webhook (its token
         is the demo's own, generated once and kept in the handler, encrypted)."""
-        from runner import demo
-
         handler, token = demo.integration_demo(organization_id=org.pk)
         keys = f"{demo.INTEGRATION_KEY} {demo.HANDLER_KEY}"
         url = f"{public_url.rstrip('/')}/hooks/{demo.INTEGRATION_KEY}/{demo.HANDLER_KEY}"

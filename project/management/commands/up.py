@@ -14,6 +14,7 @@ from django.utils.translation import gettext as _
 
 from crm import embedded, services
 from crm.supervisor import Supervisor
+from integrations.demo import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
 
 
 class Command(BaseCommand):
@@ -163,8 +164,6 @@ class Command(BaseCommand):
     def _meta_sandbox_argv(manage: list[str], options: dict) -> list[str]:
         """The Meta Graph sandbox, accepting the demo token for each demo number (the organization's
         and its stores') and posting signed status webhooks back to this web server."""
-        from integrations.demo import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
-
         argv = [*manage, "whatsapp_sandbox", "--host", options["host"], "--port", str(options["meta_port"])]
         for phone_number_id in DEMO_PHONE_NUMBER_IDS:
             argv += ["--number", f"{phone_number_id}={DEMO_ACCESS_TOKEN}"]
