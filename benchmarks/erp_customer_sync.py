@@ -64,7 +64,7 @@ from django.utils import timezone  # noqa: E402
 
 from benchmarks.common import ensure_database  # noqa: E402
 from crm.models import Customer, Organization  # noqa: E402
-from erp import services  # noqa: E402
+from erp import services, upserts  # noqa: E402
 from erp.demo import erp_connection_demo  # noqa: E402
 from erp.models import ErpConnection, ErpSyncIssue  # noqa: E402
 from integrations.millennium import client as millennium  # noqa: E402
@@ -526,7 +526,7 @@ def child_raw(slug: str, every: float) -> None:
         f"SELECT DISTINCT ON (erp_id) * FROM erp_customer_load ORDER BY erp_id, erp_trans_id DESC) AS load "
         f"ON CONFLICT (organization_id, erp_id) DO UPDATE SET "
         + ", ".join(f"{c} = EXCLUDED.{c}" for c in updates)
-        + f" WHERE {services._CUSTOMER_NEWER.format(t=table)}"
+        + f" WHERE {upserts._CUSTOMER_NEWER.format(t=table)}"
     )
     started = time.perf_counter()
     rows = high = 0

@@ -10,7 +10,7 @@ import pytest
 from django.db.models import Count
 
 from crm.models import Customer, Sale
-from erp import services
+from erp import services, upserts
 from erp.models import ErpConnection, ErpSyncIssue
 from integrations.millennium.client import ErpCustomer
 from integrations.millennium.sandbox import OFFSET
@@ -93,22 +93,23 @@ def test_an_older_copy_of_a_customer_never_overwrites_a_newer_one(erp):
             erp_id="77", trans_id=trans_id, name="ANA", cpf_cnpj="", email=email, phone="", registered_at=None
         )
 
-    assert services.customers_upsert(organization_id=org.pk, customers=[copy(50, "new@example.com.br")]) == (
+    assert upserts.customers_upsert(organization_id=org.pk, customers=[copy(50, "new@example.com.br")]) == (
         1,
         0,
     )
-    assert services.customers_upsert(organization_id=org.pk, customers=[copy(40, "old@example.com.br")]) == (
+    assert upserts.customers_upsert(organization_id=org.pk, customers=[copy(40, "old@example.com.br")]) == (
         0,
         0,
     )
-    assert services.customers_upsert(organization_id=org.pk, customers=[copy(50, "new@example.com.br")]) == (
+    assert upserts.customers_upsert(organization_id=org.pk, customers=[copy(50, "new@example.com.br")]) == (
         0,
         0,
     )
     assert Customer.objects.get(organization=org, erp_id="77").email == "new@example.com.br"
-    assert services.customers_upsert(
-        organization_id=org.pk, customers=[copy(60, "newer@example.com.br")]
-    ) == (0, 1)
+    assert upserts.customers_upsert(organization_id=org.pk, customers=[copy(60, "newer@example.com.br")]) == (
+        0,
+        1,
+    )
     assert Customer.objects.get(organization=org, erp_id="77").email == "newer@example.com.br"
 
 

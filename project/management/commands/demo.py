@@ -14,7 +14,7 @@ from crm import cli, services
 from crm.demo import demo_load
 from crm.models import Membership, Organization
 from erp.demo import erp_connection_demo
-from erp.services import customers_upsert
+from erp.upserts import customers_upsert
 from integrations import outbound
 from integrations.demo import email_settings_demo, whatsapp_number_demo
 from runner import demo
