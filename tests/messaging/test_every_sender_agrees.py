@@ -154,8 +154,8 @@ def _campaign_email(outcome: Delivery, attempts: int) -> Verdict:
 def test_both_whatsapp_senders_apply_the_decision_to_every_meta_answer(
     world: World, result: SendResult, last: bool
 ) -> None:
-    error = result.error
-    _storable(error and error.message, error and error.details)
+    if result.error is not None:
+        _storable(result.error.message, result.error.details)
     attempts = _attempts(last, surveys.ATTEMPTS)
     decision = decisions.whatsapp(result, attempts=attempts, max_attempts=surveys.ATTEMPTS)
     campaign_attempts = _attempts(last, sending.ATTEMPTS)
@@ -180,7 +180,7 @@ def test_both_whatsapp_senders_apply_the_decision_to_every_meta_answer(
 def test_both_email_senders_apply_the_decision_to_every_server_answer(
     world: World, outcome: Delivery, last: bool
 ) -> None:
-    _storable(outcome.unknown, outcome.transient, outcome.failure and outcome.failure.message)
+    _storable(outcome.unknown, outcome.transient, outcome.failure.message if outcome.failure else "")
     attempts = _attempts(last, surveys.ATTEMPTS)
     decision = decisions.email(outcome, attempts=attempts, max_attempts=surveys.ATTEMPTS)
     campaign_attempts = _attempts(last, email_sending.ATTEMPTS)
