@@ -103,6 +103,11 @@ def campaign_validate(*, campaign: Campaign) -> None:
         )
     if campaign.redirect_button_index is not None and not campaign.redirect_url:
         raise CampaignError(_("a redirect button needs a redirect URL"))
+    from campaigns.composer import template_problem
+
+    problem = template_problem(campaign)
+    if problem:
+        raise CampaignError(problem)
 
 
 def _validate_email(campaign: Campaign) -> None:
