@@ -140,6 +140,7 @@ class CampaignAdmin(TenantAdmin):
         "charts",
         "preview",
         "recurrence_until",
+        "recurrence_next",
         "parent",
         "occurrence_at",
         "archived_at",
@@ -215,6 +216,7 @@ class CampaignAdmin(TenantAdmin):
             {
                 "fields": (
                     "recurrence",
+                    "recurrence_next",
                     "recurrence_misfire",
                     "recurrence_until",
                     ("parent", "occurrence_at"),
@@ -490,6 +492,24 @@ class CampaignAdmin(TenantAdmin):
             _("Messages over time"),
             _("Cost over time (cumulative)"),
             _("cost"),
+        )
+
+    @admin.display(description=_("next occurrences"))
+    def recurrence_next(self, obj: Campaign) -> str:
+        """The recurrence's next runs in the organization's time zone, or why it cannot be read."""
+        from campaigns.recurrence import next_occurrences, recurrence_error
+
+        if not obj.recurrence:
+            return "—"
+        problem = recurrence_error(obj.recurrence)
+        if problem:
+            return problem
+        zone = obj.organization.timezone
+        runs = next_occurrences(obj.recurrence, zone)
+        return format_html(
+            '<span id="recurrence-next">{} ({})</span>',
+            ", ".join(date_format(r, "DATETIME_FORMAT") for r in runs),
+            zone,
         )
 
     @admin.display(description=_("preview (first recipients)"))

@@ -231,6 +231,16 @@ class CampaignForm(forms.ModelForm):
             if self.instance.pk and self.instance.template_name:
                 field.initial = campaign_template(self.instance)
 
+    def clean_recurrence(self) -> str:
+        """Recurrence in words ("toda segunda 9h") is refused with examples of what works."""
+        from campaigns.recurrence import recurrence_error
+
+        value = (self.cleaned_data.get("recurrence") or "").strip()
+        problem = recurrence_error(value) if value else ""
+        if problem:
+            raise forms.ValidationError(problem)
+        return value
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         template = data.get("whatsapp_template")

@@ -12,9 +12,12 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 from django.utils import timezone
+from hypothesis import given
+from hypothesis import strategies as st
 
 from campaigns import composer, services, test_sends
 from campaigns.models import Campaign, CampaignMetric, Sender, TestSend, WhatsappMessage
+from campaigns.recurrence import next_occurrences, recurrence_error
 from crm.models import Customer, Membership, Sale, Store
 from integrations.models import WhatsappNumber, WhatsappTemplate
 from integrations.services import whatsapp_templates_sync
@@ -194,3 +197,29 @@ def test_a_test_send_is_refused_once_the_campaign_started_or_to_a_non_phone(sync
     other = Customer.objects.create(organization=synced["org"], erp_id="X", name="X", phone="+5511990000001")
     assert other.organization_id == campaign.organization_id
     assert not TestSend.objects.exists()
+
+
+@given(st.text(max_size=40))
+def test_any_recurrence_text_is_read_or_refused_with_examples(text) -> None:
+    problem = recurrence_error(text)
+    assert problem == "" or "0 9 * * 1" in problem
+
+
+def test_recurrence_in_words_is_refused_with_an_example_and_shown_in_the_organizations_zone(
+    synced, manager
+) -> None:
+    promo = _template("pedido_enviado")
+    form = _add_form(synced, whatsapp_template=promo.pk, template_variables_0="first_name")
+    refused = manager.post("/admin/campaigns/campaign/add/", {**form, "recurrence": "toda segunda 9h"})
+    errors = refused.context["adminform"].form.errors["recurrence"]
+    assert "toda segunda 9h" in errors[0] and "0 9 * * 1" in errors[0]
+    saved = manager.post("/admin/campaigns/campaign/add/", {**form, "recurrence": "0 9 * * 1"})
+    assert saved.status_code == 302
+    campaign = Campaign.objects.get()
+    page = manager.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
+    assert 'id="recurrence-next"' in page and "America/Sao_Paulo" in page
+    runs = next_occurrences("0 9 * * 1", "America/Sao_Paulo")
+    assert all((r.weekday(), r.hour, r.minute) == (0, 9, 0) for r in runs)
+    Campaign.objects.filter(pk=campaign.pk).update(recurrence="toda segunda 9h")
+    with pytest.raises(services.CampaignError, match="0 9 \\* \\* 1"):
+        services.campaign_recurrence_activate(campaign=Campaign.objects.get(pk=campaign.pk))
