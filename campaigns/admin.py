@@ -11,7 +11,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
 from django.db import connections, models
 from django.db.models import Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone as dj_timezone
@@ -307,8 +307,12 @@ class CampaignAdmin(TenantAdmin):
         from campaigns.test_sends import test_send_post
 
         campaign = self.scoped(request, Campaign.objects.all()).filter(pk=pk).first()
-        if campaign is None or not self.has_change_permission(request, campaign):
+        if campaign is None or not self.has_view_permission(request, campaign):
             raise Http404
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_change_permission(request, campaign):
+            raise PermissionDenied
         return test_send_post(request, campaign)
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):

@@ -10,7 +10,7 @@ class CampaignsConfig(AppConfig):
         from django.db.models.signals import pre_delete
 
         # The recoverer, the inbox handler, the /metrics collector, the organization dashboard.
-        from campaigns import admin_dashboard, attribution, inbox, metrics, services  # noqa: F401
+        from campaigns import admin_dashboard, attribution, customer_page, inbox, metrics, services  # noqa: F401
         from campaigns.models import Campaign
         from crm import hooks
 

@@ -8,6 +8,6 @@ class SurveysConfig(AppConfig):
 
     def ready(self) -> None:
         from crm import hooks
-        from surveys import services  # also registers the recoverer
+        from surveys import customer_page, services  # noqa: F401 - the recoverer, the customer page's section
 
         hooks.on_sales_written("surveys", services.sales_written)
