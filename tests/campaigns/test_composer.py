@@ -117,7 +117,7 @@ def test_rejected_and_paused_templates_are_not_offered_and_a_wrong_mapping_is_re
 
 
 @pytest.mark.parametrize("name", ["black_friday", "reativacao"])
-def test_a_campaign_naming_a_rejected_or_paused_template_does_not_start(synced, name) -> None:
+def test_a_campaign_naming_a_rejected_or_paused_template_does_not_start(synced, name, english) -> None:
     campaign = synced["campaign"](template_name=name, template_variables=["first_name"])
     synced["customers"](2)
     with pytest.raises(services.CampaignError, match="cannot be sent"):

@@ -176,7 +176,7 @@ def test_sync_stores_every_template_and_forgets_those_meta_dropped(account) -> N
     assert again["removed"] == 0 and WhatsappTemplate.objects.count() == 7
 
 
-def test_the_command_syncs_and_a_failing_account_fails_it(account, capsys) -> None:
+def test_the_command_syncs_and_a_failing_account_fails_it(account, capsys, english) -> None:
     call_command("whatsapp_templates_sync", "--org", "modelo")
     assert WhatsappTemplate.objects.filter(organization=account.organization).count() == 7
     account.set_access_token("revoked")
