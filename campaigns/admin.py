@@ -11,7 +11,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
 from django.db import connections, models
 from django.db.models import Q, QuerySet
-from django.http import HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path
 from django.utils import timezone as dj_timezone
@@ -21,7 +21,8 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
-from campaigns import segments, selectors, services
+from campaigns import composer, segments, selectors, services
+from campaigns.composer import CampaignForm
 from campaigns.models import (
     CONTENT_FIELDS,
     Campaign,
@@ -32,7 +33,6 @@ from campaigns.models import (
     SegmentMovement,
     WhatsappMessage,
 )
-from campaigns.variables import template_variable
 from crm import tenancy
 from crm.admin_columns import short_datetime
 from crm.cli import number
@@ -111,6 +111,7 @@ class ArchivedFilter(admin.SimpleListFilter):
 
 @admin.register(Campaign)
 class CampaignAdmin(TenantAdmin):
+    form = CampaignForm
     formfield_overrides = {models.URLField: {"assume_scheme": "https"}}
     # "ID": the number the management commands take (campaign_send 12, campaign_status 12…).
     list_display = (
@@ -138,6 +139,7 @@ class CampaignAdmin(TenantAdmin):
         "charts",
         "preview",
         "recurrence_until",
+        "recurrence_next",
         "parent",
         "occurrence_at",
         "archived_at",
@@ -163,6 +165,7 @@ class CampaignAdmin(TenantAdmin):
                 "fields": (
                     "whatsapp_number",
                     "sender",
+                    "whatsapp_template",
                     "template_name",
                     "template_language",
                     "template_category",
@@ -212,6 +215,7 @@ class CampaignAdmin(TenantAdmin):
             {
                 "fields": (
                     "recurrence",
+                    "recurrence_next",
                     "recurrence_misfire",
                     "recurrence_until",
                     ("parent", "occurrence_at"),
@@ -278,6 +282,11 @@ class CampaignAdmin(TenantAdmin):
                 name="campaigns_campaign_status",
             ),
             path(
+                "<int:pk>/test-send/",
+                self.admin_site.admin_view(self.test_send_view),
+                name="campaigns_campaign_test_send",
+            ),
+            path(
                 "<int:pk>/series/",
                 self.admin_site.admin_view(self.series_view),
                 name="campaigns_campaign_series",
@@ -291,6 +300,26 @@ class CampaignAdmin(TenantAdmin):
         if campaign is None or not self.has_view_permission(request, campaign):
             return JsonResponse({"error": "not found"}, status=404)
         return JsonResponse(selectors.campaign_status(campaign=campaign))
+
+    def test_send_view(self, request: HttpRequest, pk: int) -> HttpResponse:
+        """POST: send this campaign to the manager's phone with a chosen customer's variables."""
+        from campaigns.test_sends import test_send_post
+
+        campaign = self.scoped(request, Campaign.objects.all()).filter(pk=pk).first()
+        if campaign is None or not self.has_view_permission(request, campaign):
+            raise Http404
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        if not self.has_change_permission(request, campaign):
+            raise PermissionDenied
+        return test_send_post(request, campaign)
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if obj is not None and obj.pk and obj.channel == Channel.WHATSAPP:
+            from campaigns.test_sends import test_send_context
+
+            context["test_send"] = test_send_context(obj)
+        return super().render_change_form(request, context, add, change, form_url, obj)
 
     def series_view(self, request: HttpRequest, pk: int) -> JsonResponse:
         """Messages per time bucket and status and the cumulative cost as JSON (the change page's charts)."""
@@ -468,25 +497,31 @@ class CampaignAdmin(TenantAdmin):
             _("cost"),
         )
 
+    @admin.display(description=_("next occurrences"))
+    def recurrence_next(self, obj: Campaign) -> str:
+        """The recurrence's next runs in the organization's time zone, or why it cannot be read."""
+        from campaigns.recurrence import next_occurrences, recurrence_error
+
+        if not obj.recurrence:
+            return "—"
+        problem = recurrence_error(obj.recurrence)
+        if problem:
+            return problem
+        zone = obj.organization.timezone
+        runs = next_occurrences(obj.recurrence, zone)
+        return format_html(
+            '<span id="recurrence-next">{} ({})</span>',
+            ", ".join(date_format(r, "DATETIME_FORMAT") for r in runs),
+            zone,
+        )
+
     @admin.display(description=_("preview (first recipients)"))
     def preview(self, obj: Campaign) -> str:
         if not obj.pk:
             return "—"
         if obj.channel == Channel.EMAIL:
             return self._email_preview(obj)
-        customers = selectors.campaign_audience(campaign=obj).order_by("pk")[:5]
-        store = obj.whatsapp_number.store.name if obj.whatsapp_number and obj.whatsapp_number.store else ""
-        rows = [
-            (
-                c.name,
-                c.phone,
-                " | ".join(template_variable(c, s, store) or "∅" for s in obj.template_variables),
-            )
-            for c in customers
-        ]
-        return format_html(
-            "<table>{}</table>", format_html_join("", "<tr><td>{}</td><td>{}</td><td>{}</td></tr>", rows)
-        )
+        return composer.preview_html(obj, selectors.campaign_audience(campaign=obj).order_by("pk")[:5])
 
     def _email_preview(self, obj: Campaign) -> str:
         """The email as the first recipient will see it (links not yet tracked), or the compile error."""

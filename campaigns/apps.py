@@ -12,7 +12,7 @@ class CampaignsConfig(AppConfig):
         organization dashboard page (campaigns/admin_dashboard.py, moving above the apps)."""
         from django.db.models.signals import pre_delete
 
-        from campaigns import admin_dashboard, attribution, inbox, metrics, services  # noqa: F401
+        from campaigns import admin_dashboard, attribution, customer_page, inbox, metrics, services  # noqa: F401
         from campaigns.models import Campaign
         from crm import hooks, prometheus
         from crm import inbox as platform_inbox

@@ -6,6 +6,7 @@ import secrets
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator
 from django.db import models
@@ -753,3 +754,42 @@ class CampaignRevenue(models.Model):
 
     def __str__(self) -> str:
         return f"{self.campaign_id}: {self.revenue} / {self.conversions}"
+
+
+class TestSend(models.Model):
+    """A campaign sent to its manager before it starts ("send this campaign to me"), with a chosen
+    customer's variables: recorded here, never a campaign message (no count, no cost, no cap)."""
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", _("queued")
+        SENDING = "sending", _("sending")
+        SENT = "sent", _("sent")
+        FAILED = "failed", _("failed")
+
+    campaign = models.ForeignKey(
+        Campaign, on_delete=models.CASCADE, related_name="test_sends", verbose_name=_("campaign")
+    )
+    customer = models.ForeignKey(
+        Customer, on_delete=models.SET_NULL, null=True, related_name="+", verbose_name=_("variables of")
+    )
+    to = models.CharField(_("sent to"), max_length=254)
+    requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        related_name="+",
+        verbose_name=_("requested by"),
+    )
+    status = models.CharField(_("status"), max_length=8, choices=Status.choices, default=Status.QUEUED)
+    wamid = models.CharField(_("WhatsApp message id"), max_length=128, blank=True, default="")
+    error = models.TextField(_("error"), blank=True, default="")
+    created_at = models.DateTimeField(_("created at"), default=dj_timezone.now)
+    sent_at = models.DateTimeField(_("sent at"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("test send")
+        verbose_name_plural = _("test sends")
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.campaign_id} → {self.to}"

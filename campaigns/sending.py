@@ -195,7 +195,7 @@ def batch_eligible(
     messages = list(WhatsappMessage.objects.filter(id__in=ids).select_related("customer").order_by("id"))
     services.skip_without_customer(model=WhatsappMessage, campaign_id=campaign.pk, ids=ids, found=messages)
     numbers = _senders(campaign, messages)
-    store_names = _store_names(numbers)
+    names = store_names(numbers)
     # Time has passed since the fan-out applied the contact caps (campaigns.caps).
     capped = caps.skip_reasons(
         campaign=campaign, customer_ids=[m.customer_id for m in messages], now=timezone.now()
@@ -208,7 +208,7 @@ def batch_eligible(
         body = template_values(
             customer=m.customer,
             sources=campaign.template_variables,
-            store_name=store_names.get(number_id, ""),
+            store_name=names.get(number_id, ""),
         )
         reason = _skip_reason(m, capped) or _empty_variable(campaign, body)
         if reason:
@@ -232,7 +232,7 @@ def _senders(campaign: Campaign, messages: list[WhatsappMessage]) -> dict[int, W
     return numbers
 
 
-def _store_names(numbers: dict[int, WhatsappNumber]) -> dict[int, str]:
+def store_names(numbers: dict[int, WhatsappNumber]) -> dict[int, str]:
     """{{store_name}} by sending number: its own store, else the first store that sends from it."""
     names = {pk: n.store.name for pk, n in numbers.items() if n.store}
     others = [pk for pk in numbers if pk not in names]
@@ -269,19 +269,34 @@ def _empty_variable(campaign: Campaign, body: list[str]) -> str:
 
 def _template_message(campaign: Campaign, m: WhatsappMessage, body: list[str]) -> TemplateMessage:
     """The template as Meta takes it for this message: body values, header image, URL buttons."""
+    return template_message(
+        campaign,
+        to=m.phone,
+        body=body,
+        links={"r": _link("r", m), "u": _link("u", m)},
+        callback=f"m:{m.pk}",
+    )
+
+
+def template_message(
+    campaign: Campaign, *, to: str, body: list[str], links: dict[str, str], callback: str
+) -> TemplateMessage:
+    """The campaign's template as Meta takes it, to `to` (E.164): body values, header image, its URL
+    buttons ending in `links["r"]` (redirect) and `links["u"]` (unsubscribe). A campaign message's
+    and a test send's (campaigns.test_sends) are the same."""
     buttons = []
     if campaign.redirect_button_index is not None:
-        buttons.append(UrlButton(campaign.redirect_button_index, _link("r", m)))
+        buttons.append(UrlButton(campaign.redirect_button_index, links["r"]))
     if campaign.unsubscribe_button_index is not None:
-        buttons.append(UrlButton(campaign.unsubscribe_button_index, _link("u", m)))
+        buttons.append(UrlButton(campaign.unsubscribe_button_index, links["u"]))
     return TemplateMessage(
-        to=m.phone.lstrip("+"),
+        to=to.lstrip("+"),
         template=campaign.template_name,
         language=campaign.template_language,
         body=body,
         header_image_url=campaign.header_image_url,
         buttons=buttons,
-        biz_opaque_callback_data=f"m:{m.pk}",
+        biz_opaque_callback_data=callback,
     )
 
 

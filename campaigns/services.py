@@ -103,6 +103,11 @@ def campaign_validate(*, campaign: Campaign) -> None:
         )
     if campaign.redirect_button_index is not None and not campaign.redirect_url:
         raise CampaignError(_("a redirect button needs a redirect URL"))
+    from campaigns.composer import template_problem
+
+    problem = template_problem(campaign)
+    if problem:
+        raise CampaignError(problem)
 
 
 def _validate_email(campaign: Campaign) -> None:
@@ -823,12 +828,11 @@ def occurrence_key(campaign_id: int, at: datetime) -> str:
 
 def campaign_recurrence_activate(*, campaign: Campaign) -> Campaign:
     """Make a draft campaign recurring: its next cron occurrences each send a copy of it."""
-    from croniter import croniter
+    from campaigns.recurrence import recurrence_error
 
-    if not campaign.recurrence or not croniter.is_valid(campaign.recurrence):
-        raise CampaignError(
-            _("%(value)r is not a cron expression, e.g. '0 9 * * 1'") % {"value": campaign.recurrence}
-        )
+    problem = recurrence_error(campaign.recurrence)
+    if problem:
+        raise CampaignError(problem)
     campaign_validate(campaign=campaign)
     if not Campaign.objects.filter(pk=campaign.pk, status=Status.DRAFT).update(
         status=Status.RECURRING, recurrence_until=timezone.now()

@@ -158,3 +158,10 @@ def segments_snapshot_organization(organization_id: int, day: str) -> dict[str, 
         extra={"organization_id": organization_id},
     )
     return counts
+
+
+def test_send(test_send_id: int) -> str:
+    """Send one manager's test of a campaign (campaigns.test_sends); a re-run sends nothing."""
+    from campaigns.test_sends import test_send_run
+
+    return test_send_run(test_send_id=test_send_id)

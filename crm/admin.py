@@ -10,6 +10,7 @@ from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import path
 from django.utils.formats import date_format
+from django.utils.html import format_html_join
 from django.utils.timezone import localtime
 from django.utils.translation import gettext_lazy as _
 from django_rq.admin import QueueAdmin
@@ -247,6 +248,7 @@ class CustomerAdmin(TenantAdmin):
         "consent_at",
         "marketing_consent_source",
         "marketing_consent_by",
+        "profile",
     )
     actions = ("consent_record", "consent_withdraw")
     inlines = (ConsentChangeInline,)
@@ -263,8 +265,32 @@ class CustomerAdmin(TenantAdmin):
                 )
             },
         ),
+        (_("The person"), {"fields": ("profile",)}),
         (_("Record"), {"fields": ("created_at", "updated_at", "erp_trans_id", "erp_registered_at")}),
     )
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> Any:
+        """A phone or a CPF however typed is found by its normalized form (customer_page)."""
+        from crm import customer_page
+
+        if customer_page.looks_like_number(search_term):
+            organizations = list(
+                tenancy.scope(Organization.objects.all(), request.user, "pk").values_list("pk", flat=True)
+            )
+            return customer_page.number_search(queryset, search_term, organization_ids=organizations), False
+        return super().get_search_results(request, queryset, search_term)
+
+    @admin.display(description=_("purchases, messages, consent, segment, surveys"))
+    def profile(self, obj: Customer) -> str:
+        from crm import customer_page
+
+        if not obj.pk:
+            return "—"
+        return format_html_join(
+            "",
+            '<section class="customer-section"><h3>{}</h3>{}</section>',
+            customer_page.customer_sections(obj),
+        )
 
     @admin.action(
         description=_("Record marketing consent (given by the customer to me)"), permissions=["change"]

@@ -21,7 +21,13 @@ from crm.tenancy import TenantAdmin
 from integrations.email import esp, tracking
 from integrations.email.bounces import classify_exception
 from integrations.email.smtp import SmtpServer, send_test_email
-from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, WhatsappPrice
+from integrations.models import (
+    ChatwootAccount,
+    EmailSettings,
+    WhatsappNumber,
+    WhatsappPrice,
+    WhatsappTemplate,
+)
 from integrations.services import whatsapp_numbers_resume
 
 
@@ -116,13 +122,89 @@ class WhatsappNumberAdmin(TenantAdmin):
     list_select_related = ("organization", "store")
     list_filter = ("organization",)
     search_fields = ("display_phone_number", "phone_number_id")
-    actions = ["resume_sending"]
+    actions = ["resume_sending", "sync_templates"]
 
     @admin.action(description=_("Resume sending from the selected numbers"), permissions=["change"])
     def resume_sending(self, request, queryset) -> None:
 
         resumed = whatsapp_numbers_resume(numbers=queryset)
         self.message_user(request, _("%(n)s number(s) resumed.") % {"n": resumed}, messages.SUCCESS)
+
+    @admin.action(description=_("Sync WhatsApp templates from Meta"), permissions=["change"])
+    def sync_templates(self, request, queryset) -> None:
+        from integrations.services import whatsapp_templates_sync_enqueue
+
+        organizations = sorted(
+            set(queryset.exclude(business_account_id="").values_list("organization_id", flat=True))
+        )
+        for organization_id in organizations:
+            whatsapp_templates_sync_enqueue(organization_id=organization_id)
+        if organizations:
+            self.message_user(
+                request,
+                _("Templates are being synced; reload the templates page in a moment."),
+                messages.SUCCESS,
+            )
+        else:
+            self.message_user(
+                request, _("None of these numbers has a WhatsApp Business account id."), messages.WARNING
+            )
+
+
+@admin.register(WhatsappTemplate)
+class WhatsappTemplateAdmin(TenantAdmin):
+    """The templates Meta has for the organization's business accounts: read-only (they are made at
+    Meta and synced daily, or now with the button)."""
+
+    list_display = (
+        "name",
+        "language",
+        "status",
+        "category",
+        "variable_count",
+        "unsupported_reason",
+        "synced_at",
+    )
+    list_filter = ("status", "category", "language")
+    search_fields = ("name", "body")
+    change_list_template = "admin/integrations/whatsapptemplate/change_list.html"
+    readonly_fields = [f.name for f in WhatsappTemplate._meta.fields if f.name != "id"]
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj: Any = None) -> bool:
+        return False
+
+    def get_urls(self) -> list[Any]:
+        from django.urls import path
+
+        return [
+            path(
+                "sync/", self.admin_site.admin_view(self.sync_view), name="integrations_whatsapptemplate_sync"
+            ),
+            *super().get_urls(),
+        ]
+
+    def sync_view(self, request) -> Any:
+        """POST: sync the templates of every organization the user manages (a job each)."""
+        from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+
+        from crm.models import Organization
+        from crm.tenancy import scope
+        from integrations.services import whatsapp_templates_sync_enqueue
+
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        managed = scope(Organization.objects.all(), request.user, "pk", managed=True).values_list(
+            "pk", flat=True
+        )
+        for organization_id in managed:
+            whatsapp_templates_sync_enqueue(organization_id=organization_id)
+        self.message_user(
+            request, _("Templates are being synced; reload this page in a moment."), messages.SUCCESS
+        )
+        return HttpResponseRedirect(reverse("admin:integrations_whatsapptemplate_changelist"))
 
 
 @admin.register(WhatsappPrice)

@@ -73,6 +73,63 @@ class WhatsappNumber(models.Model):
         return crypto.decrypt(self.access_token_encrypted, context=_TOKEN_CONTEXT)
 
 
+class WhatsappTemplate(models.Model):
+    """A message template of a WhatsApp Business account, as Meta last said it is (synced by
+    integrations.services.whatsapp_templates_sync). Campaigns pick an APPROVED one."""
+
+    class Status(models.TextChoices):
+        APPROVED = "APPROVED", _("approved")
+        PENDING = "PENDING", _("pending review")
+        REJECTED = "REJECTED", _("rejected")
+        PAUSED = "PAUSED", _("paused")
+        DISABLED = "DISABLED", _("disabled")
+        IN_APPEAL = "IN_APPEAL", _("in appeal")
+        DELETED = "DELETED", _("deleted")
+
+    organization = models.ForeignKey(
+        Organization,
+        on_delete=models.CASCADE,
+        related_name="whatsapp_templates",
+        verbose_name=_("organization"),
+    )
+    business_account_id = models.CharField(_("WhatsApp Business account id"), max_length=64)
+    meta_id = models.CharField(_("Meta template id"), max_length=64, blank=True, default="")
+    name = models.CharField(_("name"), max_length=512)
+    language = models.CharField(_("language"), max_length=10)
+    status = models.CharField(_("status"), max_length=12, choices=Status.choices)
+    category = models.CharField(_("category"), max_length=20, blank=True, default="")
+    header_format = models.CharField(_("header"), max_length=16, blank=True, default="")
+    header_text = models.CharField(_("header text"), max_length=200, blank=True, default="")
+    body = models.TextField(_("body"), blank=True, default="")
+    footer = models.TextField(_("footer"), blank=True, default="")
+    # [{"index": 0, "type": "URL", "text": "Ver", "url": "https://…/{{1}}", "dynamic": true}, …]
+    buttons = models.JSONField(_("buttons"), default=list, blank=True)
+    variable_count = models.PositiveSmallIntegerField(_("body variables"), default=0)
+    # Why our sends cannot fill it (named variables, a header variable), "" when they can.
+    unsupported_reason = models.CharField(_("not usable because"), max_length=200, blank=True, default="")
+    components = models.JSONField(_("components (as Meta sent them)"), default=list, blank=True)
+    synced_at = models.DateTimeField(_("synced at"), default=dj_timezone.now)
+
+    class Meta:
+        verbose_name = _("WhatsApp template")
+        verbose_name_plural = _("WhatsApp templates")
+        ordering = ["name", "language"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["organization", "business_account_id", "name", "language"],
+                name="whatsapp_template_once",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.language})"
+
+    @property
+    def selectable(self) -> bool:
+        """May a campaign choose it? Approved by Meta and fillable by our sends."""
+        return self.status == self.Status.APPROVED and not self.unsupported_reason
+
+
 class WhatsappPrice(models.Model):
     """Meta's rate per delivered template message, by category and recipient country (data, not code)."""
 

@@ -7,9 +7,9 @@ class SurveysConfig(AppConfig):
     verbose_name = _("Post-sale surveys")
 
     def ready(self) -> None:
-        """What surveys plug into the platform, all of it listed here."""
+        """What surveys plug into the platform, all of it listed here (customer_page: its section)."""
         from crm import hooks, recovery
-        from surveys import services
+        from surveys import customer_page, services  # noqa: F401
 
         hooks.on_sales_written("surveys", services.sales_written)
         recovery.register("post-sale-surveys")(services.due_surveys)

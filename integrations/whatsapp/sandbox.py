@@ -21,6 +21,8 @@ Test controls (JSON, under ``/_sandbox/``; the in-process :class:`SandboxServer`
   test holds them with a long delay and releases them with a short one (no fixed sleeps).
 - ``GET /_sandbox/messages[?to=DIGITS]`` - ``{"count": N, "messages": [...]}``, accepted sends in order.
   ``DELETE`` forgets the messages and resets the stats.
+- ``GET /{version}/{waba_id}/message_templates?limit=&after=&fields=`` - the business account's
+  templates as Meta pages them (``sandbox_templates.TEMPLATES``: approved, one rejected, one paused).
 - ``GET /_sandbox/stats`` - ``{"accepted", "rejected", "by_recipient_max", "webhooks_delivered",
   "webhooks_failed", "in_flight", "in_flight_max", "webhooks_pending"}`` (sends being answered now
   and at most at once; accepted sends whose status callbacks are not all posted yet).
@@ -54,6 +56,7 @@ import aiohttp
 from aiohttp import web
 
 from integrations.sandbox_server import ThreadedAppServer
+from integrations.whatsapp.sandbox_templates import templates_page
 
 logger = logging.getLogger(__name__)
 
@@ -567,6 +570,7 @@ class SandboxServer(ThreadedAppServer):
         """The aiohttp application (routes only; start() also opens the webhook client session)."""
         app = web.Application(client_max_size=1024**2)
         app.router.add_post("/{version}/{phone_number_id}/messages", self._handle_send)
+        app.router.add_get("/{version}/{waba_id}/message_templates", self._handle_templates)
         app.router.add_route("*", "/_sandbox/rules", self._handle_rules)
         app.router.add_route("*", "/_sandbox/config", self._handle_config)
         app.router.add_route("*", "/_sandbox/messages", self._handle_messages)
@@ -835,6 +839,25 @@ class SandboxServer(ThreadedAppServer):
         if hang_up and request.transport is not None:
             request.transport.abort()  # the send is recorded; the client never hears of it
         return web.Response(body=body, content_type="application/json")
+
+    async def _handle_templates(self, request: web.Request) -> web.Response:
+        """A business account's templates, paged (`sandbox_templates`); any valid token may read."""
+        token = _bearer_token(request)
+        open_to_all = not self._numbers and not self._tokens
+        if not token or not (open_to_all or token in self._tokens or token in self._number_tokens):
+            return GraphError(190).response()
+        if not VERSION_RE.fullmatch(request.match_info["version"]):
+            return GraphError(2500, message=f"Unknown path components: {request.path}").response()
+        query = request.query
+        page = templates_page(
+            url=str(request.url.with_query(None)),
+            limit=query.get("limit", ""),
+            after=query.get("after", ""),
+            fields=query.get("fields", ""),
+        )
+        if page is None:
+            return GraphError(100, "Invalid cursor").response()
+        return _json_response(page)
 
     async def _handle_unknown(self, request: web.Request) -> web.Response:
         if request.method != "POST" and request.path.rstrip("/").endswith("/messages"):

@@ -69,7 +69,7 @@ def _campaign_reaches_100_percent(page: Page, stack: Stack) -> None:
     page.select_option("select[name=channel]", "whatsapp")
     page.select_option("select[name=whatsapp_number]", str(number_id))
     page.fill("input[name=template_name]", "promo_inverno")
-    page.fill("textarea[name=template_variables]", '["first_name"]')
+    page.select_option("select[name=template_variables_0]", "first_name")
     with page.expect_navigation():
         page.click("input[name=_save]")
     assert _path(page.url) == "/admin/campaigns/campaign/"

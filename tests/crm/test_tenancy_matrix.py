@@ -38,7 +38,13 @@ from campaigns.models import (
 from crm import jobs, queues, tenancy
 from crm.models import Customer, InboxEvent, JobRun, Membership, Organization, Sale, Store
 from erp.models import ErpConnection, ErpSyncIssue
-from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, WhatsappPrice
+from integrations.models import (
+    ChatwootAccount,
+    EmailSettings,
+    WhatsappNumber,
+    WhatsappPrice,
+    WhatsappTemplate,
+)
 from messaging.models import EmailSuppression
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
 from surveys.models import Survey
@@ -120,6 +126,13 @@ def _objects(org: Organization, tag: str) -> dict[type, Any]:
             organization=org, display_phone_number=f"{tag} number", phone_number_id=f"{tag}-pnid"
         ),
         WhatsappPrice: WhatsappPrice.objects.create(category=f"{tag}"[:20], country=tag[:2].upper()),
+        WhatsappTemplate: WhatsappTemplate.objects.create(
+            organization=org,
+            business_account_id="1",
+            name=f"{tag}_template",
+            language="pt_BR",
+            status="APPROVED",
+        ),
         EmailSettings: EmailSettings.objects.create(
             organization=org, sender_name=f"{tag} sender", sender_email=f"{tag}@example.com"
         ),

@@ -1,0 +1,143 @@
+""" "Send this campaign to me": the campaign's WhatsApp message to the manager's own phone, with a
+chosen customer's variables, before it starts.
+
+The message is built by the campaign send's own steps (`composer.sender_for`: the number the
+customer's message would go from; `sending.template_values` and `sending.template_message`: the
+same values, template and buttons) and handed to the same Graph client, in a job on the
+whatsapp-send queue. It is recorded as a `TestSend`, never as a campaign message: nothing is
+counted, priced or capped, and the customer receives nothing. Its URL buttons lead to the
+deployment's "test" path (no tracked link exists for a message that is not the campaign's)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.conf import settings
+from django.contrib import messages
+from django.db import transaction
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from campaigns import composer, services
+from campaigns.models import Campaign, Channel, TestSend
+from campaigns.sending import store_names, template_message, template_values
+from crm import aio, jobs, queues
+from crm.models import Customer
+from integrations.clients import graph_client
+from integrations.whatsapp.phones import normalize_phone
+
+logger = logging.getLogger(__name__)
+
+TEST_LINK = "t/test-send"
+
+
+def test_send_request(*, campaign: Campaign, customer: Customer, to: str, user_id: int | None) -> TestSend:
+    """Record a test send of a draft or scheduled WhatsApp campaign to `to` (a phone, any way it is
+    typed) with `customer`'s variables and enqueue it. Raises services.CampaignError."""
+    if campaign.channel != Channel.WHATSAPP:
+        raise services.CampaignError(_("a test send is for a WhatsApp campaign"))
+    if campaign.status not in (Campaign.Status.DRAFT, Campaign.Status.SCHEDULED):
+        raise services.CampaignError(_("a test send is made before the campaign starts"))
+    if customer.organization_id != campaign.organization_id:
+        raise services.CampaignError(_("the customer belongs to another organization"))
+    phone = normalize_phone(to)
+    if phone is None:
+        raise services.CampaignError(_("%(to)r is not a phone number") % {"to": to})
+    services.campaign_validate(campaign=campaign)
+    with transaction.atomic():
+        test = TestSend.objects.create(
+            campaign=campaign, customer=customer, to=phone, requested_by_id=user_id
+        )
+        jobs.enqueue(
+            "campaigns.tasks.test_send",
+            queue=queues.WHATSAPP_SEND,
+            kwargs={"test_send_id": test.pk},
+            organization_id=campaign.organization_id,
+            attempts=1,  # a send is not retried blindly (it may have reached Meta): the manager asks again
+        )
+    return test
+
+
+def test_send_run(*, test_send_id: int) -> str:
+    """Send one recorded test send (claimed first: a second run sends nothing). Returns its status."""
+    if not TestSend.objects.filter(pk=test_send_id, status=TestSend.Status.QUEUED).update(
+        status=TestSend.Status.SENDING
+    ):
+        return "claimed elsewhere"
+    test = TestSend.objects.select_related("campaign__whatsapp_number__store", "customer").get(
+        pk=test_send_id
+    )
+    campaign, customer = test.campaign, test.customer
+    number = composer.sender_for(campaign, customer) if customer else campaign.whatsapp_number
+    if number is None or customer is None:
+        return _finish(test, error=_("no number to send from, or the customer is gone"))
+    body = template_values(
+        customer=customer,
+        sources=campaign.template_variables,
+        store_name=store_names({number.pk: number}).get(number.pk, ""),
+    )
+    message = template_message(
+        campaign, to=test.to, body=body, links={"r": TEST_LINK, "u": TEST_LINK}, callback=f"t:{test.pk}"
+    )
+    client = graph_client(number.graph_url or settings.WHATSAPP_GRAPH_URL)
+    result = aio.run(
+        client.send_template(
+            phone_number_id=number.phone_number_id, access_token=number.get_access_token(), message=message
+        )
+    )
+    if result.error is not None:
+        return _finish(test, error=str(result.error))
+    return _finish(test, wamid=result.wamid)
+
+
+def _finish(test: TestSend, *, wamid: str = "", error: str = "") -> str:
+    status = TestSend.Status.FAILED if error else TestSend.Status.SENT
+    TestSend.objects.filter(pk=test.pk).update(
+        status=status, wamid=wamid, error=error[:1000], sent_at=timezone.now() if wamid else None
+    )
+    if error:
+        logger.warning("test send %s failed: %s", test.pk, error, extra={"campaign_id": test.campaign_id})
+    return str(status)
+
+
+def test_send_context(campaign: Campaign) -> dict[str, Any]:
+    """What the campaign page's "send this campaign to me" box shows: whose variables may be used
+    (the first audience customers), whether it may be used now, the last test sends."""
+    from campaigns import selectors
+
+    allowed = campaign.status in (Campaign.Status.DRAFT, Campaign.Status.SCHEDULED)
+    customers = list(selectors.campaign_audience(campaign=campaign).order_by("pk")[:20]) if allowed else []
+    return {
+        "allowed": allowed,
+        "customers": customers,
+        "recent": list(campaign.test_sends.select_related("customer")[:5]),
+        "url": reverse("admin:campaigns_campaign_test_send", args=[campaign.pk]),
+    }
+
+
+def test_send_post(request: HttpRequest, campaign: Campaign) -> HttpResponse:
+    """The box's POST: `customer` (an id of the organization's) and `to` (a phone)."""
+    if request.method != "POST":
+        return HttpResponseNotAllowed(["POST"])
+    back = reverse("admin:campaigns_campaign_change", args=[campaign.pk])
+    customer_id = request.POST.get("customer", "")
+    customer = (
+        Customer.objects.filter(pk=customer_id, organization_id=campaign.organization_id).first()
+        if customer_id.isdigit() and len(customer_id) < 19
+        else None
+    )
+    if customer is None:
+        messages.error(request, _("Choose the customer whose variables the test uses."))
+        return HttpResponseRedirect(back)
+    try:
+        test = test_send_request(
+            campaign=campaign, customer=customer, to=request.POST.get("to", "")[:64], user_id=request.user.pk
+        )
+    except services.CampaignError as exc:
+        messages.error(request, str(exc))
+        return HttpResponseRedirect(back)
+    messages.success(request, _("Test message to %(to)s queued; its result shows below.") % {"to": test.to})
+    return HttpResponseRedirect(back + "#test-send")
