@@ -16,7 +16,7 @@ from django.utils.translation import gettext_lazy as _
 from django_rq.admin import QueueAdmin
 from django_rq.models import Dashboard
 
-from crm import checkpoints, services, tenancy
+from crm import checkpoints, customer_page, services, tenancy
 from crm.admin_columns import short_datetime
 from crm.models import (
     ConsentChange,
@@ -271,8 +271,6 @@ class CustomerAdmin(TenantAdmin):
 
     def get_search_results(self, request: HttpRequest, queryset: QuerySet, search_term: str) -> Any:
         """A phone or a CPF however typed is found by its normalized form (customer_page)."""
-        from crm import customer_page
-
         if customer_page.looks_like_number(search_term):
             organizations = list(
                 tenancy.scope(Organization.objects.all(), request.user, "pk").values_list("pk", flat=True)
@@ -282,8 +280,6 @@ class CustomerAdmin(TenantAdmin):
 
     @admin.display(description=_("purchases, messages, consent, segment, surveys"))
     def profile(self, obj: Customer) -> str:
-        from crm import customer_page
-
         if not obj.pk:
             return "—"
         return format_html_join(

@@ -6,7 +6,8 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.db import models
-from django.urls import reverse
+from django.http import HttpResponseNotAllowed, HttpResponseRedirect
+from django.urls import path, reverse
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
 
@@ -16,8 +17,9 @@ if TYPE_CHECKING:
 import smtplib
 
 from crm.checks import public_url_warnings
+from crm.models import Organization
 from crm.money import format_money
-from crm.tenancy import TenantAdmin
+from crm.tenancy import TenantAdmin, scope
 from integrations.email import esp, tracking
 from integrations.email.bounces import classify_exception
 from integrations.email.smtp import SmtpServer, send_test_email
@@ -28,7 +30,7 @@ from integrations.models import (
     WhatsappPrice,
     WhatsappTemplate,
 )
-from integrations.services import whatsapp_numbers_resume
+from integrations.services import whatsapp_numbers_resume, whatsapp_templates_sync_enqueue
 
 
 def write_only_input(label: str | _StrPromise) -> forms.CharField:
@@ -132,8 +134,6 @@ class WhatsappNumberAdmin(TenantAdmin):
 
     @admin.action(description=_("Sync WhatsApp templates from Meta"), permissions=["change"])
     def sync_templates(self, request, queryset) -> None:
-        from integrations.services import whatsapp_templates_sync_enqueue
-
         organizations = sorted(
             set(queryset.exclude(business_account_id="").values_list("organization_id", flat=True))
         )
@@ -177,8 +177,6 @@ class WhatsappTemplateAdmin(TenantAdmin):
         return False
 
     def get_urls(self) -> list[Any]:
-        from django.urls import path
-
         return [
             path(
                 "sync/", self.admin_site.admin_view(self.sync_view), name="integrations_whatsapptemplate_sync"
@@ -188,12 +186,6 @@ class WhatsappTemplateAdmin(TenantAdmin):
 
     def sync_view(self, request) -> Any:
         """POST: sync the templates of every organization the user manages (a job each)."""
-        from django.http import HttpResponseNotAllowed, HttpResponseRedirect
-
-        from crm.models import Organization
-        from crm.tenancy import scope
-        from integrations.services import whatsapp_templates_sync_enqueue
-
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         managed = scope(Organization.objects.all(), request.user, "pk", managed=True).values_list(

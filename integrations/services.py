@@ -13,6 +13,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from crm import jobs, queues
 from crm.services import REASON_MAX
 from integrations import http
 from integrations.errors import IntegrationError
@@ -176,8 +177,6 @@ def whatsapp_templates_sync_all(*, organization_id: int | None = None) -> dict[s
 
 def whatsapp_templates_sync_enqueue(*, organization_id: int) -> str:
     """Sync one organization's templates in a job (the admin's button); one at a time per organization."""
-    from crm import jobs, queues
-
     return jobs.enqueue(
         "integrations.tasks.whatsapp_templates_sync_organization",
         queue=queues.MAINTENANCE,
