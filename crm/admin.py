@@ -76,6 +76,7 @@ class OrganizationAdmin(TenantAdmin):
         "whatsapp_paused_at",
         "email_paused_at",
         "survey_channel",
+        "queue_weight",
         "created_at",
     )
     search_fields = ("name", "slug")
@@ -131,7 +132,22 @@ class OrganizationAdmin(TenantAdmin):
                 )
             },
         ),
+        (
+            _("Queues"),
+            {
+                "fields": ("queue_weight",),
+                "description": _(
+                    "Organizations with work waiting on a queue are served in turn; this weight is the "
+                    "organization's share of the turns. Set by platform operators."
+                ),
+            },
+        ),
     )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        readonly = tuple(super().get_readonly_fields(request, obj))
+        # A tenant's manager does not raise their own share of the platform's workers.
+        return readonly if tenancy.is_operator(request.user) else (*readonly, "queue_weight")
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return tenancy.is_operator(request.user)  # organizations are the platform's to create

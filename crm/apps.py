@@ -14,7 +14,7 @@ class CrmConfig(AppConfig):
 
         from crm import checks, hooks, inbox, recovery
         from crm import services as crm_services
-        from crm.models import Membership, Sale
+        from crm.models import Membership, Organization, Sale
 
         django_checks.register(checks.check_public_url, django_checks.Tags.security)
         recovery.register("inbox")(inbox.stranded)
@@ -22,4 +22,7 @@ class CrmConfig(AppConfig):
         saved, deleted = crm_services.membership_saved, crm_services.membership_deleted
         post_save.connect(saved, sender=Membership, dispatch_uid="crm.membership_saved")
         post_delete.connect(deleted, sender=Membership, dispatch_uid="crm.membership_deleted")
+        post_save.connect(
+            crm_services.organization_saved, sender=Organization, dispatch_uid="crm.organization_saved"
+        )
         post_save.connect(hooks.sale_saved, sender=Sale, dispatch_uid="crm.sale_saved")

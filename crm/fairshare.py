@@ -23,7 +23,7 @@ PostgreSQL through the same path (the recoverers give each job its organization)
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
 from django_rq.queues import DjangoRQ
@@ -186,6 +186,17 @@ def set_weight(connection: Redis, organization_id: int, weight: int) -> None:
         connection.hdel(WEIGHTS, str(organization_id))
     else:
         connection.hset(WEIGHTS, str(organization_id), max(int(weight), 1))
+
+
+def weights_replace(connection: Redis, weights: Mapping[int, int]) -> None:
+    """Make `crm:fair:weights` exactly `weights` (organization id → weight; those of 1 may be
+    left out): one MULTI, so a pick never sees it half written."""
+    kept = {str(org): str(max(int(w), 1)) for org, w in weights.items() if int(w) != 1}
+    with connection.pipeline(transaction=True) as pipe:
+        pipe.delete(WEIGHTS)
+        if kept:
+            pipe.hset(WEIGHTS, mapping=cast(Any, kept))
+        pipe.execute()
 
 
 def waiting(connection: Redis, queue_names: Iterable[str]) -> dict[str, int]:

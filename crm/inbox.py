@@ -16,8 +16,11 @@ the kind's "dirty" flag, and a drain job when none is queued). A drain job clear
 each pass and, once the inbox is empty, gives its "queued" marker back and looks at the flag again,
 so an event committed while it finished is never left waiting.
 
-Drains of one kind are serialised by a PostgreSQL advisory lock, so events are applied in the order
-they were accepted (preferences: the latest wins) and two batches never lock the same rows.
+Drains of one kind are serialised by a PostgreSQL advisory lock, so an organization's events are
+applied in the order they were accepted (preferences: the latest wins) and two batches never lock
+the same rows. Organizations are served in turn: each batch holds the first waiting events of every
+organization with events waiting (ORGS_PER_BATCH at most, rotating), so a burst of one never makes
+another's events wait behind it.
 
 An event its handler cannot apply yet (an ESP's bounce that came before our send job recorded the
 message) stays in the inbox too, never in Redis: the handler returns it with what is left of its
@@ -369,18 +372,49 @@ def wake(kind: str) -> bool:
 
 
 # --- the worker side --------------------------------------------------------------------------
-# The oldest events of a kind that are due: those not tried yet and those whose retry has come
-# (each read on its partial index: the second is tiny), together in acceptance order, then locked
-# by primary key.
-_SELECT = (
-    f"SELECT id, kind, organization_id, received_at, payload, retries FROM {_TABLE} "  # noqa: S608
-    "WHERE id = ANY(ARRAY("
-    f"(SELECT id FROM {_TABLE} WHERE kind = %s AND failed_at IS NULL AND not_before IS NULL "
-    "ORDER BY id LIMIT %s) UNION ALL "
-    f"(SELECT id FROM {_TABLE} WHERE kind = %s AND failed_at IS NULL AND not_before <= now() "
-    "ORDER BY id LIMIT %s)"
-    ")) ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED"
+# The due events of a kind, organizations in turn (issue 28: one tenant's webhook storm never
+# delays another's statuses). The organizations with fresh events are found by a loose index scan
+# of `inbox_fresh` (kind, organization, id: one probe per organization, never a pass over the
+# backlog), at most ORGS_PER_BATCH of them from `after` on (rotating when more wait); each gives its
+# oldest events, up to a share that fills the batch, ranked 1, 2, 3… in acceptance order; events
+# without an organization are one more such tenant and those whose retry has come go first. The
+# batch is the BATCH lowest ranks: every waiting organization has its first events in it, and a
+# lone organization fills it. Then the rows are locked by primary key.
+ORGS_PER_BATCH = 500  # organizations served per batch (more wait their turn in the next one)
+SPREAD = 8  # an organization's share is SPREAD times the batch over the organizations waiting: fills it
+_FRESH = "kind = %(kind)s AND failed_at IS NULL AND not_before IS NULL"
+_SELECT = f"""
+WITH RECURSIVE orgs(org, k) AS (
+    (SELECT organization_id, 1 FROM {_TABLE} WHERE {_FRESH} AND organization_id > %(after)s
+     ORDER BY organization_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT e.organization_id FROM {_TABLE} e WHERE e.{_FRESH} AND e.organization_id > o.org
+            ORDER BY e.organization_id LIMIT 1), o.k + 1
+    FROM orgs o WHERE o.org IS NOT NULL AND o.k < %(orgs)s
+),
+turns AS (SELECT org FROM orgs WHERE org IS NOT NULL),
+share AS (
+    SELECT least(%(limit)s, ceil(%(limit)s * {SPREAD}.0 / (count(*) + 1)))::int AS n FROM turns
+),
+ranked AS (
+    SELECT l.id, l.r FROM turns, share, LATERAL (
+        SELECT id, row_number() OVER (ORDER BY id) AS r FROM {_TABLE}
+        WHERE {_FRESH} AND organization_id = turns.org ORDER BY id LIMIT share.n) l
+    UNION ALL
+    SELECT l.id, l.r FROM share, LATERAL (
+        SELECT id, row_number() OVER (ORDER BY id) AS r FROM {_TABLE}
+        WHERE {_FRESH} AND organization_id IS NULL ORDER BY id LIMIT share.n) l
+    UNION ALL
+    (SELECT id, 0 FROM {_TABLE} WHERE kind = %(kind)s AND failed_at IS NULL AND not_before <= now()
+     ORDER BY not_before LIMIT %(limit)s)
 )
+SELECT id, kind, organization_id, received_at, payload, retries FROM {_TABLE}
+WHERE id = ANY(ARRAY(SELECT id FROM ranked ORDER BY r, id LIMIT %(limit)s))
+ORDER BY id FOR UPDATE SKIP LOCKED
+"""  # noqa: S608 - the table's name and constants only
+# Per kind: the organization after which the next batch starts looking when the last one met
+# ORGS_PER_BATCH of them (-1: from the first). In-process: drains of a kind hold its lock in turn.
+_after: dict[str, int] = {}
 _RETRY = (
     f"UPDATE {_TABLE} AS e SET payload = r.payload, retries = e.retries + 1, "  # noqa: S608
     "not_before = now() + make_interval(secs => r.delay) "
@@ -397,16 +431,21 @@ def _lock_id(kind: str) -> int:
 
 
 def drain_batch(kind: str, *, limit: int = BATCH) -> int:
-    """Apply up to `limit` of the oldest due events of `kind` and delete them, in one transaction
-    (keeping those to retry later); returns how many were taken (applied, kept or set aside)."""
+    """Apply up to `limit` due events of `kind`, organizations in turn and each one's in acceptance
+    order, and delete them, in one transaction (keeping those to retry later); returns how many
+    were taken (applied, kept or set aside)."""
     handler = _HANDLERS[kind]
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_id(kind)])
-            cursor.execute(_SELECT, [kind, limit, kind, limit, limit])
+            cursor.execute(
+                _SELECT, {"kind": kind, "limit": limit, "orgs": ORGS_PER_BATCH, "after": _after.get(kind, -1)}
+            )
             events = [Event(*row) for row in cursor.fetchall()]
         if not events:
+            _after.pop(kind, None)
             return 0
+        _rotate(kind, events)
         try:
             with transaction.atomic():
                 later = dict(handler(events) or {})
@@ -420,6 +459,16 @@ def drain_batch(kind: str, *, limit: int = BATCH) -> int:
         InboxEvent.objects.filter(id__in=done, failed_at__isnull=True).delete()
         _retry_later(kind, [e for e in events if e.id in later], later)
     return len(events)
+
+
+def _rotate(kind: str, events: list[Event]) -> None:
+    """Where the next batch of `kind` starts looking for organizations: after the last one served
+    when this batch met ORGS_PER_BATCH of them (the others' turn), else from the first."""
+    served = {e.organization_id for e in events if e.organization_id is not None}
+    if len(served) >= ORGS_PER_BATCH:
+        _after[kind] = max(served)
+    else:
+        _after.pop(kind, None)
 
 
 def retry_delay(retries: int) -> float:

@@ -144,6 +144,15 @@ class Organization(models.Model):
         help_text=_("An approved template whose URL button 0 ends in {{1}}: it receives the survey link."),
     )
     created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+    queue_weight = models.PositiveSmallIntegerField(
+        _("queue weight"),
+        default=1,
+        validators=[MinValueValidator(1), MaxValueValidator(100)],
+        help_text=_(
+            "Share of the workers' turns when several organizations have work waiting on a queue: "
+            "weight 2 is served twice as often as weight 1."
+        ),
+    )
 
     class Meta:
         verbose_name = _("organization")
@@ -476,11 +485,12 @@ class InboxEvent(models.Model):
         verbose_name = _("inbox event")
         verbose_name_plural = _("inbox events")
         indexes = [
-            # The drain's two reads (crm/inbox.py): events not tried yet, in acceptance order, and the
-            # few to be tried again, by when.
+            # The drain's two reads (crm/inbox.py): events not tried yet, per organization in
+            # acceptance order (and the organizations waiting, by a loose scan), and the few to be
+            # tried again, by when.
             models.Index(
-                fields=["kind", "id"],
-                name="inbox_fresh",
+                fields=["kind", "organization", "id"],
+                name="inbox_fresh_by_org",
                 condition=models.Q(failed_at__isnull=True, not_before__isnull=True),
             ),
             models.Index(

@@ -23,6 +23,7 @@ from rq.results import Result
 from rq.serializers import JSONSerializer
 
 from crm import fairshare, jobs, promote, queues, stats
+from crm.models import Organization
 
 STATES = ("waiting", "active", "delayed", "completed", "failed")
 JOB_ACTIONS = ("retry", "delete", "promote", "cancel")
@@ -164,6 +165,19 @@ def overview() -> list[dict[str, Any]]:
         }
         for name in queues.QUEUE_NAMES
     ]
+
+
+def tenants(queue: str, *, top: int = 20) -> dict[str, Any] | None:
+    """A fair queue's tenants for its page: `ready` (tenants with work waiting), `rows` (the `top`
+    by waiting jobs: organization id and name, waiting, share of turns) and `other_waiting`;
+    None for a queue that is not fair. Bounded (crm.fairshare.tenant_summary)."""
+    if not queues.is_fair(queue):
+        return None
+    summary = fairshare.tenant_summary(jobs.get_connection(), queue, top=top)
+    ids = [t["organization_id"] for t in summary["tenants"] if t["organization_id"] is not None]
+    names = dict(Organization.objects.filter(pk__in=ids).values_list("pk", "name"))
+    rows = [{**t, "name": names.get(t["organization_id"], "")} for t in summary["tenants"]]
+    return {"ready": summary["ready"], "rows": rows, "other_waiting": summary["other_waiting"]}
 
 
 # --- pages of jobs ----------------------------------------------------------------------------

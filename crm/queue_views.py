@@ -109,6 +109,7 @@ def job_list(request: HttpRequest, queue: str, state: str) -> HttpResponse:
             (s, STATE_LABELS[s], reverse("admin-queue-jobs", args=[queue, s])) for s in queue_ops.STATES
         ],
         "page": page,
+        "tenants": queue_ops.tenants(queue),
         "previous_url": page_url(page.page - 1) if page.page > 1 else "",
         "next_url": page_url(page.page + 1) if page.page < page.pages else "",
         "search_limit": queue_ops.SEARCH_LIMIT,

@@ -34,7 +34,7 @@ from rq.exceptions import AbandonedJobError
 from rq.job import Job
 from rq.timeouts import JobTimeoutException
 
-from crm import jobs
+from crm import jobs, services
 from crm.models import JobRun
 
 logger = logging.getLogger(__name__)
@@ -256,6 +256,9 @@ def recover(*, dry_run: bool = False, progress: Callable[[str, int], None] | Non
     def told(name: str) -> Callable[[int], None] | None:
         return (lambda n: progress(name, n)) if progress else None
 
+    if not dry_run:
+        # The fair queues' weights first, so the work enqueued below is served at its share.
+        services.queue_weights_rebuild()
     result = {
         "job-runs": requeue_missing(
             _stale_job_runs(dry_run=dry_run), dry_run=dry_run, progress=told("job-runs")

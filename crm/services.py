@@ -10,12 +10,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
+import redis
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import connection, transaction
 from django.utils import timezone
 
-from crm import tenancy
+from crm import fairshare, jobs, tenancy
 from crm.models import ConsentChange, ConsentSource, Customer, Membership, OptOutSource, Organization
 
 logger = logging.getLogger(__name__)
@@ -130,6 +131,27 @@ def membership_saved(sender: Any, instance: Any, **kwargs: Any) -> None:
     if not user.is_staff:
         user.is_staff = True
         user.save(update_fields=["is_staff"])
+
+
+def organization_saved(sender: Any, instance: Organization, **kwargs: Any) -> None:
+    """post_save of Organization (the admin, the ORM): its `queue_weight` goes to the fair queues'
+    weights in Redis once committed. Redis down: logged, and `recover` (every minute) rebuilds them."""
+
+    def send() -> None:
+        try:
+            fairshare.set_weight(jobs.get_connection(), instance.pk, instance.queue_weight)
+        except redis.RedisError:
+            logger.warning("organization %s: queue weight not sent to Redis", instance.pk, exc_info=True)
+
+    transaction.on_commit(send)
+
+
+def queue_weights_rebuild() -> int:
+    """Rebuild the fair queues' weights in Redis from PostgreSQL (after a flush: `recover`);
+    returns how many organizations have a weight other than 1."""
+    weights = dict(Organization.objects.exclude(queue_weight=1).values_list("pk", "queue_weight"))
+    fairshare.weights_replace(jobs.get_connection(), weights)
+    return len(weights)
 
 
 def membership_deleted(sender: Any, instance: Any, **kwargs: Any) -> None:

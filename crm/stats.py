@@ -49,15 +49,34 @@ def tenant_stats(*, top: int = 10) -> dict[str, dict]:
     }
 
 
+TENANT_HEADS = 200  # tenants per fair queue whose oldest job oldest_waiting looks at (bounded)
+
+
 def oldest_waiting() -> dict[str, float]:
-    """Seconds the job at the head of each non-empty queue has waited (two pipelined round trips);
-    queues with nothing waiting are left out."""
+    """Seconds the oldest job waiting on each non-empty queue has waited: the head of RQ's list
+    and, on a fair queue, the heads of its tenants' lists (the first TENANT_HEADS tenants in
+    serving order); three pipelined round trips. Queues with nothing waiting are left out."""
     connection = jobs.get_connection()
+    fair = [name for name in queues.QUEUE_NAMES if queues.is_fair(name)]
     with connection.pipeline(transaction=False) as pipe:
         for name in queues.QUEUE_NAMES:
             pipe.lindex(f"rq:queue:{name}", 0)
-        heads = pipe.execute()
+        for name in fair:
+            pipe.zrange(fairshare.ready_key(name), 0, TENANT_HEADS - 1)
+        raw = pipe.execute()
+    heads, ready = raw[: len(queues.QUEUE_NAMES)], raw[len(queues.QUEUE_NAMES) :]
     present = [(name, _text(h)) for name, h in zip(queues.QUEUE_NAMES, heads, strict=True) if h]
+    tenants = [
+        (name, _text(t))
+        for name, members in zip(fair, ready, strict=True)
+        for t in members
+        if _text(t) != fairshare.PLAIN
+    ]
+    if tenants:
+        with connection.pipeline(transaction=False) as pipe:
+            for name, tenant in tenants:
+                pipe.lindex(fairshare.tenant_key(name, tenant), 0)
+            present += [(name, _text(h)) for (name, _), h in zip(tenants, pipe.execute(), strict=True) if h]
     if not present:
         return {}
     with connection.pipeline(transaction=False) as pipe:
@@ -65,11 +84,12 @@ def oldest_waiting() -> dict[str, float]:
             pipe.hget(f"rq:job:{job_id}", "enqueued_at")
         stamps = pipe.execute()
     now = datetime.now(UTC)
-    return {
-        name: max((now - utcparse(_text(stamp))).total_seconds(), 0.0)
-        for (name, _), stamp in zip(present, stamps, strict=True)
-        if stamp
-    }
+    oldest: dict[str, float] = {}
+    for (name, _), stamp in zip(present, stamps, strict=True):
+        if stamp:
+            age = max((now - utcparse(_text(stamp))).total_seconds(), 0.0)
+            oldest[name] = max(oldest.get(name, 0.0), age)
+    return oldest
 
 
 def _text(value: bytes | str) -> str:

@@ -163,6 +163,18 @@ def parse(payload: Any) -> WebhookBatch:
     return WebhookBatch(statuses=statuses, preferences=preferences, ignored=ignored)
 
 
+def phone_number_id(payload: Any) -> str:
+    """The business number a parsed (checked) webhook body is for: its first change's
+    value.metadata.phone_number_id, "" when it names none. Meta sends one account's changes per
+    body; the intake stores the body under that number's organization."""
+    for _, value in _change_values(payload):
+        metadata = value.get("metadata")
+        number = _text(metadata.get("phone_number_id")) if isinstance(metadata, dict) else ""
+        if number:
+            return number
+    return ""
+
+
 def _change_values(payload: Any) -> Iterator[tuple[str, dict[str, Any]]]:
     """(where, value) of each change of each entry, in order, each checked as it comes."""
     if not isinstance(payload, dict):
