@@ -12,7 +12,7 @@ class CampaignsConfig(AppConfig):
         organization dashboard page (campaigns/admin_dashboard.py, moving above the apps)."""
         from django.db.models.signals import pre_delete
 
-        from campaigns import admin_dashboard, attribution, customer_page, inbox, metrics, services  # noqa: F401
+        from campaigns import admin_dashboard, attribution, customer_page, inbox, lift, metrics, services  # noqa: F401
         from campaigns.models import Campaign
         from crm import hooks, prometheus
         from crm import inbox as platform_inbox
@@ -21,5 +21,7 @@ class CampaignsConfig(AppConfig):
         platform_inbox.register(inbox.ESP)(inbox.esp_events_apply)
         prometheus.register_collector("campaigns.messages", metrics.collect_messages)
         pre_delete.connect(services.campaign_deleting, sender=Campaign, dispatch_uid="campaigns.deleting")
+        # The lift rollups (campaigns.lift): per campaign with a control group, not last touch.
+        hooks.on_sales_written("lift", lift.sales_written, order=90)
         # Last: its statement takes the organization's attribution lock, held until the commit.
         hooks.on_sales_written("attributed", attribution.sales_written, order=100)

@@ -1,7 +1,9 @@
 """Revenue attribution: which campaign a sale is credited to, kept current as sales arrive.
 
 A sale of a customer who was sent a campaign message (WhatsApp sent, delivered or read; email
-sent) at most the organization's `attribution_window_days` before it — sent_at <= sold_at <=
+sent) at most the organization's attribution window of the message's channel before it
+(`attribution_window_whatsapp_days` / `_email_days`, else `attribution_window_days`; with
+`attribution_engaged_only`, only a message read or clicked before the sale) — sent_at <= sold_at <=
 sent_at + window, both ends included — is attributed to the campaign of the latest such message,
 whatever its channel (last touch; on a tie the WhatsApp message, then the higher id). A sale before
 every message, or after the window, is not attributed. Each sale has at most one SaleAttribution
@@ -70,10 +72,19 @@ _LATEST_SQL = """(SELECT m.campaign_id, '{channel}' AS channel, m.id AS message_
              FROM {table} m
              WHERE m.customer_id = s.customer_id
                AND m.sent_at <= s.sold_at
-               AND m.sent_at >= s.sold_at - make_interval(days => o.attribution_window_days)
+               AND m.sent_at >= s.sold_at - make_interval(days =>
+                   coalesce(o.attribution_window_{channel}_days, o.attribution_window_days))
                AND m.status = ANY(%({channel}_reached)s)
+               AND (NOT o.attribution_engaged_only OR {engaged})
              ORDER BY m.sent_at DESC, m.id DESC
              LIMIT 1)"""
+
+# Engagement-qualified attribution (Organization.attribution_engaged_only): the customer engaged
+# with the message before the sale — a WhatsApp message read or its link clicked, an email clicked.
+_ENGAGED = {
+    "whatsapp": "(m.read_at <= s.sold_at OR m.clicked_at <= s.sold_at)",
+    "email": "(m.clicked_at <= s.sold_at)",
+}
 
 # {where} chooses the page's sales, always within one organization (%(org)s).
 _ATTRIBUTE_SQL = """
@@ -150,8 +161,12 @@ def _evaluate(organization_id: int, where: str, params: dict[str, Any]) -> Attri
             cursor.execute(
                 _ATTRIBUTE_SQL.format(
                     where=where,
-                    whatsapp=_LATEST_SQL.format(channel="whatsapp", table=WhatsappMessage._meta.db_table),
-                    email=_LATEST_SQL.format(channel="email", table=EmailMessage._meta.db_table),
+                    whatsapp=_LATEST_SQL.format(
+                        channel="whatsapp", table=WhatsappMessage._meta.db_table, engaged=_ENGAGED["whatsapp"]
+                    ),
+                    email=_LATEST_SQL.format(
+                        channel="email", table=EmailMessage._meta.db_table, engaged=_ENGAGED["email"]
+                    ),
                 ),
                 {
                     "org": organization_id,

@@ -87,7 +87,8 @@ def history_sql(*, campaign: Campaign, customer_ids: list[int], now: datetime) -
         parts.append(
             f"SELECT m.customer_id, m.campaign_id, m.status, m.sent_at, m.status IN ({reached}) AS reached "  # noqa: S608
             f"FROM {_TABLES[c]} m WHERE m.customer_id = given.id AND m.sent_at >= %s "
-            "AND m.campaign_id <> %s"
+            # A control group's row (campaigns.lift) has a would-be send time: not a contact.
+            "AND m.campaign_id <> %s AND m.status <> 'held_out'"
         )
         # The block's 24 hours lie within the limit's window (message_limit_days is 1 or more).
         params += [*_REACHED[c], min(since, day_ago) if block else since, campaign.pk]

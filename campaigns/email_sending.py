@@ -43,7 +43,7 @@ from django.db import transaction
 from django.db.models import F, Min, Q
 from django.utils import timezone
 
-from campaigns import caps, links, services
+from campaigns import caps, lift, links, services
 from campaigns.models import (
     OUTCOME_UNKNOWN,
     BounceType,
@@ -137,6 +137,7 @@ def _claim(campaign_id: int, batch: int, limit: int) -> list[int]:
             EmailMessage.objects.filter(id__in=ids).update(
                 status=Status.SENDING, attempts=F("attempts") + 1, sending_at=timezone.now()
             )
+            lift.held_out_stamp(model=EmailMessage, campaign_id=campaign_id, batch=batch)
     return ids
 
 

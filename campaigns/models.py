@@ -55,11 +55,13 @@ CONTENT_FIELDS = (
     "audience_store",
     "audience_purchased_within_days",
     "audience_segment",
+    "control_percent",
 )
 
 # The audience's purchase window: a hundred years covers any real one; more would overflow the date
 # arithmetic (a start before year 1) and fail the campaign's page and its fan-out.
 AUDIENCE_MAX_DAYS = 36_500
+CONTROL_MAX_PERCENT = 50
 
 
 class Campaign(models.Model):
@@ -206,6 +208,17 @@ class Campaign(models.Model):
     # archived, never deleted, by a manager).
     archived_at = models.DateTimeField(_("archived at"), null=True, blank=True, editable=False)
     created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+    # Incrementality (campaigns.lift): this share of the recipients, drawn at random after consent,
+    # opt-outs and contact caps, is held out (a message row `held_out`, nothing sent).
+    control_percent = models.PositiveSmallIntegerField(
+        _("control group (%)"),
+        default=0,
+        validators=[MaxValueValidator(CONTROL_MAX_PERCENT)],
+        help_text=_(
+            "0-50% of the recipients, drawn at random, are not sent the campaign: comparing their "
+            "purchases with the others' shows what the campaign really caused (the lift report)."
+        ),
+    )
 
     class Meta:
         verbose_name = _("campaign")
@@ -217,6 +230,9 @@ class Campaign(models.Model):
             models.CheckConstraint(
                 condition=Q(audience_purchased_within_days__lte=AUDIENCE_MAX_DAYS),
                 name="campaign_audience_days_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(control_percent__lte=CONTROL_MAX_PERCENT), name="campaign_control_percent_range"
             ),
         ]
 
@@ -437,6 +453,9 @@ class WhatsappMessage(CampaignMessage):
         # read or failed (campaigns.statuses). A status rather than a flag beside FAILED keeps one
         # truth per row: every count, filter and index by status sees it without a second column.
         UNKNOWN = "unknown", _("outcome unknown")
+        # In the campaign's control group (campaigns.lift): never sent; sent_at is when it would
+        # have been (its batch's send), where its purchase window starts.
+        HELD_OUT = "held_out", _("held out (control)")
 
     FINAL = (
         Status.SENT,
@@ -446,6 +465,7 @@ class WhatsappMessage(CampaignMessage):
         Status.SKIPPED,
         Status.CANCELLED,
         Status.UNKNOWN,
+        Status.HELD_OUT,
     )
     IN_FLIGHT = (Status.QUEUED, Status.SENDING)
 
@@ -538,8 +558,17 @@ class EmailMessage(CampaignMessage):
         FAILED = "failed", _("failed")
         SKIPPED = "skipped", _("skipped")
         CANCELLED = "cancelled", _("cancelled")
+        HELD_OUT = "held_out", _("held out (control)")
 
-    FINAL = (Status.SENT, Status.BOUNCED, Status.BLOCKED, Status.FAILED, Status.SKIPPED, Status.CANCELLED)
+    FINAL = (
+        Status.SENT,
+        Status.BOUNCED,
+        Status.BLOCKED,
+        Status.FAILED,
+        Status.SKIPPED,
+        Status.CANCELLED,
+        Status.HELD_OUT,
+    )
     IN_FLIGHT = (Status.QUEUED, Status.SENDING)
 
     # No index of their own: the composite indexes lead with them (one index less to write per
@@ -754,6 +783,38 @@ class CampaignRevenue(models.Model):
 
     def __str__(self) -> str:
         return f"{self.campaign_id}: {self.revenue} / {self.conversions}"
+
+
+class LiftSale(models.Model):
+    """A sale in the purchase window of a campaign with a control group, per arm (campaigns.lift):
+    the rollup its lift report reads, written as sales are written (the "sales written" hook). A
+    sale counts once per campaign whose message (sent, or held out) its customer had in the
+    window before it; unlike attribution it may count for several campaigns, each its own
+    experiment."""
+
+    campaign = models.ForeignKey(
+        Campaign, on_delete=models.CASCADE, related_name="+", verbose_name=_("campaign"), db_index=False
+    )
+    sale = models.ForeignKey(Sale, on_delete=models.CASCADE, related_name="+", verbose_name=_("sale"))
+    customer_id = models.BigIntegerField(_("customer"))
+    control = models.BooleanField(_("control group"))
+    total = models.DecimalField(_("total"), max_digits=12, decimal_places=2)
+
+    class Meta:
+        verbose_name = _("lift sale")
+        verbose_name_plural = _("lift sales")
+        constraints = [
+            models.UniqueConstraint(fields=["campaign", "sale"], name="liftsale_once_per_campaign")
+        ]
+        indexes = [
+            # The report: per arm and customer, index-only.
+            models.Index(
+                fields=["campaign", "control", "customer_id"], include=["total"], name="liftsale_report"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.campaign_id}/{self.sale_id} {'control' if self.control else 'treatment'}"
 
 
 class TestSend(models.Model):

@@ -7,10 +7,12 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models import BooleanField, Count, Exists, OuterRef, Q, QuerySet, Subquery
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Lower
 from django.utils import timezone
 
+from campaigns import lift
 from campaigns.models import (
     Campaign,
     CampaignMetric,
@@ -21,6 +23,7 @@ from campaigns.models import (
     SaleAttribution,
     WhatsappMessage,
 )
+from crm.holdout import holdout_sql
 from crm.models import Customer, Sale
 from crm.money import DEFAULT_CURRENCY, cost_estimate, format_cost
 from integrations.models import WhatsappNumber
@@ -40,13 +43,21 @@ COUNT_KEYS = (
     "unknown",
     "skipped",
     "cancelled",
+    # In the campaign's control group (campaigns.lift): never sent.
+    "held_out",
 )
 # Counted once per message from the metrics, not from the message statuses.
 ENGAGEMENT_KEYS = ("opened", "clicked")
 
 
 def campaign_audience(*, campaign: Campaign) -> QuerySet[Customer]:
-    """Customers of the campaign's organization who can receive it, narrowed by its filters."""
+    """Customers of the campaign's organization who can receive it, narrowed by its filters, without
+    the organization's global holdout."""
+    return _narrowed(campaign, _without_holdout(campaign, _reachable(campaign)))
+
+
+def _reachable(campaign: Campaign) -> QuerySet[Customer]:
+    """Customers with a recorded consent, not opted out of the channel, with a phone or address."""
     qs = Customer.objects.filter(organization_id=campaign.organization_id, marketing_consent=True)
     if campaign.channel == "whatsapp":
         qs = qs.filter(whatsapp_opted_out_at__isnull=True).exclude(phone="")
@@ -57,14 +68,26 @@ def campaign_audience(*, campaign: Campaign) -> QuerySet[Customer]:
             organization_id=campaign.organization_id, email=Lower(OuterRef("email"))
         )
         qs = qs.filter(~Exists(suppressed))
-    return _narrowed(campaign, qs)
+    return qs
+
+
+def _without_holdout(campaign: Campaign, qs: QuerySet[Customer]) -> QuerySet[Customer]:
+    """`qs` without the organization's global holdout (crm.holdout): marketing never reaches it."""
+    condition, params = holdout_sql(
+        customer_column=f"{Customer._meta.db_table}.id", organization=campaign.organization
+    )
+    if not params:
+        return qs
+    held_out = RawSQL(condition, params, output_field=BooleanField())  # noqa: S611 - values as parameters
+    return qs.alias(_held_out=held_out).filter(_held_out=False)
 
 
 def campaign_audience_counts(*, campaign: Campaign) -> dict[str, int]:
     """Before the start: who the audience's filters select, and why those who will not receive it
     are left out — "no_consent" (no recorded marketing consent), "opted_out" (of this channel), and
     "no_contact" (no phone or address). "receives" is campaign_audience's count (suppressed email
-    addresses excluded too). Two aggregate queries; contact caps are applied when it sends."""
+    addresses excluded too), "global_holdout" those of the organization's global holdout. Two (three
+    with a holdout) aggregate queries; contact caps are applied when it sends."""
     channel_out = (
         Q(email_opted_out_at__isnull=False)
         if campaign.channel == Channel.EMAIL
@@ -79,7 +102,11 @@ def campaign_audience_counts(*, campaign: Campaign) -> dict[str, int]:
         opted_out=Count("pk", filter=consent & channel_out),
         no_contact=Count("pk", filter=consent & ~channel_out & no_contact),
     )
-    return {**counts, "receives": campaign_audience(campaign=campaign).count()}
+    receives = campaign_audience(campaign=campaign).count()
+    held = 0
+    if campaign.organization.holdout_percent:
+        held = _narrowed(campaign, _reachable(campaign)).count() - receives
+    return {**counts, "receives": receives, "global_holdout": held}
 
 
 def _narrowed(campaign: Campaign, qs: QuerySet[Customer]) -> QuerySet[Customer]:
@@ -301,4 +328,6 @@ def campaign_status(*, campaign: Campaign) -> dict[str, Any]:
         # Attributed sales (campaigns.attribution): their total as a decimal string, and how many.
         "revenue": str(revenue.quantize(Decimal("0.01"))),
         "conversions": conversions,
+        # The lift report against the control group (campaigns.lift); None without one.
+        "lift": lift.campaign_lift(campaign=campaign),
     }

@@ -35,7 +35,7 @@ from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from campaigns import caps, links, services
+from campaigns import caps, lift, links, services
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from campaigns.variables import template_variable
 from crm import aio, bulk, ratelimit
@@ -142,6 +142,8 @@ def _claim(campaign_id: int, batch: int, *, paused: Q | None = None) -> list[int
             WhatsappMessage.objects.filter(id__in=ids).update(
                 status=Status.SENDING, attempts=F("attempts") + 1, sending_at=timezone.now()
             )
+            # The batch's control group would have been sent now: its purchase window starts too.
+            lift.held_out_stamp(model=WhatsappMessage, campaign_id=campaign_id, batch=batch)
     return ids
 
 

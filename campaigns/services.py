@@ -14,7 +14,7 @@ from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from campaigns import caps, links, selectors
+from campaigns import caps, lift, links, selectors
 from campaigns.models import (
     CONTENT_COLUMNS,
     OUTCOME_UNKNOWN,
@@ -309,7 +309,9 @@ _FANOUT_FIELDS = (
 # messages the pages before wrote; a number not in it, `size` a batch; the size and the time as
 # parameters). The link token as models._token makes it (secrets.token_urlsafe(16): 22 characters
 # of base64url), from the 16 bytes of a random UUID (122 of them random, from the server's strong
-# source). No row without the campaign's.
+# source). No row without the campaign's. A queued one drawn into the control group (campaigns.lift:
+# `random()` against Campaign.control_percent, after the caps) is written HELD_OUT instead, numbered
+# into the batches with the others: its batch's send gives it its would-be send time.
 _FANOUT_ROWS = (
     "SELECT campaign.id, campaign.organization_id, capped.customer_id, "
     "CASE WHEN capped.reason IS NULL THEN "
@@ -318,7 +320,7 @@ _FANOUT_ROWS = (
     "/ coalesce(plan.share, %s) ELSE 0 END, "
     "rtrim(translate(encode(uuid_send(gen_random_uuid()), 'base64'), '+/', '-_'), '='), "
     "%s::timestamptz, "
-    "CASE WHEN capped.reason IS NULL THEN 'queued' ELSE 'skipped' END, "
+    "CASE WHEN capped.reason IS NOT NULL THEN 'skipped' WHEN capped.held THEN 'held_out' ELSE 'queued' END, "
     "coalesce(capped.reason, ''){number} FROM capped CROSS JOIN campaign "
     "LEFT JOIN plan ON plan.number_id = coalesce(capped.number_id, 0)"
 )
@@ -444,7 +446,8 @@ def _insert_page(
         "page (customer_id, reason) AS MATERIALIZED (SELECT given.id, skip.reason "
         "FROM unnest(%s::bigint[]) AS given(id) LEFT JOIN unnest(%s::bigint[], %s::text[]) "
         "AS skip(id, reason) ON skip.id = given.id), "
-        f"capped AS MATERIALIZED (SELECT page.customer_id, page.reason, {number} AS number_id "
+        f"capped AS MATERIALIZED (SELECT page.customer_id, page.reason, {number} AS number_id, "
+        "page.reason IS NULL AND random() * 100 < %s AS held "
         f"FROM page CROSS JOIN campaign{sender}), "
         "plan (number_id, share, earlier) AS "
         "(SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bigint[])), "
@@ -461,6 +464,7 @@ def _insert_page(
         ids,
         list(capped),
         list(capped.values()),
+        campaign.control_percent,
         *plan.rows(),
         *defaults,
         plan.size,
@@ -568,11 +572,13 @@ def campaign_complete_if_done(*, campaign_id: int, channel: str | None = None) -
     busy = model.objects.filter(campaign_id=campaign_id, status__in=model.IN_FLIGHT).exists()
     if busy:
         return False
-    return bool(
-        Campaign.objects.filter(pk=campaign_id, status=Status.SENDING).update(
+    with transaction.atomic():
+        done = Campaign.objects.filter(pk=campaign_id, status=Status.SENDING).update(
             status=Status.SENT, finished_at=timezone.now()
         )
-    )
+        if done:  # held out in a batch that had nothing to send: their window starts now
+            lift.held_out_stamp(model=model, campaign_id=campaign_id, batch=None)
+    return bool(done)
 
 
 def _cancel_queued(campaign_id: int) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
@@ -13,6 +15,12 @@ from django.utils.translation import gettext_lazy as _
 # Revenue attribution (campaigns.attribution): a sale counts for the last campaign message the
 # customer was sent at most this many days before it.
 ATTRIBUTION_WINDOW_MAX_DAYS = 90
+HOLDOUT_MAX_PERCENT = 15
+
+
+def _holdout_salt() -> str:
+    return secrets.token_hex(8)
+
 
 E164 = RegexValidator(r"^\+[1-9]\d{7,14}$", _("Phone numbers are stored in E.164 form, e.g. +5511987654321."))
 # A value that goes into a mail header or a one-line field (a sender's name, a subject): no line
@@ -153,6 +161,40 @@ class Organization(models.Model):
             "weight 2 is served twice as often as weight 1."
         ),
     )
+    # Incrementality (docs/analytics.md): a global holdout and the attribution's options per channel.
+    holdout_percent = models.PositiveSmallIntegerField(
+        _("global holdout (%)"),
+        default=0,
+        validators=[MaxValueValidator(HOLDOUT_MAX_PERCENT)],
+        help_text=_(
+            "This share of the customers (0-15%) never receives marketing campaigns or flows, so that "
+            "what marketing as a whole causes can be measured. Who is in it is sticky: a hash of the "
+            "organization, the customer and the salt below."
+        ),
+    )
+    holdout_salt = models.CharField(_("holdout salt"), max_length=32, default=_holdout_salt, editable=False)
+    attribution_window_whatsapp_days = models.PositiveSmallIntegerField(
+        _("WhatsApp attribution window (days)"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(ATTRIBUTION_WINDOW_MAX_DAYS)],
+        help_text=_("Empty: the attribution window above."),
+    )
+    attribution_window_email_days = models.PositiveSmallIntegerField(
+        _("email attribution window (days)"),
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1), MaxValueValidator(ATTRIBUTION_WINDOW_MAX_DAYS)],
+        help_text=_("Empty: the attribution window above."),
+    )
+    attribution_engaged_only = models.BooleanField(
+        _("attribute only engaged messages"),
+        default=False,
+        help_text=_(
+            "Credit a sale only to a message the customer engaged with before buying: a WhatsApp "
+            "message read or clicked, an email clicked (not only sent)."
+        ),
+    )
 
     class Meta:
         verbose_name = _("organization")
@@ -163,7 +205,11 @@ class Organization(models.Model):
                 condition=models.Q(attribution_window_days__gte=1)
                 & models.Q(attribution_window_days__lte=ATTRIBUTION_WINDOW_MAX_DAYS),
                 name="organization_attribution_window_sane",
-            )
+            ),
+            models.CheckConstraint(
+                condition=models.Q(holdout_percent__lte=HOLDOUT_MAX_PERCENT),
+                name="organization_holdout_percent_range",
+            ),
         ]
         permissions = [
             (
@@ -174,6 +220,28 @@ class Organization(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class HoldoutPeriod(models.Model):
+    """One assignment of an organization's global holdout (crm.holdout): its salt and share, from
+    when to when. Reshuffling ends the current period and starts one with a new salt, so who was
+    held out before can always be computed again."""
+
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="holdout_periods", verbose_name=_("organization")
+    )
+    salt = models.CharField(_("salt"), max_length=32)
+    percent = models.PositiveSmallIntegerField(_("share (%)"))
+    started_at = models.DateTimeField(_("from"), default=dj_timezone.now)
+    ended_at = models.DateTimeField(_("until"), null=True, blank=True)
+
+    class Meta:
+        verbose_name = _("holdout period")
+        verbose_name_plural = _("holdout periods")
+        ordering = ["organization", "-started_at"]
+
+    def __str__(self) -> str:
+        return f"{self.organization_id} {self.percent}% {self.started_at:%Y-%m-%d}"
 
 
 class Membership(models.Model):

@@ -27,6 +27,7 @@ COUNT_LABELS = {
     "unknown": pgettext_lazy("message count", "outcome unknown"),
     "skipped": pgettext_lazy("message count", "skipped"),
     "cancelled": pgettext_lazy("message count", "cancelled"),
+    "held_out": pgettext_lazy("message count", "held out"),
     "opened": pgettext_lazy("message count", "opened"),
     "clicked": pgettext_lazy("message count", "clicked"),
 }
