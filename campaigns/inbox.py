@@ -1,5 +1,5 @@
-"""The inbound webhooks this app applies from the inbox (crm/inbox.py), in batches: Meta's status and
-preference webhooks (kind "whatsapp") and the ESPs' tracking events (kind "esp")."""
+"""The inbound webhooks this app applies from the inbox (crm/inbox.py), in batches: Meta's status,
+preference and inbound message webhooks (kind "whatsapp") and the ESPs' tracking events (kind "esp")."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections import defaultdict
 
 from anymail.signals import AnymailTrackingEvent
 
-from campaigns import esp_tracking, statuses
+from campaigns import conversations, esp_tracking, statuses
 from crm import inbox
 from integrations.email import tracking
 from integrations.whatsapp import webhooks
-from integrations.whatsapp.webhooks import PreferenceEvent, StatusEvent
+from integrations.whatsapp.webhooks import InboundMessage, PreferenceEvent, StatusEvent
 
 KIND = "whatsapp"
 ESP = "esp"
@@ -20,15 +20,20 @@ ESP = "esp"
 
 def webhooks_apply(events: list[inbox.Event]) -> None:
     """Apply a batch of accepted webhook bodies: every status in one `statuses_apply` (monotonic,
-    whatever the order), every preference in one `preferences_apply` (the latest wins)."""
+    whatever the order), every preference in one `preferences_apply` (the latest wins), every
+    inbound message in one `inbound_apply` (once per wamid, keywords honoured)."""
     status_events: list[StatusEvent] = []
     preference_events: list[PreferenceEvent] = []
+    inbound: list[InboundMessage] = []
     for event in events:
         batch = webhooks.parse(json.loads(event.payload))
         status_events += batch.statuses
         preference_events += batch.preferences
+        inbound += batch.messages
     statuses.statuses_apply(events=status_events)
     statuses.preferences_apply(events=preference_events)
+    if inbound:
+        conversations.inbound_apply(messages=inbound)
 
 
 def esp_payload(provider: str, raws: list[dict]) -> str:

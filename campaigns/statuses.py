@@ -285,7 +285,7 @@ def _metric_add(campaign_id: int, delta: Counter[str], cost: Decimal, currency: 
         CampaignMetric.objects.filter(campaign_id=campaign_id).update(**changes)
 
 
-def _phones(wa_id: str) -> list[str]:
+def wa_id_phones(wa_id: str) -> list[str]:
     """The E.164 numbers a wa_id may be stored as (with the Brazilian ninth digit added back)."""
     phones = [f"+{wa_id}"]
     match = BR_MOBILE_WITHOUT_NINTH_RE.fullmatch(wa_id)
@@ -323,7 +323,7 @@ def preferences_apply(*, events: list[PreferenceEvent]) -> int:
         if organization_id is None:
             continue
         customers = Customer.objects.filter(
-            organization_id=organization_id, phone__in=_phones(event.wa_id)
+            organization_id=organization_id, phone__in=wa_id_phones(event.wa_id)
         ).values_list("pk", flat=True)
         if event.value == "stop":
             changed += customers_opt_out(

@@ -56,7 +56,7 @@ def _bad_request(reason: str) -> JsonResponse:
 def whatsapp_webhook(request: HttpRequest) -> HttpResponse:
     """GET: the verification handshake. POST: 403 unless signed with the app secret, 400 when
     malformed, 503 when it cannot be stored, else 200 once stored in the inbox (applied by a worker
-    moments later): `accepted` statuses and preferences, `skipped` what a campaign does not track."""
+    moments later): `accepted` statuses, preferences and inbound messages, `skipped` the rest."""
     if request.method == "GET":
         return _handshake(request)
     try:
@@ -73,7 +73,7 @@ def whatsapp_webhook(request: HttpRequest) -> HttpResponse:
         batch = webhooks.parse(payload)
     except ValueError as exc:
         return _bad_request(str(exc)[:300])
-    accepted = len(batch.statuses) + len(batch.preferences)
+    accepted = len(batch.statuses) + len(batch.preferences) + len(batch.messages)
     if accepted:
         # The body as received (checked strict UTF-8 JSON): the worker parses it again.
         inbox.write(_ACCEPT, [webhook_inbox.KIND, webhooks.phone_number_id(payload), raw.decode()])

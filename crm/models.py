@@ -294,6 +294,12 @@ class Store(models.Model):
         ),
     )
     created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+    chatwoot_inbox_id = models.PositiveIntegerField(
+        _("Chatwoot inbox id"),
+        null=True,
+        blank=True,
+        help_text=_("Replies of this store's customers go to this Chatwoot inbox. Empty: the account's own."),
+    )
 
     class Meta:
         verbose_name = _("store")
@@ -321,6 +327,7 @@ class OptOutSource(models.TextChoices):
     PROVIDER = "provider", _("provider (Meta 131050 / hard bounce)")
     ADMIN = "admin", _("admin")
     ERP = "erp", _("ERP")
+    KEYWORD = "keyword", _("opt-out keyword or button in a WhatsApp reply")
 
 
 class ConsentSource(models.TextChoices):

@@ -36,6 +36,7 @@ ERP_CUSTOMER_SYNC = "erp-customer-sync-queue"
 POST_SALE_SURVEY = "post-sale-survey"
 RUNS = "runs"
 CHATWOOT_MIRROR = "chatwoot-mirror"
+CHATWOOT_INBOUND = "chatwoot-inbound"
 MAINTENANCE = "maintenance"
 INBOX = "inbox"
 
@@ -75,6 +76,15 @@ QUEUES: tuple[QueueSpec, ...] = (
         WHATSAPP_SEND, "Sends WhatsApp template messages", attempts=2, backoff=1, timeout=120, fair=True
     ),
     QueueSpec(EMAIL_SEND, "Sends campaign emails", attempts=3, backoff=60, timeout=300, fair=True),
+    # What customers write reaches an agent within seconds: before the bulk, each tenant in turn.
+    QueueSpec(
+        CHATWOOT_INBOUND,
+        "Delivers customers' WhatsApp messages to Chatwoot, in order per conversation",
+        attempts=3,
+        backoff=5,
+        timeout=300,
+        fair=True,
+    ),
     _ITEMS[2],
     QueueSpec(POST_SALE_SURVEY, "Sends a post-sale survey", attempts=3, backoff=60, timeout=120, fair=True),
     QueueSpec(

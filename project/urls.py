@@ -6,12 +6,14 @@ from django.views.generic import RedirectView
 from campaigns import esp_views, link_views, webhook_views
 from crm import prometheus, tenancy, views
 from integrations.email import tracking
+from messaging import views as messaging_views
 from runner import views as runner_views
 from surveys import views as survey_views
 
 urlpatterns = [
     # The webhook intakes first: a burst of them resolves its URL in a few matches.
     path("webhooks/whatsapp/", webhook_views.whatsapp_webhook, name="whatsapp-webhook"),
+    path("webhooks/chatwoot/<str:token>/", messaging_views.chatwoot_webhook, name="chatwoot-webhook"),
     # ESP tracking webhooks (campaigns.esp_views): only the providers an organization can send
     # through, each authenticated; the organization's URL carries its account's signing key.
     re_path(

@@ -144,14 +144,16 @@ class ChatwootClient:
         content: str,
         private: bool,
         content_attributes: Mapping[str, Any] | None = None,
+        message_type: str = "outgoing",
     ) -> int:
-        """The id of a new outgoing message (or private note) in the conversation; never retried here."""
+        """The id of a new message (outgoing, a private note, or "incoming": what the contact sent)
+        in the conversation; never retried here."""
         body = self._request(
             "POST",
             f"/conversations/{int(conversation_id)}/messages",
             json={
                 "content": content,
-                "message_type": "outgoing",
+                "message_type": message_type,
                 "private": private,
                 "content_attributes": dict(content_attributes or {}),
             },

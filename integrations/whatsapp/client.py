@@ -88,6 +88,20 @@ def build_payload(message: TemplateMessage) -> dict:
     return payload
 
 
+def text_payload(*, to: str, text: str, context_wamid: str = "") -> dict:
+    """The Graph API JSON body of a free-form text message (allowed inside the 24-hour window only)."""
+    payload: dict = {
+        "messaging_product": "whatsapp",
+        "recipient_type": "individual",
+        "to": to,
+        "type": "text",
+        "text": {"body": text[:4096], "preview_url": False},
+    }
+    if context_wamid:
+        payload["context"] = {"message_id": context_wamid}
+    return payload
+
+
 def _error_from(status: int, data: object, retry_after: float | None = None) -> IntegrationError:
     # Whatever came back: a body that is not Graph's error shape (a proxy's or a load balancer's
     # answer) is an error without a code.
@@ -149,12 +163,24 @@ class GraphClient:
     ) -> SendResult:
         """POST /{version}/{phone-number-id}/messages. Never raises for a provider error: the
         result carries the error and what to do about it."""
+        return await self.send_payload(
+            phone_number_id=phone_number_id, access_token=access_token, payload=build_payload(message)
+        )
+
+    async def send_text(self, *, phone_number_id: str, access_token: str, to: str, text: str) -> SendResult:
+        """A free-form text message (Meta refuses it outside the 24-hour window: 131047)."""
+        return await self.send_payload(
+            phone_number_id=phone_number_id, access_token=access_token, payload=text_payload(to=to, text=text)
+        )
+
+    async def send_payload(self, *, phone_number_id: str, access_token: str, payload: dict) -> SendResult:
+        """POST one message body as it is; the result as `send_template` describes it."""
         url = f"{self.base_url}/{self.version}/{phone_number_id}/messages"
         data: object = None
         try:
             async with self.session.post(
                 url,
-                json=build_payload(message),
+                json=payload,
                 headers={"Authorization": f"Bearer {access_token}"},
                 allow_redirects=False,  # the Graph API never redirects a send
             ) as response:

@@ -455,7 +455,16 @@ def validate_message(payload: Any) -> tuple[str, dict[str, Any]]:
         "Param to must be a phone number of 8 to 15 digits, optionally prefixed with +",
     )
     kind = payload.get("type", "text")
-    _require(kind == "template", 100, f'Param type must be "template" in this sandbox - got "{kind}"')
+    _require(
+        kind in ("template", "text"), 100, f'Param type must be "template" or "text" here - got "{kind}"'
+    )
+    if kind == "text":
+        text = payload.get("text")
+        body = text.get("body") if isinstance(text, dict) else None
+        _require(isinstance(body, str) and bool(body.strip()), 100, "Param text['body'] is required")
+        assert isinstance(body, str)
+        _require(len(body) <= 4096, 100, "Param text['body'] must be at most 4096 characters")
+        return to, {"type": "text", "body": body}
     template = payload.get("template")
     _require(isinstance(template, dict), 100, "Param template must be an object")
     name = template.get("name")
@@ -575,6 +584,7 @@ class SandboxServer(ThreadedAppServer):
         app.router.add_route("*", "/_sandbox/config", self._handle_config)
         app.router.add_route("*", "/_sandbox/messages", self._handle_messages)
         app.router.add_get("/_sandbox/stats", self._handle_stats)
+        app.router.add_post("/_sandbox/inbound", self._handle_inbound)
         app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
         return app
 
@@ -1004,6 +1014,66 @@ class SandboxServer(ThreadedAppServer):
 
     async def _handle_stats(self, request: web.Request) -> web.Response:
         return _json_response(self._stats())
+
+    async def _handle_inbound(self, request: web.Request) -> web.Response:
+        """Simulate a customer's message: ``{"from": "5511...", "text": "PARAR", "phone_number_id":
+        "...", "type": "text"|"button"|"image", "context_id": "wamid...", "name": "Ana"}`` is POSTed
+        to the webhook as Meta would (signed); answers ``{"wamid", "delivered"}``."""
+        try:
+            data = await self._read_json(request)
+            payload, wamid = self._inbound_payload(data)
+        except ValueError as exc:
+            return _json_response({"error": str(exc)}, status=400)
+        config = self.config
+        if not (config.webhook_url and config.app_secret):
+            return _json_response({"error": "configure webhook_url and app_secret first"}, status=409)
+        before = self._state.webhooks_delivered
+        await self._post_webhook(config.webhook_url, config.app_secret, _dumps(payload))
+        return _json_response({"wamid": wamid, "delivered": self._state.webhooks_delivered > before})
+
+    def _inbound_payload(self, data: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
+        sender = str(data.get("from", "")).lstrip("+")
+        if not TO_RE.fullmatch(sender):
+            raise ValueError("from must be a phone number of 8 to 15 digits")
+        phone_number_id = str(data.get("phone_number_id") or next(iter(self._numbers), "") or "1234567890")
+        kind = str(data.get("type", "text"))
+        text = str(data.get("text", ""))
+        wamid = "wamid.IN" + self._new_wamid(sender).removeprefix("wamid.")
+        message: dict[str, Any] = {
+            "from": sender,
+            "id": wamid,
+            "timestamp": str(int(time.time())),
+            "type": kind,
+        }
+        if kind == "text":
+            message["text"] = {"body": text}
+        elif kind == "button":
+            message["button"] = {"text": text, "payload": str(data.get("payload", text))}
+        elif kind in ("image", "audio", "video", "document", "sticker"):
+            message[kind] = {
+                "id": f"media-{wamid[-12:]}",
+                "mime_type": str(data.get("mime_type", "image/jpeg")),
+            }
+            if text:
+                message[kind]["caption"] = text
+        else:
+            raise ValueError("type must be text, button, image, audio, video, document or sticker")
+        if data.get("context_id"):
+            message["context"] = {"from": self.config.display_phone_number, "id": str(data["context_id"])}
+        value = {
+            "messaging_product": "whatsapp",
+            "metadata": {
+                "display_phone_number": self.config.display_phone_number,
+                "phone_number_id": phone_number_id,
+            },
+            "contacts": [{"profile": {"name": str(data.get("name", ""))}, "wa_id": sender}],
+            "messages": [message],
+        }
+        payload = {
+            "object": "whatsapp_business_account",
+            "entry": [{"id": self.config.waba_id, "changes": [{"field": "messages", "value": value}]}],
+        }
+        return payload, wamid
 
 
 def _raise_fd_limit() -> None:

@@ -1,8 +1,9 @@
 """Meta WhatsApp webhooks: the signature check and the payload as plain events (no domain models).
 
 Meta POSTs ``{"object": "whatsapp_business_account", "entry": [{"changes": [{"field", "value"}]}]}``;
-``value.statuses`` carries message status callbacks and ``value.user_preferences`` marketing
-stop/resume choices. Inbound messages and other fields are counted as ignored, never an error.
+``value.statuses`` carries message status callbacks, ``value.user_preferences`` marketing
+stop/resume choices and ``value.messages`` what customers send (every type; one the API does not
+support comes as ``unsupported``). Other fields are counted as ignored, never an error.
 """
 
 from __future__ import annotations
@@ -52,11 +53,52 @@ class PreferenceEvent:
     phone_number_id: str = ""
 
 
+# The message types Meta documents; another one is kept as "unsupported" (never refused).
+MESSAGE_TYPES = frozenset(
+    {
+        "text",
+        "button",
+        "interactive",
+        "image",
+        "audio",
+        "video",
+        "document",
+        "sticker",
+        "location",
+        "contacts",
+        "reaction",
+        "unsupported",
+        "order",
+        "system",
+    }
+)
+MEDIA_TYPES = frozenset({"image", "audio", "video", "document", "sticker"})
+
+
+@dataclass(frozen=True)
+class InboundMessage:
+    """One message a customer sent to a business number, as plain values."""
+
+    wamid: str
+    wa_id: str  # the sender, digits
+    timestamp: datetime  # aware, UTC
+    kind: str  # one of MESSAGE_TYPES
+    phone_number_id: str = ""  # the business number that received it
+    text: str = ""  # the text, caption, button or list title, location, contact names or emoji
+    payload: str = ""  # a quick-reply button's payload, an interactive reply's id
+    media_id: str = ""  # Meta's media id (downloaded on demand only)
+    media_mime: str = ""
+    media_filename: str = ""
+    context_wamid: str = ""  # the message it answers (or reacts to)
+    profile_name: str = ""
+
+
 @dataclass(frozen=True)
 class WebhookBatch:
     statuses: list[StatusEvent] = field(default_factory=list)
     preferences: list[PreferenceEvent] = field(default_factory=list)
-    ignored: int = 0  # inbound messages, untracked statuses, other fields and categories
+    messages: list[InboundMessage] = field(default_factory=list)
+    ignored: int = 0  # untracked statuses, other fields and categories
 
 
 def verify_signature(raw_body: bytes, header: str | None, app_secret: str) -> bool:
@@ -154,13 +196,109 @@ def _preference(raw: Any, where: str, phone_number_id: str) -> PreferenceEvent |
 
 
 def parse(payload: Any) -> WebhookBatch:
-    """The status and marketing-preference events of one webhook POST; ValueError says what is malformed."""
+    """The status, marketing-preference and inbound message events of one webhook POST; ValueError
+    says what is malformed."""
     statuses: list[StatusEvent] = []
     preferences: list[PreferenceEvent] = []
+    messages: list[InboundMessage] = []
     ignored = 0
     for where, value in _change_values(payload):
         ignored += _collect(value, where, statuses, preferences)
-    return WebhookBatch(statuses=statuses, preferences=preferences, ignored=ignored)
+        messages += _messages(value, where)
+    return WebhookBatch(statuses=statuses, preferences=preferences, messages=messages, ignored=ignored)
+
+
+def _dict(raw: Any) -> dict[str, Any]:
+    return raw if isinstance(raw, dict) else {}
+
+
+def _profiles(value: dict[str, Any]) -> dict[str, str]:
+    """wa_id -> the profile name Meta gives beside the messages (optional detail)."""
+    names: dict[str, str] = {}
+    contacts = value.get("contacts")
+    for contact in contacts if isinstance(contacts, list) else []:
+        contact = _dict(contact)
+        names[_text(contact.get("wa_id"))] = _text(_dict(contact.get("profile")).get("name"))[:200]
+    return names
+
+
+def _interactive(body: dict[str, Any]) -> tuple[str, str]:
+    """(title, id) of an interactive reply (button_reply, list_reply, nfm_reply)."""
+    reply = _dict(body.get(_text(body.get("type"))))
+    return _text(reply.get("title")) or _text(reply.get("description")), _text(reply.get("id"))
+
+
+def _contact_names(raw: Any) -> str:
+    cards = raw if isinstance(raw, list) else []
+    return ", ".join(
+        _text(_dict(_dict(card).get("name")).get("formatted_name"))
+        for card in cards
+        if isinstance(card, dict)
+    )
+
+
+def _content(kind: str, raw: dict[str, Any]) -> dict[str, str]:
+    """The text, payload, media and context of one message by its type; absent details are empty."""
+    body = _dict(raw.get(kind))
+    if kind == "text":
+        return {"text": _text(body.get("body"))}
+    if kind == "button":
+        return {"text": _text(body.get("text")), "payload": _text(body.get("payload"))}
+    if kind == "interactive":
+        title, reply_id = _interactive(body)
+        return {"text": title, "payload": reply_id}
+    if kind in MEDIA_TYPES:
+        return {
+            "text": _text(body.get("caption")),
+            "media_id": _text(body.get("id")),
+            "media_mime": _text(body.get("mime_type")),
+            "media_filename": _text(body.get("filename")),
+        }
+    if kind == "location":
+        place = " — ".join(x for x in (_text(body.get("name")), _text(body.get("address"))) if x)
+        where = f"{body.get('latitude')},{body.get('longitude')}"
+        return {"text": f"{place} ({where})" if place else where}
+    if kind == "contacts":
+        return {"text": _contact_names(raw.get("contacts"))}
+    if kind == "reaction":
+        return {"text": _text(body.get("emoji")), "context_wamid": _text(body.get("message_id"))}
+    return {"text": _text(_dict(body).get("body"))}
+
+
+def _message(raw: Any, where: str, phone_number_id: str, names: dict[str, str]) -> InboundMessage:
+    if not isinstance(raw, dict):
+        raise ValueError(f"{where} must be an object")
+    wamid, wa_id = _text(raw.get("id")), _text(raw.get("from"))
+    if not wamid or len(wamid) > 128:
+        raise ValueError(f"{where} has no id (or one over 128 characters)")
+    if not DIGITS_RE.fullmatch(wa_id):
+        raise ValueError(f"{where}: from must be digits, got {raw.get('from')!r}")
+    kind = _text(raw.get("type"))
+    kind = kind if kind in MESSAGE_TYPES else "unsupported"
+    content = _content(kind, raw)
+    context = _text(_dict(raw.get("context")).get("id"))
+    return InboundMessage(
+        wamid=wamid,
+        wa_id=wa_id,
+        timestamp=_timestamp(raw.get("timestamp"), where),
+        kind=kind,
+        phone_number_id=phone_number_id,
+        text=content.get("text", "")[:4096],
+        payload=content.get("payload", "")[:256],
+        media_id=content.get("media_id", "")[:128],
+        media_mime=content.get("media_mime", "")[:100],
+        media_filename=content.get("media_filename", "")[:255],
+        context_wamid=(content.get("context_wamid") or context)[:128],
+        profile_name=names.get(wa_id, ""),
+    )
+
+
+def _messages(value: dict[str, Any], where: str) -> list[InboundMessage]:
+    metadata = value.get("metadata")
+    receiver = _text(metadata.get("phone_number_id")) if isinstance(metadata, dict) else ""
+    raws = _list(value, "messages", f"{where}.value")
+    names = _profiles(value) if raws else {}
+    return [_message(raw, f"{where}.value.messages[{k}]", receiver, names) for k, raw in enumerate(raws)]
 
 
 def phone_number_id(payload: Any) -> str:
@@ -200,8 +338,8 @@ def _collect(
     value: dict[str, Any], where: str, statuses: list[StatusEvent], preferences: list[PreferenceEvent]
 ) -> int:
     """Add one change's statuses and preferences to the lists; returns how many of its events are
-    ignored (inbound messages, untracked statuses and categories, another field)."""
-    ignored = len(value["messages"]) if isinstance(value.get("messages"), list) else 0
+    ignored (untracked statuses and categories, another field)."""
+    ignored = 0
     for k, raw in enumerate(_list(value, "statuses", f"{where}.value")):
         status = _status(raw, f"{where}.value.statuses[{k}]")
         if status is None:

@@ -187,7 +187,15 @@ def test_parse_reads_statuses_and_preferences_from_a_meta_payload():
             }
         ],
     )
-    payload["entry"][0]["changes"][0]["value"]["messages"] = [{"from": "5511999990001", "type": "text"}]
+    payload["entry"][0]["changes"][0]["value"]["messages"] = [
+        {
+            "from": "5511999990001",
+            "id": "wamid.IN1",
+            "timestamp": str(T0),
+            "type": "text",
+            "text": {"body": "oi"},
+        }
+    ]
     batch = webhooks.parse(payload)
     delivered, failed = batch.statuses
     assert delivered == StatusEvent(
@@ -214,7 +222,8 @@ def test_parse_reads_statuses_and_preferences_from_a_meta_payload():
             phone_number_id="109876543210",
         )
     ]
-    assert batch.ignored == 2  # the inbound text and the "deleted" status
+    assert batch.ignored == 1  # the "deleted" status
+    assert [m.kind for m in batch.messages] == ["text"]  # the inbound text is taken in
 
 
 def test_parse_ignores_other_fields_and_categories():

@@ -26,6 +26,7 @@ def test_every_queue_of_the_design_is_registered_in_priority_order():
         "campaign-trigger",
         "whatsapp-send",
         "email-send",
+        "chatwoot-inbound",
         "items-p2",
         "post-sale-survey",
         "chatwoot-mirror",

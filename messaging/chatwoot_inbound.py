@@ -1,0 +1,212 @@
+"""What customers write, delivered to the organization's Chatwoot: each inbound message as an
+incoming message of the contact's conversation (the store's inbox where one is set), and each reply
+sent from here as an outgoing one, in order per organization.
+
+A message waits in the database (`ConversationMessage.chatwoot_pending`) until Chatwoot took it, so
+nothing depends on Redis or on Chatwoot being up: a push job per organization delivers what waits,
+oldest first; one holds the organization's advisory lock (a second one defers itself for a moment,
+so nothing committed meanwhile is left behind). Chatwoot down: the job defers without spending an
+attempt and delivers in order when it is back. Token refused: the messages wait with the error (the
+admin's "waiting for Chatwoot"), and the recovery pass pushes again every minute, so what was
+refused meanwhile is delivered once the token is fixed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+
+from django.core.exceptions import ObjectDoesNotExist
+from django.db import connection
+from django.db.models import Count
+from django.utils import timezone
+
+from crm import jobs, queues, recovery
+from integrations.chatwoot.client import ChatwootClient
+from integrations.errors import IntegrationError
+from integrations.models import ChatwootAccount
+from messaging.models import ConversationMessage
+
+logger = logging.getLogger(__name__)
+
+PUSH_TASK = "messaging.tasks.chatwoot_push"
+PUSH_CHUNK = 100
+DOWN_DEFER = 10.0  # seconds before trying a Chatwoot that did not answer again
+BUSY_DEFER = 1.0  # another push of the organization holds its lock
+_ACCOUNT_LEVEL_STATUSES = (401, 403)
+_LOCK_SPACE = 0x43570000  # advisory lock ids: this space + the organization's id
+
+
+def push_job_id(organization_id: int) -> str:
+    return f"chatwoot-push-{organization_id}"
+
+
+def push_enqueue(*, organization_id: int) -> None:
+    """Enqueue a push of the organization's waiting messages (after commit), on its fair queue."""
+    jobs.enqueue(
+        PUSH_TASK,
+        queue=queues.CHATWOOT_INBOUND,
+        kwargs={"organization_id": organization_id},
+        organization_id=organization_id,
+        result_ttl=60,
+    )
+
+
+def waiting(organization_id: int | None = None) -> dict[int, int]:
+    """organization id -> how many messages wait for Chatwoot (the counter the admin shows)."""
+    rows = ConversationMessage.objects.filter(chatwoot_pending=True)
+    if organization_id is not None:
+        rows = rows.filter(organization_id=organization_id)
+    return dict(
+        rows.values_list("organization_id").annotate(n=Count("id")).values_list("organization_id", "n")
+    )
+
+
+@contextlib.contextmanager
+def _organization_lock(organization_id: int) -> Iterator[bool]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_try_advisory_lock(%s)", [_LOCK_SPACE + organization_id])
+        held = bool(cursor.fetchone()[0])
+    try:
+        yield held
+    finally:
+        if held:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_advisory_unlock(%s)", [_LOCK_SPACE + organization_id])
+
+
+def _account(organization_id: int) -> ChatwootAccount | None:
+    try:
+        account = ChatwootAccount.objects.get(organization_id=organization_id)
+    except ObjectDoesNotExist:
+        return None
+    return account if account.enabled else None
+
+
+def push(*, organization_id: int) -> int:
+    """Deliver the organization's waiting messages to Chatwoot, oldest first; returns how many.
+    Safe to run twice and concurrently (one at a time per organization; a delivered message is
+    marked at once). Raises jobs.Defer while Chatwoot does not answer or another push runs."""
+    account = _account(organization_id)
+    if account is None:
+        # Chatwoot switched off: nothing waits for it any more.
+        ConversationMessage.objects.filter(organization_id=organization_id, chatwoot_pending=True).update(
+            chatwoot_pending=False
+        )
+        return 0
+    with _organization_lock(organization_id) as held:
+        if not held:
+            raise jobs.Defer(BUSY_DEFER, "another Chatwoot push of this organization runs")
+        with ChatwootClient(
+            base_url=account.base_url, account_id=account.account_id, api_token=account.get_api_token()
+        ) as client:
+            return _push_all(client, account)
+
+
+def _pending(organization_id: int, after_id: int) -> list[ConversationMessage]:
+    return list(
+        ConversationMessage.objects.filter(
+            organization_id=organization_id, chatwoot_pending=True, id__gt=after_id
+        )
+        .select_related("customer", "store")
+        .order_by("id")[:PUSH_CHUNK]
+    )
+
+
+def _push_all(client: ChatwootClient, account: ChatwootAccount) -> int:
+    delivered, after = 0, 0
+    threads: dict[tuple[int, int], int] = {}  # (customer, inbox) -> conversation id
+    blocked: set[int] = set()  # customers whose earlier message failed: later ones wait (order)
+    while rows := _pending(account.organization_id, after):
+        for row in rows:
+            after = row.pk
+            if row.customer_id in blocked:
+                continue
+            try:
+                chatwoot_id = _deliver(client, account, row, threads)
+            except IntegrationError as exc:
+                _note(row, exc)
+                if exc.retryable:
+                    raise jobs.Defer(DOWN_DEFER, f"Chatwoot did not answer: {exc}") from exc
+                if exc.status in _ACCOUNT_LEVEL_STATUSES:
+                    logger.error(
+                        "chatwoot push: account %s refused our token (%s); %s message(s) wait",
+                        account.pk,
+                        exc,
+                        waiting(account.organization_id).get(account.organization_id, 0),
+                        extra={"organization_id": account.organization_id},
+                    )
+                    return delivered
+                blocked.add(row.customer_id)
+                continue
+            delivered += ConversationMessage.objects.filter(pk=row.pk, chatwoot_pending=True).update(
+                chatwoot_pending=False,
+                chatwoot_error="",
+                **({"chatwoot_message_id": chatwoot_id} if row.direction == row.Direction.INBOUND else {}),
+            )
+    return delivered
+
+
+def _note(row: ConversationMessage, exc: IntegrationError) -> None:
+    details = f" — {exc.details}" if exc.details else ""
+    ConversationMessage.objects.filter(pk=row.pk).update(chatwoot_error=f"{exc}{details}"[:1000])
+
+
+def chatwoot_content(row: ConversationMessage) -> str:
+    """What the agent reads: the text, or the type and what Meta gave of a media message."""
+    if row.media_id:
+        detail = " ".join(x for x in (row.media_filename, row.media_mime) if x)
+        label = f"[{row.kind}{': ' + detail if detail else ''}]"
+        return f"{label} {row.text}".strip()
+    if row.kind not in ("text", "button", "interactive"):
+        return f"[{row.kind}] {row.text}".strip()
+    return row.text or f"[{row.kind}]"
+
+
+def _deliver(
+    client: ChatwootClient,
+    account: ChatwootAccount,
+    row: ConversationMessage,
+    threads: dict[tuple[int, int], int],
+) -> int:
+    inbox_id = (row.store.chatwoot_inbox_id if row.store is not None else None) or account.inbox_id
+    key = (row.customer_id, inbox_id)
+    if key not in threads:
+        phone = row.customer.phone
+        contact_id, source_id = client.contact_find_or_create(
+            phone_e164=phone, name=row.customer.name, inbox_id=inbox_id
+        )
+        threads[key] = client.conversation_find_or_create(
+            contact_id=contact_id, source_id=source_id or phone.lstrip("+"), inbox_id=inbox_id
+        )
+    inbound = row.direction == row.Direction.INBOUND
+    return client.message_create(
+        conversation_id=threads[key],
+        content=chatwoot_content(row),
+        private=False,
+        message_type="incoming" if inbound else "outgoing",
+        # Marks what we posted: its message_created webhook is not an agent's reply.
+        content_attributes={"crm_message_id": row.pk},
+    )
+
+
+@recovery.register("chatwoot-inbound")
+def _waiting_pushes() -> Iterator[jobs.JobSpec]:
+    """A push for every organization with messages waiting for Chatwoot over 30 s (a lost job, a
+    token refused meanwhile, a Chatwoot that was down)."""
+    cutoff = timezone.now() - timedelta(seconds=30)
+    organizations = (
+        ConversationMessage.objects.filter(chatwoot_pending=True, created_at__lt=cutoff)
+        .values_list("organization_id", flat=True)
+        .distinct()
+    )
+    for organization_id in organizations:
+        yield jobs.JobSpec(
+            func=PUSH_TASK,
+            queue=queues.CHATWOOT_INBOUND,
+            kwargs={"organization_id": organization_id},
+            job_id=push_job_id(organization_id),
+            organization_id=organization_id,
+        )
