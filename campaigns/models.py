@@ -62,6 +62,11 @@ CONTENT_FIELDS = (
 AUDIENCE_MAX_DAYS = 36_500
 
 
+class Kind(models.TextChoices):
+    CAMPAIGN = "campaign", _("campaign")
+    FLOW = "flow", _("flow step")
+
+
 class Campaign(models.Model):
     class Status(models.TextChoices):
         DRAFT = "draft", _("draft")
@@ -206,6 +211,11 @@ class Campaign(models.Model):
     # archived, never deleted, by a manager).
     archived_at = models.DateTimeField(_("archived at"), null=True, blank=True, editable=False)
     created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+    # A flow step's campaign (flows.models.StepCampaign) carries that step's messages: it stays
+    # `sending` while the flow lives (never completed), and a transactional flow's is exempt from
+    # the contact caps (never from consent or opt-outs).
+    kind = models.CharField(_("kind"), max_length=10, choices=Kind.choices, default=Kind.CAMPAIGN)
+    caps_exempt = models.BooleanField(_("exempt from contact caps"), default=False, editable=False)
 
     class Meta:
         verbose_name = _("campaign")

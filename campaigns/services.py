@@ -23,6 +23,7 @@ from campaigns.models import (
     CampaignMetric,
     Channel,
     EmailMessage,
+    Kind,
     Sender,
     WhatsappMessage,
 )
@@ -569,9 +570,10 @@ def campaign_complete_if_done(*, campaign_id: int, channel: str | None = None) -
     if busy:
         return False
     return bool(
-        Campaign.objects.filter(pk=campaign_id, status=Status.SENDING).update(
-            status=Status.SENT, finished_at=timezone.now()
-        )
+        # A flow step's campaign sends for as long as its flow lives.
+        Campaign.objects.filter(pk=campaign_id, status=Status.SENDING)
+        .exclude(kind=Kind.FLOW)
+        .update(status=Status.SENT, finished_at=timezone.now())
     )
 
 
