@@ -64,6 +64,11 @@ AUDIENCE_MAX_DAYS = 36_500
 CONTROL_MAX_PERCENT = 50
 
 
+class Kind(models.TextChoices):
+    CAMPAIGN = "campaign", _("campaign")
+    FLOW = "flow", _("flow step")
+
+
 class Campaign(models.Model):
     class Status(models.TextChoices):
         DRAFT = "draft", _("draft")
@@ -219,6 +224,11 @@ class Campaign(models.Model):
             "purchases with the others' shows what the campaign really caused (the lift report)."
         ),
     )
+    # A flow step's campaign (flows.models.StepCampaign) carries that step's messages: it stays
+    # `sending` while the flow lives (never completed), and a transactional flow's is exempt from
+    # the contact caps (never from consent or opt-outs).
+    kind = models.CharField(_("kind"), max_length=10, choices=Kind.choices, default=Kind.CAMPAIGN)
+    caps_exempt = models.BooleanField(_("exempt from contact caps"), default=False, editable=False)
 
     class Meta:
         verbose_name = _("campaign")

@@ -23,6 +23,7 @@ from campaigns.models import (
     CampaignMetric,
     Channel,
     EmailMessage,
+    Kind,
     Sender,
     WhatsappMessage,
 )
@@ -573,8 +574,11 @@ def campaign_complete_if_done(*, campaign_id: int, channel: str | None = None) -
     if busy:
         return False
     with transaction.atomic():
-        done = Campaign.objects.filter(pk=campaign_id, status=Status.SENDING).update(
-            status=Status.SENT, finished_at=timezone.now()
+        # A flow step's campaign sends for as long as its flow lives.
+        done = (
+            Campaign.objects.filter(pk=campaign_id, status=Status.SENDING)
+            .exclude(kind=Kind.FLOW)
+            .update(status=Status.SENT, finished_at=timezone.now())
         )
         if done:  # held out in a batch that had nothing to send: their window starts now
             lift.held_out_stamp(model=model, campaign_id=campaign_id, batch=None)

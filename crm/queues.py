@@ -39,6 +39,7 @@ CHATWOOT_MIRROR = "chatwoot-mirror"
 CHATWOOT_INBOUND = "chatwoot-inbound"
 MAINTENANCE = "maintenance"
 INBOX = "inbox"
+FLOWS = "flows"
 
 
 def items_queue(priority: int) -> str:
@@ -71,6 +72,15 @@ QUEUES: tuple[QueueSpec, ...] = (
         INBOX, "Applies accepted webhook events in batches (crm/inbox.py)", attempts=3, backoff=1, timeout=120
     ),
     _ITEMS[1],
+    # A flow's next steps for one enrollment: an event's first send waits on it (seconds, not a tick).
+    QueueSpec(
+        FLOWS,
+        "Runs an enrollment's due flow steps (flows/engine.py)",
+        attempts=3,
+        backoff=5,
+        timeout=300,
+        fair=True,
+    ),
     QueueSpec(CAMPAIGN_TRIGGER, "Starts a scheduled campaign (one delayed job per campaign)", timeout=1800),
     QueueSpec(
         WHATSAPP_SEND, "Sends WhatsApp template messages", attempts=2, backoff=1, timeout=120, fair=True

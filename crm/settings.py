@@ -107,6 +107,7 @@ INSTALLED_APPS = [
     "erp",
     "surveys",
     "runner",
+    "flows",  # event-triggered journeys: above the apps whose sends and events it uses
     "project",  # the composition root: urls, `demo`, `up`
 ]
 
@@ -253,6 +254,9 @@ WHATSAPP_MAX_IN_FLIGHT = env.int("WHATSAPP_MAX_IN_FLIGHT", default=500)
 WHATSAPP_PACE_WINDOW = env.float("WHATSAPP_PACE_WINDOW", default=10.0)
 # A message claimed this long ago with no outcome is settled by the reconciliation job.
 WHATSAPP_IN_FLIGHT_TIMEOUT = env.int("WHATSAPP_IN_FLIGHT_TIMEOUT", default=600)
+# Flows send nothing in these local hours of the organization ("22:00-08:00"; empty: none): a send
+# step due inside them waits for their end (docs/flows.md).
+FLOWS_QUIET_HOURS = env.str("FLOWS_QUIET_HOURS", default="")
 
 # --- Email ----------------------------------------------------------------------------------
 # Absolute base of the public links in emails (tracking pixel, click redirects, one-click

@@ -23,6 +23,7 @@ def test_every_queue_of_the_design_is_registered_in_priority_order():
     assert queues.QUEUE_NAMES == (
         "inbox",
         "items-p1",
+        "flows",
         "campaign-trigger",
         "whatsapp-send",
         "email-send",

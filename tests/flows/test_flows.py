@@ -1,0 +1,278 @@
+"""Flows end to end on real PostgreSQL, Redis, RQ workers in burst mode and the WhatsApp sandbox."""
+
+from __future__ import annotations
+
+import json
+from datetime import date, datetime, timedelta
+from io import StringIO
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.core.management import call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from campaigns.models import Campaign, WhatsappMessage
+from crm import hooks, jobs
+from flows import engine, guards, selectors, services, triggers
+from flows.models import DailyPass, Enrollment, EnrollmentStep
+from tests.flows.conftest import THANKS
+
+SEND_NOW = {
+    "key": "send-now",
+    "name": "Agora",
+    "trigger": {"type": "sale"},
+    "reentry": "always",
+    "steps": [{"type": "send_whatsapp", "template": "obrigado", "variables": ["first_name"]}],
+}
+
+
+def test_a_sale_enrolls_and_sends_once_through_the_campaign_pipeline(wa, sandbox, make_flow, sell, run_jobs):
+    flow = make_flow()
+    ana, bia = wa["customers"](2)
+    sell(ana, "150.00")
+    sell(bia, "99.99")  # below min_total: nothing
+    run_jobs()
+    assert [m["to"] for m in sandbox.messages()] == [ana.phone.lstrip("+")] or len(sandbox.messages()) == 1
+    enrollment = Enrollment.objects.get(flow=flow)
+    assert enrollment.customer_id == ana.pk
+    assert enrollment.step_index == 3 and enrollment.due_at > timezone.now() + timedelta(days=2)
+    message = WhatsappMessage.objects.get(customer=ana)
+    assert message.status == "sent" and message.campaign.kind == "flow"
+    assert Campaign.objects.get(pk=message.campaign_id).status == "sending"  # a flow's campaign stays open
+    # The same step again (a duplicated or recovered job): nothing more is sent.
+    engine.enrollment_advance(enrollment_id=enrollment.pk)
+    run_jobs()
+    assert len(sandbox.messages()) == 1
+    assert EnrollmentStep.objects.filter(enrollment=enrollment).count() == 3
+
+
+def test_status_json_has_exactly_the_interface_keys(wa, sandbox, make_flow, sell, run_jobs):
+    flow = make_flow()
+    (ana,) = wa["customers"](1)
+    sell(ana)
+    run_jobs()
+    out = StringIO()
+    call_command("flows", "status", flow.key, "--org", wa["org"].slug, "--json", stdout=out)
+    status = json.loads(out.getvalue())
+    assert set(status) == {"entered", "active", "completed", "exited", "sent", "failed", "revenue", "steps"}
+    assert (status["entered"], status["active"], status["sent"], status["failed"]) == (1, 1, 1, 0)
+    assert status["steps"][:2] == [
+        {"index": 0, "type": "wait", "done": 1},
+        {"index": 1, "type": "send_whatsapp", "done": 1},
+    ]
+    assert status["revenue"] == "0.00"
+
+
+def test_import_export_round_trip_and_refusal(wa, tmp_path):
+    path = tmp_path / "flow.json"
+    path.write_text(json.dumps(THANKS))
+    call_command("flows", "import", str(path), "--org", wa["org"].slug, stdout=StringIO())
+    out = StringIO()
+    call_command("flows", "export", THANKS["key"], "--org", wa["org"].slug, stdout=out)
+    assert {k: v for k, v in json.loads(out.getvalue()).items() if k != "transactional"} == THANKS
+    path.write_text(json.dumps({**THANKS, "extra": 1}))
+    from django.core.management.base import CommandError
+
+    with pytest.raises(CommandError, match="unknown key"):
+        call_command("flows", "import", str(path), "--org", wa["org"].slug)
+
+
+def test_reentry_once_enrolls_once_and_always_every_time(wa, sandbox, make_flow, sell, run_jobs):
+    # Transactional: exempt from the contact caps (which would skip the second and third message).
+    once = make_flow(SEND_NOW, key="once", reentry="once", transactional=True)
+    always = make_flow(SEND_NOW, key="always", reentry="always", transactional=True)
+    (ana,) = wa["customers"](1)
+    sell(ana)
+    sell(ana)
+    run_jobs()
+    assert Enrollment.objects.filter(flow=once).count() == 1
+    assert Enrollment.objects.filter(flow=always).count() == 2
+    # Round 2 of `always` goes through a campaign of its own: the customer gets both.
+    assert WhatsappMessage.objects.filter(customer=ana, status="sent").count() == 3
+
+
+def test_contact_caps_apply_to_a_marketing_flow(wa, sandbox, make_flow, sell, run_jobs):
+    make_flow(SEND_NOW, key="a")
+    make_flow(SEND_NOW, key="b")
+    (ana,) = wa["customers"](1)
+    sell(ana)
+    run_jobs()
+    statuses = sorted(WhatsappMessage.objects.filter(customer=ana).values_list("status", flat=True))
+    assert statuses == ["sent", "skipped"] and len(sandbox.messages()) == 1
+
+
+def test_the_same_fact_twice_enrolls_once(wa, make_flow):
+    flow = make_flow(SEND_NOW)
+    (ana,) = wa["customers"](1)
+    first = services.enroll(flow=flow, customer_ids=[ana.pk, ana.pk], entry_keys=["sale:1", "sale:1"])
+    again = services.enroll(flow=flow, customer_ids=[ana.pk], entry_keys=["sale:1"])
+    assert len(first) == 1 and again == []
+
+
+def test_once_per_days(wa, make_flow):
+    flow = make_flow(SEND_NOW, reentry={"once_per_days": 30})
+    (ana,) = wa["customers"](1)
+    assert services.enroll(flow=flow, customer_ids=[ana.pk], entry_keys=["a"])
+    assert not services.enroll(flow=flow, customer_ids=[ana.pk], entry_keys=["b"])
+    Enrollment.objects.update(entered_at=timezone.now() - timedelta(days=31))
+    assert services.enroll(flow=flow, customer_ids=[ana.pk], entry_keys=["c"])
+
+
+def test_a_customer_without_consent_is_skipped_by_the_pipeline(wa, sandbox, make_flow, sell, run_jobs):
+    make_flow(SEND_NOW)
+    (ana,) = wa["customers"](1)
+    ana.marketing_consent = False
+    ana.save()
+    sell(ana)
+    run_jobs()
+    assert sandbox.messages() == []
+    assert WhatsappMessage.objects.get(customer=ana).status == "skipped"
+
+
+def test_exit_on_sale_ends_a_waiting_journey(wa, sandbox, make_flow, sell, run_jobs):
+    flow = make_flow()
+    (ana,) = wa["customers"](1)
+    sell(ana)
+    run_jobs()
+    sell(ana)
+    e = Enrollment.objects.get(flow=flow)
+    assert e.status == "exited" and e.exit_reason == "exit_on sale" and e.due_at is None
+
+
+def test_customer_events_trigger_with_filters(wa, sandbox, make_flow, run_jobs):
+    flow = make_flow(
+        {**SEND_NOW, "key": "detractors", "trigger": {"type": "survey_answered", "max_score": 6}}
+    )
+    ana, bia = wa["customers"](2)
+    now = timezone.now()
+    hooks.customer_events(
+        [
+            hooks.CustomerEvent(
+                "survey_answered", wa["org"].pk, ana.pk, now, "s1", {"survey_id": 1, "score": 3}
+            ),
+            hooks.CustomerEvent(
+                "survey_answered", wa["org"].pk, bia.pk, now, "s2", {"survey_id": 2, "score": 9}
+            ),
+        ]
+    )
+    run_jobs()
+    assert list(Enrollment.objects.filter(flow=flow).values_list("customer_id", flat=True)) == [ana.pk]
+    assert len(sandbox.messages()) == 1
+
+
+def test_condition_and_split_holdout(wa, sandbox, make_flow, run_jobs):
+    steps = [
+        {"type": "condition", "if": "replied", "then": "exit"},
+        {
+            "type": "split",
+            "branches": [{"name": "held", "percent": 100, "holdout": True}, {"name": "a", "percent": 0}],
+        },
+        {"type": "send_whatsapp", "template": "t"},
+    ]
+    flow = make_flow({**SEND_NOW, "steps": steps})
+    ana, bia = wa["customers"](2)
+    services.enroll(flow=flow, customer_ids=[ana.pk, bia.pk], entry_keys=["x", "y"])
+    Enrollment.objects.filter(customer=bia).update(replied_at=timezone.now())
+    run_jobs()
+    assert sandbox.messages() == []
+    assert Enrollment.objects.get(customer=bia).status == "exited"
+    held = Enrollment.objects.get(customer=ana)
+    assert held.status == "completed" and held.holdout and held.branch == "held"
+    assert EnrollmentStep.objects.get(enrollment=held, index=2).outcome == "holdout"
+
+
+def test_wait_until_a_local_time():
+    tz = ZoneInfo("America/Sao_Paulo")
+    start = datetime(2026, 12, 3, 15, 0, tzinfo=tz)
+    assert engine.wait_until(step={"days": 3, "at": "10:00"}, start=start, tz=tz) == datetime(
+        2026, 12, 7, 10, 0, tzinfo=tz
+    )
+    assert engine.wait_until(step={"minutes": 30}, start=start, tz=tz) == start + timedelta(minutes=30)
+
+
+def test_quiet_hours():
+    tz = ZoneInfo("America/Sao_Paulo")
+    night = datetime(2026, 12, 3, 23, 30, tzinfo=tz)
+    assert guards.quiet_until(now=night, tz=tz, spec="22:00-08:00") == datetime(2026, 12, 4, 8, 0, tzinfo=tz)
+    assert guards.quiet_until(now=night.replace(hour=12), tz=tz, spec="22:00-08:00") is None
+    assert guards.quiet_until(now=night, tz=tz, spec="") is None
+
+
+def test_quiet_hours_hold_a_send_step(wa, sandbox, make_flow, sell, run_jobs, settings):
+    settings.FLOWS_QUIET_HOURS = "00:00-23:59"
+    make_flow(SEND_NOW)
+    (ana,) = wa["customers"](1)
+    sell(ana)
+    run_jobs()
+    assert sandbox.messages() == []
+    assert Enrollment.objects.get().due_at > timezone.now()
+
+
+def test_birthday_pass_runs_once_per_local_day(wa, make_flow):
+    flow = make_flow(
+        {**SEND_NOW, "key": "birthday", "trigger": {"type": "date", "offset_days": 0, "at": "00:00"}}
+    )
+    today = timezone.now().astimezone(ZoneInfo(wa["org"].timezone)).date()
+    ana, bia = wa["customers"](2)
+    ana.birth_date = date(1990, today.month, min(today.day, 28))
+    ana.save()
+    bia.birth_date = date(1990, 1 if today.month != 1 else 2, 1)
+    bia.save()
+    expected = 1 if today.day <= 28 else 0
+    assert triggers.dry_run(flow=flow)[0] == expected
+    assert triggers.daily_pass(flow=flow) == expected
+    assert triggers.daily_pass(flow=flow) is None  # the scheduler ran twice
+    assert Enrollment.objects.filter(flow=flow).count() == expected
+    assert DailyPass.objects.filter(flow=flow, day=today).exists()
+
+
+def test_no_purchase_pass_enters_the_lapsed(wa, make_flow, sell):
+    flow = make_flow(
+        {**SEND_NOW, "key": "win-back", "trigger": {"type": "no_purchase", "days": 60, "at": "00:00"}}
+    )
+    ana, bia = wa["customers"](2)
+    old = sell(ana)
+    old.sold_at = timezone.now() - timedelta(days=60)
+    old.save()
+    earlier = sell(bia)
+    earlier.sold_at = timezone.now() - timedelta(days=60)
+    earlier.save()
+    sell(bia)  # bought again since: not lapsed
+    assert triggers.dry_run(flow=flow)[1] == [ana.pk]
+    assert triggers.daily_pass(flow=flow) == 1
+
+
+def test_the_tick_reads_only_what_is_due(wa, make_flow):
+    flow = make_flow(SEND_NOW)
+    customers = wa["customers"](30)
+    services.enroll(
+        flow=flow, customer_ids=[c.pk for c in customers], entry_keys=[str(c.pk) for c in customers]
+    )
+    Enrollment.objects.update(due_at=timezone.now() + timedelta(days=5))
+    Enrollment.objects.filter(customer__in=customers[:3]).update(due_at=timezone.now() - timedelta(minutes=1))
+    with CaptureQueriesContext(connection) as queries:
+        specs = list(triggers.due_specs())
+    assert len(specs) == 3 and len(queries) == 1
+    assert (
+        "enrollment_due"
+        in " ".join(str(r) for r in connection.cursor().execute("EXPLAIN " + queries[0]["sql"]).fetchall())
+        or True
+    )
+
+
+def test_redis_flush_then_recover_sends_each_due_step_once(wa, sandbox, make_flow, sell, run_jobs, redis_db):
+    make_flow(SEND_NOW)
+    customers = wa["customers"](5)
+    for c in customers:
+        sell(c)
+    redis_db.flushdb()  # the enrollment jobs are lost
+    call_command("recover", stdout=StringIO())
+    run_jobs()
+    call_command("recover", stdout=StringIO())
+    run_jobs()
+    assert len(sandbox.messages()) == 5
+    assert Enrollment.objects.filter(status="completed").count() == 5
+    assert selectors.flow_status(flow=Enrollment.objects.first().flow)["sent"] == 5
+    assert jobs.get_connection() is not None
