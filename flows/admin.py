@@ -95,12 +95,12 @@ class FlowAdmin(TenantAdmin):
             links,
         )
 
-    @admin.action(description=gettext_lazy("Pause the selected flows"))
+    @admin.action(description=gettext_lazy("Pause the selected flows"), permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet) -> None:
         for flow in queryset:
             services.flow_set_paused(flow=flow, paused=True)
 
-    @admin.action(description=gettext_lazy("Resume the selected flows"))
+    @admin.action(description=gettext_lazy("Resume the selected flows"), permissions=["change"])
     def resume(self, request: HttpRequest, queryset: QuerySet) -> None:
         for flow in queryset:
             services.flow_set_paused(flow=flow, paused=False)

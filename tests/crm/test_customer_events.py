@@ -7,7 +7,9 @@ import pytest
 from crm import hooks
 
 
+@pytest.mark.django_db
 def test_consumers_see_each_batch_in_order_and_unknown_kinds_are_refused():
+    # The product's own consumers (flows) run too, on an organization that does not exist.
     seen: list[tuple[str, int]] = []
     hooks.on_customer_events("test-b", lambda events: seen.append(("b", len(events))) or len(events))
     hooks.on_customer_events("test-a", lambda events: seen.append(("a", len(events))) or 0, order=-1)

@@ -38,6 +38,7 @@ from campaigns.models import (
 from crm import jobs, queues, tenancy
 from crm.models import Customer, InboxEvent, JobRun, Membership, Organization, Sale, Store
 from erp.models import ErpConnection, ErpSyncIssue
+from flows.models import Enrollment, EnrollmentStep, Flow
 from integrations.models import (
     ChatwootAccount,
     EmailSettings,
@@ -93,7 +94,14 @@ def _objects(org: Organization, tag: str) -> dict[type, Any]:
         organization=org, integration=integration, handler=handler, direction="inbound", trigger="manual"
     )
     other = User.objects.create_user(f"{tag}-member", password="pw-member-1234")
+    flow = Flow.objects.create(organization=org, key=f"{tag}-flow", name=f"{tag} flow", trigger={"type": "sale"})
+    enrollment = Enrollment.objects.create(
+        flow=flow, organization=org, customer=customer, entry_key=f"{tag}-entry", due_at=now
+    )
     return {
+        Flow: flow,
+        Enrollment: enrollment,
+        EnrollmentStep: EnrollmentStep.objects.create(enrollment=enrollment, flow=flow, index=0, type="wait"),
         Organization: org,
         Store: store,
         Customer: customer,
