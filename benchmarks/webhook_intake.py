@@ -62,6 +62,7 @@ from benchmarks.runner_common import percentile, wait_for  # noqa: E402
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage  # noqa: E402
 from crm import jobs  # noqa: E402
 from crm.models import Customer, Organization  # noqa: E402
+from integrations.models import WhatsappNumber  # noqa: E402
 from project.management.commands.up import manage_gunicorn  # noqa: E402
 from runner.models import ExecutionItem, Handler, IntegrationType, RunnerSettings  # noqa: E402
 
@@ -123,6 +124,11 @@ def setup(n_messages: int) -> tuple[Campaign, list[str], Handler, Organization]:
     org = Organization.objects.create(slug="bench-intake", name="Bench intake")
     campaign = Campaign.objects.create(organization=org, name="Bench", status=Campaign.Status.SENDING)
     CampaignMetric.objects.create(campaign=campaign, queued=n_messages, sent=n_messages)
+    # The number the bodies name: the intake stores its organization with each event (fair share).
+    WhatsappNumber.objects.filter(phone_number_id="1").delete()
+    WhatsappNumber.objects.create(
+        organization=org, display_phone_number="+5511970000000", phone_number_id="1"
+    )
     people = Customer.objects.bulk_create(
         [
             Customer(organization=org, erp_id=f"B{i}", name=f"Cliente {i}", phone=f"+55119{70000000 + i}")

@@ -9,7 +9,7 @@ from django.core.management import call_command
 from django.urls import reverse
 
 from crm import fairshare, jobs, stats, workers
-from crm.models import Organization
+from crm.models import Membership, Organization
 from tests.conftest import recorded
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -87,3 +87,9 @@ def test_only_platform_operators_edit_an_organizations_queue_weight(client, engl
     client.force_login(_operator())
     page = client.get(reverse("admin:crm_organization_change", args=[org.pk])).content.decode()
     assert 'name="queue_weight"' in page
+    manager = get_user_model().objects.create_user("gerente", password="pw-gerente-123", is_staff=True)
+    Membership.objects.create(user=manager, organization=org, role="manager")
+    client.force_login(manager)
+    page = client.get(reverse("admin:crm_organization_change", args=[org.pk])).content.decode()
+    assert 'name="name"' in page and 'name="queue_weight"' not in page  # shown, not editable
+    assert "Queues" in page
