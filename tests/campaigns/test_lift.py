@@ -212,3 +212,60 @@ def test_attribution_uses_the_channels_own_window_and_may_require_engagement(wa)
     assert not SaleAttribution.objects.filter(sale=unread).exists()
     attribution.organization_attribute(organization_id=org.pk)
     assert not SaleAttribution.objects.filter(sale=early).exists()  # not engaged: no longer credited
+
+
+def test_the_campaign_page_shows_attributed_and_incremental_and_says_when_not_significant(
+    wa, run_jobs, admin_client, english
+):
+    people = wa["customers"](60)
+    draft = wa["campaign"](control_percent=20)
+    _sale(wa["store"], people[0], timezone.now() - timedelta(days=1))
+    page = admin_client.get(f"/admin/campaigns/campaign/{draft.pk}/change/").content.decode()
+    assert "control group 20%: the smallest lift of the buyers rate it can detect is +" in page
+    campaign = services.campaign_start(campaign=draft)
+    run_jobs()
+    page = admin_client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
+    assert 'id="campaign-lift"' in page
+    assert "attributed (last touch)" in page and "incremental" in page
+    assert 'data-significant="no"' in page and "Not significant" in page
+    plain = wa["campaign"](name="No control")
+    page = admin_client.get(f"/admin/campaigns/campaign/{plain.pk}/change/").content.decode()
+    assert "no control group: only attributed (last touch) sales will be shown" in page
+
+
+def test_an_organization_manager_changes_the_holdout_and_its_history_is_kept(wa, admin_client):
+    org = wa["org"]
+    holdout.holdout_set(organization=org, percent=5)
+    admin_client.post(
+        "/admin/crm/organization/",
+        {"action": "holdout_reshuffle", "_selected_action": [org.pk]},
+    )
+    assert HoldoutPeriod.objects.filter(organization=org).count() == 2
+    assert HoldoutPeriod.objects.filter(organization=org, ended_at__isnull=True).count() == 1
+
+
+def test_the_demos_sales_respond_to_the_campaign_and_its_report_shows_the_lift(wa):
+    from project.demo_lift import demo_campaign_sales
+
+    people = wa["customers"](3000)
+    campaign = wa["campaign"](control_percent=50, status=Campaign.Status.SENT)
+    sent = timezone.now() - timedelta(days=8)
+    WhatsappMessage.objects.bulk_create(
+        WhatsappMessage(
+            campaign=campaign,
+            organization_id=p.organization_id,
+            customer=p,
+            status="held_out" if i % 2 else "read",
+            sent_at=sent,
+            token=f"demo-{i}",
+        )
+        for i, p in enumerate(people)
+    )
+    written = demo_campaign_sales(campaign=campaign, base_rate=0.1, uplift=1.0)
+    assert 300 < written < 700  # 1,500 * 10% + 1,500 * 20%, ± 5 standard deviations
+    report = lift.campaign_lift(campaign=campaign)
+    assert report is not None
+    assert report["treatment"]["buyers"] + report["control"]["buyers"] == written
+    low, high = report["buyers_rate_lift_ci95"]
+    assert low > 0 and high > 0.5 and report["significant"]  # a true +100%: detected
+    assert Decimal(report["incremental_revenue"]) > 0
