@@ -16,9 +16,10 @@ from django.db.models import F
 from django.utils import timezone
 
 from campaigns import attribution, lift, selectors, services
-from campaigns.models import Campaign, LiftSale, SaleAttribution, WhatsappMessage
+from campaigns.models import Campaign, EmailMessage, LiftSale, SaleAttribution, WhatsappMessage
 from crm import holdout
 from crm.models import Customer, HoldoutPeriod, Sale
+from tests.campaigns.test_email_campaign import em, smtp  # noqa: F401 - fixtures
 
 _numbers = iter(range(1, 10**9))
 
@@ -130,6 +131,9 @@ def test_the_lift_report_follows_sales_as_they_are_written(wa, run_jobs):
     report = _status_json(campaign)["lift"]
     assert report["control"]["buyers"] == 0
     assert report["treatment"]["buyers"] == 3
+    out = io.StringIO()
+    call_command("campaign_status", str(campaign.pk), stdout=out)
+    assert f"{report['incremental_revenue']}" in out.getvalue()  # the text form, in either language
     # Written again, nothing changes; rebuilt from scratch, the same figures.
     before = sorted(LiftSale.objects.values_list("campaign_id", "sale_id", "control", "total"))
     LiftSale.objects.all().delete()
@@ -269,3 +273,20 @@ def test_the_demos_sales_respond_to_the_campaign_and_its_report_shows_the_lift(w
     low, high = report["buyers_rate_lift_ci95"]
     assert low > 0 and high > 0.5 and report["significant"]  # a true +100%: detected
     assert Decimal(report["incremental_revenue"]) > 0
+
+
+def test_an_email_campaigns_control_group_receives_no_email(smtp, em, run_jobs):  # noqa: F811
+    people = em["customers"](150)
+    campaign = services.campaign_start(campaign=em["campaign"](control_percent=40))
+    run_jobs()
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.SENT
+    rows = EmailMessage.objects.filter(campaign=campaign)
+    held = set(rows.filter(status="held_out").values_list("customer_id", flat=True))
+    sent = set(rows.filter(status="sent").values_list("customer_id", flat=True))
+    assert held and len(held) + len(sent) == 150
+    emails = {p.pk: p.email for p in people}
+    received = {to for m in smtp.messages() for to in m["rcpt_tos"]}
+    assert received == {emails[c] for c in sent}
+    assert all(at is not None for at in rows.filter(status="held_out").values_list("sent_at", flat=True))
+    assert _status_json(campaign)["counts"]["held_out"] == len(held)
