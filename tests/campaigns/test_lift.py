@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import io
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from django.core.management import call_command
 from django.db.models import F
 from django.utils import timezone
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from campaigns import attribution, lift, selectors, services
 from campaigns.models import Campaign, EmailMessage, LiftSale, SaleAttribution, WhatsappMessage
@@ -290,3 +293,66 @@ def test_an_email_campaigns_control_group_receives_no_email(smtp, em, run_jobs):
     assert received == {emails[c] for c in sent}
     assert all(at is not None for at in rows.filter(status="held_out").values_list("sent_at", flat=True))
     assert _status_json(campaign)["counts"]["held_out"] == len(held)
+
+
+T0 = datetime(2026, 11, 2, 15, 0, tzinfo=UTC)
+HOURS = st.integers(min_value=0, max_value=24 * 10)
+STATUSES = ("held_out", "sent", "read", "failed")
+
+
+@hsettings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    window_days=st.integers(min_value=1, max_value=4),
+    whatsapp_days=st.one_of(st.none(), st.integers(min_value=1, max_value=4)),
+    messages=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 2), HOURS, st.sampled_from(STATUSES)), max_size=9
+    ),
+    sales=st.lists(st.tuples(st.integers(0, 3), HOURS, st.integers(1, 50_000)), max_size=10),
+)
+def test_the_lift_rollup_equals_a_reference_recount(world, window_days, whatsapp_days, messages, sales):
+    org, store, customers = world["org"], world["store"], world["customers"]
+    Sale.objects.filter(organization=org).delete()
+    Campaign.objects.filter(organization=org).delete()
+    org.attribution_window_days, org.attribution_window_whatsapp_days = window_days, whatsapp_days
+    org.save()
+    # Campaign 2 has no control group: its messages never count.
+    campaigns = [
+        Campaign.objects.create(
+            organization=org, name=f"C{i}", status=Campaign.Status.SENT, control_percent=p
+        )
+        for i, p in enumerate((10, 50, 0))
+    ]
+    window = timedelta(days=whatsapp_days or window_days)
+    touches: dict[tuple[int, int], tuple[datetime, bool]] = {}
+    for campaign_index, customer_index, hours, status in messages:
+        campaign, customer = campaigns[campaign_index], customers[customer_index]
+        if (campaign.pk, customer.pk) in touches:
+            continue
+        at = T0 + timedelta(hours=hours)
+        WhatsappMessage.objects.create(
+            campaign=campaign, organization_id=org.pk, customer=customer, status=status, sent_at=at
+        )
+        touches[(campaign.pk, customer.pk)] = (at, status == "held_out")
+    written = [
+        _sale(store, customers[c] if c < 3 else None, T0 + timedelta(hours=h), str(Decimal(cents) / 100))
+        for c, h, cents in sales
+    ]
+    expected = {
+        (campaign_id, sale.pk): (held, sale.total)
+        for sale in written
+        for (campaign_id, customer_id), (at, held) in touches.items()
+        if customer_id == sale.customer_id
+        and at <= sale.sold_at <= at + window
+        and campaign_id != campaigns[2].pk
+    }
+    rows = {(r.campaign_id, r.sale_id): (r.control, r.total) for r in LiftSale.objects.all()}
+    assert rows == expected
+    for campaign in campaigns[:2]:
+        report = lift.campaign_lift(campaign=campaign)
+        assert report is not None
+        for arm, held in (("treatment", False), ("control", True)):
+            mine = {s for (c, s), (h, _) in expected.items() if c == campaign.pk and h == held}
+            buyers = {next(w.customer_id for w in written if w.pk == s) for s in mine}
+            assert report[arm]["buyers"] == len(buyers)
+            total = sum((expected[(campaign.pk, s)][1] for s in mine), Decimal("0"))
+            assert Decimal(report[arm]["revenue"]) == total
