@@ -19,7 +19,14 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from campaigns import attribution, lift, selectors, services
-from campaigns.models import Campaign, EmailMessage, LiftSale, SaleAttribution, WhatsappMessage
+from campaigns.models import (
+    Campaign,
+    CampaignMetric,
+    EmailMessage,
+    LiftSale,
+    SaleAttribution,
+    WhatsappMessage,
+)
 from crm import holdout
 from crm.models import Customer, HoldoutPeriod, Sale
 from tests.campaigns.test_email_campaign import em, smtp  # noqa: F401 - fixtures
@@ -78,6 +85,7 @@ def test_a_control_group_is_drawn_after_the_caps_and_receives_nothing(wa, sandbo
     assert data["counts"]["held_out"] == len(held)
     assert data["counts"]["sent"] == len(sent)
     assert data["progress"] == 1.0
+    assert CampaignMetric.objects.get(campaign=campaign).queued == len(sent) + len(skipped)  # what it sends
     lift_report = data["lift"]
     assert lift_report["treatment"] == {"customers": len(sent), "buyers": 0, "revenue": "0.00"}
     assert lift_report["control"] == {"customers": len(held), "buyers": 0, "revenue": "0.00"}
