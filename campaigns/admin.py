@@ -21,7 +21,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
-from campaigns import composer, segments, selectors, services
+from campaigns import composer, lift_pages, segments, selectors, services
 from campaigns.composer import CampaignForm
 from campaigns.models import (
     CONTENT_FIELDS,
@@ -136,6 +136,7 @@ class CampaignAdmin(TenantAdmin):
         "stop_reason",
         "live_status",
         "attribution",
+        "incrementality",
         "charts",
         "preview",
         "recurrence_until",
@@ -195,6 +196,7 @@ class CampaignAdmin(TenantAdmin):
                     "audience_store",
                     "audience_purchased_within_days",
                     "audience_segment",
+                    "control_percent",
                     "audience_counts",
                 )
             },
@@ -229,7 +231,17 @@ class CampaignAdmin(TenantAdmin):
         ),
         (
             _("Progress"),
-            {"fields": ("started_at", "finished_at", "live_status", "attribution", "charts", "preview")},
+            {
+                "fields": (
+                    "started_at",
+                    "finished_at",
+                    "live_status",
+                    "attribution",
+                    "incrementality",
+                    "charts",
+                    "preview",
+                )
+            },
         ),
     )
 
@@ -445,13 +457,23 @@ class CampaignAdmin(TenantAdmin):
         if not obj.pk or obj.content_locked:
             return "—"
         counts = selectors.campaign_audience_counts(campaign=obj)
-        return str(
+        text = str(
             _(
                 "%(receives)s will receive it · left out: %(no_consent)s without consent, %(opted_out)s "
                 "opted out, %(no_contact)s without a phone or address"
             )
             % {key: number(value) for key, value in counts.items()}
         )
+        if counts["global_holdout"]:
+            text += str(_(", %(n)s in the global holdout") % {"n": number(counts["global_holdout"])})
+        return text + lift_pages.detectable(obj, counts["receives"])
+
+    @admin.display(description=_("incremental (against the control group)"))
+    def incrementality(self, obj: Campaign) -> str:
+        """Attributed (last touch) and incremental side by side (campaigns.lift)."""
+        if not obj.pk:
+            return "—"
+        return lift_pages.side_by_side(obj, selectors.campaign_attribution(campaign_id=obj.pk))
 
     @admin.display(description=_("what it sold"))
     def attribution(self, obj: Campaign) -> str:

@@ -278,7 +278,13 @@ def campaign_fanout(*, campaign_id: int, chunk: int = 20_000) -> int:
     # filter on, when the campaign changed the table's shape (a tenth of its rows or more; the
     # caps' statement does not depend on statistics, campaigns.caps).
     bulk.analyze_if_grown(model, total, _ANALYZED, share=0.1)
-    CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=total)
+    # Its control group is counted apart (`held_out`): the progress is of what it sends.
+    held = (
+        model.objects.filter(campaign_id=campaign.pk, status=lift.HELD_OUT).count()
+        if campaign.control_percent
+        else 0
+    )
+    CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=total - held)
     batches = _queued_batches(model, campaign.pk)
     recovery.requeue_missing(_batch_specs(campaign.pk, batches, campaign.channel, campaign.organization_id))
     logger.info(

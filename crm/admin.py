@@ -16,12 +16,13 @@ from django.utils.translation import gettext_lazy as _
 from django_rq.admin import QueueAdmin
 from django_rq.models import Dashboard
 
-from crm import checkpoints, customer_page, services, tenancy
+from crm import checkpoints, customer_page, holdout, services, tenancy
 from crm.admin_columns import short_datetime
 from crm.models import (
     ConsentChange,
     ConsentSource,
     Customer,
+    HoldoutPeriod,
     InboxEvent,
     JobRun,
     Membership,
@@ -64,6 +65,21 @@ class MembershipInline(OperatorOnlyInline):
     raw_id_fields = ("user",)
 
 
+class HoldoutPeriodInline(TenantInline):
+    model = HoldoutPeriod
+    extra = 0
+    fields = ("percent", "started_at", "ended_at")
+    readonly_fields = fields
+    can_delete = False
+    verbose_name_plural = _("global holdout history")
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Organization)
 class OrganizationAdmin(TenantAdmin):
     list_display = (
@@ -82,7 +98,8 @@ class OrganizationAdmin(TenantAdmin):
     search_fields = ("name", "slug")
     list_filter = ("timezone", "block_multiple_campaigns")
     prepopulated_fields = {"slug": ("name",)}
-    inlines = [StoreInline, MembershipInline]
+    inlines = [StoreInline, MembershipInline, HoldoutPeriodInline]
+    actions = ["holdout_reshuffle"]
     tenant_path = "pk"
     fieldsets = (
         (None, {"fields": ("name", "slug", "timezone")}),
@@ -97,6 +114,21 @@ class OrganizationAdmin(TenantAdmin):
                     "attribution_window_days",
                     ("cost_conversion_rate", "cost_conversion_currency"),
                 )
+            },
+        ),
+        (
+            _("Incrementality"),
+            {
+                "fields": (
+                    "holdout_percent",
+                    ("attribution_window_whatsapp_days", "attribution_window_email_days"),
+                    "attribution_engaged_only",
+                ),
+                "description": _(
+                    "The global holdout never receives marketing; its history is listed below. The "
+                    "windows per channel and the engagement rule apply to attributed sales and, for the "
+                    "windows, to each campaign's lift report."
+                ),
             },
         ),
         (
@@ -151,6 +183,23 @@ class OrganizationAdmin(TenantAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return tenancy.is_operator(request.user)  # organizations are the platform's to create
+
+    def save_model(self, request: HttpRequest, obj: Organization, form: Any, change: bool) -> None:
+        """A change of the holdout's share goes through crm.holdout, which keeps its history."""
+        percent = obj.holdout_percent
+        if change and "holdout_percent" in form.changed_data:
+            obj.holdout_percent = Organization.objects.get(pk=obj.pk).holdout_percent
+        super().save_model(request, obj, form, change)
+        if "holdout_percent" in form.changed_data:
+            holdout.holdout_set(organization=obj, percent=percent)
+
+    @admin.action(description=_("Reshuffle the global holdout (a new draw; the old one stays in history)"))
+    def holdout_reshuffle(self, request: HttpRequest, queryset: QuerySet[Organization]) -> None:
+        for organization in queryset:
+            holdout.holdout_set(
+                organization=organization, percent=organization.holdout_percent, reshuffle=True
+            )
+        self.message_user(request, _("Holdout reshuffled."))
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return tenancy.is_operator(request.user)

@@ -7,18 +7,29 @@ from __future__ import annotations
 
 import io
 import json
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from django.core.management import call_command
 from django.db.models import F
 from django.utils import timezone
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from campaigns import attribution, lift, selectors, services
-from campaigns.models import Campaign, LiftSale, SaleAttribution, WhatsappMessage
+from campaigns.models import (
+    Campaign,
+    CampaignMetric,
+    EmailMessage,
+    LiftSale,
+    SaleAttribution,
+    WhatsappMessage,
+)
 from crm import holdout
 from crm.models import Customer, HoldoutPeriod, Sale
+from tests.campaigns.test_email_campaign import em, smtp  # noqa: F401 - fixtures
 
 _numbers = iter(range(1, 10**9))
 
@@ -74,6 +85,7 @@ def test_a_control_group_is_drawn_after_the_caps_and_receives_nothing(wa, sandbo
     assert data["counts"]["held_out"] == len(held)
     assert data["counts"]["sent"] == len(sent)
     assert data["progress"] == 1.0
+    assert CampaignMetric.objects.get(campaign=campaign).queued == len(sent) + len(skipped)  # what it sends
     lift_report = data["lift"]
     assert lift_report["treatment"] == {"customers": len(sent), "buyers": 0, "revenue": "0.00"}
     assert lift_report["control"] == {"customers": len(held), "buyers": 0, "revenue": "0.00"}
@@ -130,6 +142,9 @@ def test_the_lift_report_follows_sales_as_they_are_written(wa, run_jobs):
     report = _status_json(campaign)["lift"]
     assert report["control"]["buyers"] == 0
     assert report["treatment"]["buyers"] == 3
+    out = io.StringIO()
+    call_command("campaign_status", str(campaign.pk), stdout=out)
+    assert f"{report['incremental_revenue']}" in out.getvalue()  # the text form, in either language
     # Written again, nothing changes; rebuilt from scratch, the same figures.
     before = sorted(LiftSale.objects.values_list("campaign_id", "sale_id", "control", "total"))
     LiftSale.objects.all().delete()
@@ -212,3 +227,140 @@ def test_attribution_uses_the_channels_own_window_and_may_require_engagement(wa)
     assert not SaleAttribution.objects.filter(sale=unread).exists()
     attribution.organization_attribute(organization_id=org.pk)
     assert not SaleAttribution.objects.filter(sale=early).exists()  # not engaged: no longer credited
+
+
+def test_the_campaign_page_shows_attributed_and_incremental_and_says_when_not_significant(
+    wa, run_jobs, admin_client, english
+):
+    people = wa["customers"](60)
+    draft = wa["campaign"](control_percent=20)
+    _sale(wa["store"], people[0], timezone.now() - timedelta(days=1))
+    page = admin_client.get(f"/admin/campaigns/campaign/{draft.pk}/change/").content.decode()
+    assert "control group 20%: the smallest lift of the buyers rate it can detect is +" in page
+    campaign = services.campaign_start(campaign=draft)
+    run_jobs()
+    page = admin_client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
+    assert 'id="campaign-lift"' in page
+    assert "attributed (last touch)" in page and "incremental" in page
+    assert 'data-significant="no"' in page and "Not significant" in page
+    plain = wa["campaign"](name="No control")
+    page = admin_client.get(f"/admin/campaigns/campaign/{plain.pk}/change/").content.decode()
+    assert "no control group: only attributed (last touch) sales will be shown" in page
+
+
+def test_an_organization_manager_changes_the_holdout_and_its_history_is_kept(wa, admin_client):
+    org = wa["org"]
+    holdout.holdout_set(organization=org, percent=5)
+    admin_client.post(
+        "/admin/crm/organization/",
+        {"action": "holdout_reshuffle", "_selected_action": [org.pk]},
+    )
+    assert HoldoutPeriod.objects.filter(organization=org).count() == 2
+    assert HoldoutPeriod.objects.filter(organization=org, ended_at__isnull=True).count() == 1
+
+
+def test_the_demos_sales_respond_to_the_campaign_and_its_report_shows_the_lift(wa):
+    from project.demo_lift import demo_campaign_sales
+
+    people = wa["customers"](3000)
+    campaign = wa["campaign"](control_percent=50, status=Campaign.Status.SENT)
+    sent = timezone.now() - timedelta(days=8)
+    WhatsappMessage.objects.bulk_create(
+        WhatsappMessage(
+            campaign=campaign,
+            organization_id=p.organization_id,
+            customer=p,
+            status="held_out" if i % 2 else "read",
+            sent_at=sent,
+            token=f"demo-{i}",
+        )
+        for i, p in enumerate(people)
+    )
+    written = demo_campaign_sales(campaign=campaign, base_rate=0.1, uplift=1.0)
+    assert 300 < written < 700  # 1,500 * 10% + 1,500 * 20%, ± 5 standard deviations
+    report = lift.campaign_lift(campaign=campaign)
+    assert report is not None
+    assert report["treatment"]["buyers"] + report["control"]["buyers"] == written
+    low, high = report["buyers_rate_lift_ci95"]
+    assert low > 0 and high > 0.5 and report["significant"]  # a true +100%: detected
+    assert Decimal(report["incremental_revenue"]) > 0
+
+
+def test_an_email_campaigns_control_group_receives_no_email(smtp, em, run_jobs):  # noqa: F811
+    people = em["customers"](150)
+    campaign = services.campaign_start(campaign=em["campaign"](control_percent=40))
+    run_jobs()
+    campaign.refresh_from_db()
+    assert campaign.status == Campaign.Status.SENT
+    rows = EmailMessage.objects.filter(campaign=campaign)
+    held = set(rows.filter(status="held_out").values_list("customer_id", flat=True))
+    sent = set(rows.filter(status="sent").values_list("customer_id", flat=True))
+    assert held and len(held) + len(sent) == 150
+    emails = {p.pk: p.email for p in people}
+    received = {to for m in smtp.messages() for to in m["rcpt_tos"]}
+    assert received == {emails[c] for c in sent}
+    assert all(at is not None for at in rows.filter(status="held_out").values_list("sent_at", flat=True))
+    assert _status_json(campaign)["counts"]["held_out"] == len(held)
+
+
+T0 = datetime(2026, 11, 2, 15, 0, tzinfo=UTC)
+HOURS = st.integers(min_value=0, max_value=24 * 10)
+STATUSES = ("held_out", "sent", "read", "failed")
+
+
+@hsettings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    window_days=st.integers(min_value=1, max_value=4),
+    whatsapp_days=st.one_of(st.none(), st.integers(min_value=1, max_value=4)),
+    messages=st.lists(
+        st.tuples(st.integers(0, 2), st.integers(0, 2), HOURS, st.sampled_from(STATUSES)), max_size=9
+    ),
+    sales=st.lists(st.tuples(st.integers(0, 3), HOURS, st.integers(1, 50_000)), max_size=10),
+)
+def test_the_lift_rollup_equals_a_reference_recount(world, window_days, whatsapp_days, messages, sales):
+    org, store, customers = world["org"], world["store"], world["customers"]
+    Sale.objects.filter(organization=org).delete()
+    Campaign.objects.filter(organization=org).delete()
+    org.attribution_window_days, org.attribution_window_whatsapp_days = window_days, whatsapp_days
+    org.save()
+    # Campaign 2 has no control group: its messages never count.
+    campaigns = [
+        Campaign.objects.create(
+            organization=org, name=f"C{i}", status=Campaign.Status.SENT, control_percent=p
+        )
+        for i, p in enumerate((10, 50, 0))
+    ]
+    window = timedelta(days=whatsapp_days or window_days)
+    touches: dict[tuple[int, int], tuple[datetime, bool]] = {}
+    for campaign_index, customer_index, hours, status in messages:
+        campaign, customer = campaigns[campaign_index], customers[customer_index]
+        if (campaign.pk, customer.pk) in touches:
+            continue
+        at = T0 + timedelta(hours=hours)
+        WhatsappMessage.objects.create(
+            campaign=campaign, organization_id=org.pk, customer=customer, status=status, sent_at=at
+        )
+        touches[(campaign.pk, customer.pk)] = (at, status == "held_out")
+    written = [
+        _sale(store, customers[c] if c < 3 else None, T0 + timedelta(hours=h), str(Decimal(cents) / 100))
+        for c, h, cents in sales
+    ]
+    expected = {
+        (campaign_id, sale.pk): (held, sale.total)
+        for sale in written
+        for (campaign_id, customer_id), (at, held) in touches.items()
+        if customer_id == sale.customer_id
+        and at <= sale.sold_at <= at + window
+        and campaign_id != campaigns[2].pk
+    }
+    rows = {(r.campaign_id, r.sale_id): (r.control, r.total) for r in LiftSale.objects.all()}
+    assert rows == expected
+    for campaign in campaigns[:2]:
+        report = lift.campaign_lift(campaign=campaign)
+        assert report is not None
+        for arm, held in (("treatment", False), ("control", True)):
+            mine = {s for (c, s), (h, _) in expected.items() if c == campaign.pk and h == held}
+            buyers = {next(w.customer_id for w in written if w.pk == s) for s in mine}
+            assert report[arm]["buyers"] == len(buyers)
+            total = sum((expected[(campaign.pk, s)][1] for s in mine), Decimal("0"))
+            assert Decimal(report[arm]["revenue"]) == total

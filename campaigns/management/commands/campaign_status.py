@@ -79,6 +79,22 @@ class Command(cli.CrmCommand):
             + eta,
             "  ".join(f"{COUNT_LABELS.get(k, k)} {cli.number(v)}" for k, v in data["counts"].items()),
         ]
+        if data["lift"] is not None:
+            lift = data["lift"]
+            interval = lift["buyers_rate_lift_ci95"] or [None, None]
+            lines.append(
+                _(
+                    "lift: buyers rate %(lift)s (95%% interval %(low)s to %(high)s, p %(p)s), "
+                    "incremental revenue %(revenue)s"
+                )
+                % {
+                    "lift": lift["buyers_rate_lift"],
+                    "low": interval[0],
+                    "high": interval[1],
+                    "p": lift["p_value"],
+                    "revenue": lift["incremental_revenue"],
+                }
+            )
         if data["stop_reason"]:
             lines.append(_("stopped: %(reason)s") % {"reason": data["stop_reason"]})
         if data["sending_paused"]:

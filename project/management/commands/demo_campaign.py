@@ -55,6 +55,13 @@ class Command(cli.CrmCommand):
             help="WhatsApp: send from the campaign's number (default) or from each customer's store "
             "number (the store of their latest sale)",
         )
+        parser.add_argument(
+            "--control-percent",
+            type=int,
+            default=0,
+            help="hold out this share of the recipients (0-50) for the lift report; after the send, "
+            "`manage.py demo_campaign_sales ID` writes the window's sales",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         org = Organization.objects.filter(slug=DEMO_SLUG).first()
@@ -72,6 +79,7 @@ class Command(cli.CrmCommand):
                 email_subject=DEMO_EMAIL_SUBJECT,
                 email_body_format=BodyFormat.MJML,
                 email_body=DEMO_EMAIL_BODY,
+                control_percent=options["control_percent"],
             )
             self.stdout.write(str(campaign.pk))
             return
@@ -92,5 +100,6 @@ class Command(cli.CrmCommand):
             redirect_url="https://example.com.br/ofertas",
             redirect_button_index=0,
             unsubscribe_button_index=1,
+            control_percent=options["control_percent"],
         )
         self.stdout.write(str(campaign.pk))

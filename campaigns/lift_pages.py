@@ -1,0 +1,131 @@
+"""The campaign page's incrementality: attributed (last touch) and incremental figures side by
+side, said plainly when not significant, and before the start the minimum detectable lift of the
+chosen split (campaigns.lift)."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.utils.html import format_html, format_html_join
+from django.utils.translation import gettext as _
+
+from campaigns import lift
+from campaigns.models import Campaign
+from campaigns.selectors import CampaignAttribution
+from crm.cli import number
+from crm.money import format_money
+
+
+def _percent(value: float | None) -> str:
+    return "—" if value is None else f"{'+' if value > 0 else ''}{number(100 * value, 1)}%"
+
+
+def detectable(campaign: Campaign, audience: int) -> str:
+    """Before the start, a sentence: the smallest lift of the buyers rate the chosen control group
+    can detect among `audience` recipients (or a hint to set one)."""
+    if not campaign.control_percent:
+        return str(_(" · no control group: only attributed (last touch) sales will be shown"))
+    base = lift.base_buyers_rate(organization=campaign.organization, channel=campaign.channel)
+    mde = lift.campaign_mde(campaign=campaign, audience=audience, base_rate=base)
+    if mde is None:
+        return str(
+            _(" · control group %(p)s%%: too few customers or sales yet to tell the detectable lift")
+            % {"p": campaign.control_percent}
+        )
+    return str(
+        _(
+            " · control group %(p)s%%: the smallest lift of the buyers rate it can detect is %(mde)s "
+            "(base rate %(base)s, 95%% confidence, 80%% power)"
+        )
+        % {"p": campaign.control_percent, "mde": _percent(mde), "base": _percent(base).lstrip("+")}
+    )
+
+
+def _verdict(report: dict[str, Any]) -> str:
+    if report["buyers_rate_lift"] is None:
+        return str(_("No one has been sent or held out yet."))
+    low, high = report["buyers_rate_lift_ci95"]
+    if report["significant"]:
+        return str(
+            _(
+                "Significant: the buyers rate is %(lift)s against the control group (95%% interval "
+                "%(low)s to %(high)s, p = %(p)s)."
+            )
+            % {
+                "lift": _percent(report["buyers_rate_lift"]),
+                "low": _percent(low),
+                "high": _percent(high),
+                "p": report["p_value"],
+            }
+        )
+    return str(
+        _(
+            "Not significant: the difference from the control group (%(lift)s, 95%% interval %(low)s to "
+            "%(high)s, p = %(p)s) is within what chance alone produces; this campaign may have caused "
+            "no sales at all."
+        )
+        % {
+            "lift": _percent(report["buyers_rate_lift"]),
+            "low": _percent(low),
+            "high": _percent(high),
+            "p": report["p_value"],
+        }
+    )
+
+
+def _incremental_buyers(report: dict[str, Any]) -> int:
+    """Treated buyers beyond those the control group's rate predicts."""
+    treatment, control = report["treatment"], report["control"]
+    if not control["customers"]:
+        return 0
+    return round(treatment["buyers"] - treatment["customers"] * control["buyers"] / control["customers"])
+
+
+def side_by_side(campaign: Campaign, attributed: CampaignAttribution) -> str:
+    """The table of attributed (last touch) against incremental figures, with the verdict."""
+    report = lift.campaign_lift(campaign=campaign)
+    if report is None:
+        return str(
+            _(
+                "No control group: what this campaign caused cannot be told apart from what would "
+                "have sold anyway."
+            )
+        )
+    treated = report["treatment"]["customers"]
+    control = report["control"]
+    interval = report["revenue_per_customer_lift_ci95"]
+    incremental_range = (
+        f"{format_money(Decimal(interval[0]) * treated)} … {format_money(Decimal(interval[1]) * treated)}"
+        if interval
+        else "—"
+    )
+    rows = (
+        (
+            _("revenue"),
+            format_money(attributed.revenue),
+            format_money(Decimal(report["incremental_revenue"])),
+        ),
+        (_("revenue, 95% interval"), "—", incremental_range),
+        (_("customers who bought"), number(attributed.buyers), number(_incremental_buyers(report))),
+        (_("buyers rate lift"), "—", _percent(report["buyers_rate_lift"])),
+        (
+            _("control group"),
+            "—",
+            _("%(customers)s customers, %(buyers)s bought, %(revenue)s")
+            % {
+                "customers": number(control["customers"]),
+                "buyers": number(control["buyers"]),
+                "revenue": format_money(Decimal(control["revenue"])),
+            },
+        ),
+    )
+    return format_html(
+        '<table id="campaign-lift"><tr><th></th><th>{}</th><th>{}</th></tr>{}</table>'
+        '<p class="help" data-significant="{}">{}</p>',
+        _("attributed (last touch)"),
+        _("incremental"),
+        format_html_join("", "<tr><th>{}</th><td>{}</td><td>{}</td></tr>", rows),
+        "yes" if report["significant"] else "no",
+        _verdict(report),
+    )
