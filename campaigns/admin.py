@@ -13,7 +13,7 @@ from django.db import connections, models
 from django.db.models import Q, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone as dj_timezone
 from django.utils.formats import date_format, number_format
 from django.utils.functional import cached_property
@@ -137,6 +137,7 @@ class CampaignAdmin(TenantAdmin):
         "live_status",
         "attribution",
         "incrementality",
+        "replies",
         "charts",
         "preview",
         "recurrence_until",
@@ -238,6 +239,7 @@ class CampaignAdmin(TenantAdmin):
                     "live_status",
                     "attribution",
                     "incrementality",
+                    "replies",
                     "charts",
                     "preview",
                 )
@@ -502,6 +504,37 @@ class CampaignAdmin(TenantAdmin):
                 "Sales of customers this campaign reached, made within the organization's attribution "
                 "window after its message and credited to the last campaign message before them."
             ),
+        )
+
+    @admin.display(description=_("replies"))
+    def replies(self, obj: Campaign) -> str:
+        """Who wrote back (reply rate over the customers reached) and the latest replies."""
+        if not obj.pk or obj.started_at is None:
+            return "—"
+        replied = selectors.campaign_replies(campaign_id=obj.pk)
+        reached = getattr(getattr(obj, "metric", None), "sent", 0)
+        rate = f"{number(100 * replied / reached, 1)}%" if reached else "—"
+        latest = format_html_join(
+            "",
+            '<tr><td>{}</td><td><a href="{}">{}</a></td><td>{}</td></tr>',
+            (
+                (
+                    date_format(dj_timezone.localtime(m.at), "SHORT_DATETIME_FORMAT"),
+                    reverse("admin:crm_customer_change", args=[m.customer_id]),
+                    m.customer,
+                    m.text or f"[{m.kind}]",
+                )
+                for m in selectors.campaign_latest_replies(campaign_id=obj.pk)
+            ),
+        )
+        return format_html(
+            '<p id="campaign-replies"><span data-field="replies">{}</span> {} · {} '
+            '<span data-field="reply_rate">{}</span></p><table>{}</table>',
+            number(replied),
+            _("customers wrote back"),
+            _("reply rate (÷ reached):"),
+            rate,
+            latest,
         )
 
     @admin.display(description=_("charts"))

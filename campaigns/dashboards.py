@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -22,6 +22,7 @@ from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, Sa
 from crm import jobs
 from crm.models import Organization, Store
 from crm.money import DEFAULT_CURRENCY
+from messaging.models import ConversationMessage
 from surveys.selectors import NpsRow, nps_by_store_and_month
 
 # Bucket widths in seconds, smallest first; each is a multiple of a minute.
@@ -336,6 +337,32 @@ class OrganizationDashboard:
     nps: NpsRow  # every store together (month: the window's first day)
     nps_stores: list[NpsRow]
     stores: list[StoreRevenue]  # attributed sales sold in the window, per store
+    replies: list[StoreReplies] = field(default_factory=list)  # WhatsApp replies in the window, per store
+
+
+@dataclass(frozen=True)
+class StoreReplies:
+    store_id: int | None
+    store_name: str
+    replies: int  # messages customers sent to the store's numbers
+    customers: int  # customers who wrote
+
+
+def replies_by_store(*, organization_id: int, since: datetime, until: datetime) -> list[StoreReplies]:
+    """Inbound WhatsApp messages in [since, until) per store of the receiving number, most first: one
+    GROUP BY over the (organization, at) index of inbound messages."""
+    rows = (
+        ConversationMessage.objects.filter(
+            organization_id=organization_id,
+            direction=ConversationMessage.Direction.INBOUND,
+            at__gte=since,
+            at__lt=until,
+        )
+        .values("store_id", "store__name")
+        .annotate(replies=Count("id"), customers=Count("customer_id", distinct=True))
+        .order_by("-replies", "store_id")
+    )
+    return [StoreReplies(r["store_id"], r["store__name"] or "", r["replies"], r["customers"]) for r in rows]
 
 
 def _window(organization: Organization, now: datetime) -> tuple[datetime, datetime]:
@@ -437,4 +464,5 @@ def organization_dashboard(
         nps=nps,
         nps_stores=nps_stores,
         stores=revenue_by_store(organization_id=organization.pk, since=since, until=until),
+        replies=replies_by_store(organization_id=organization.pk, since=since, until=until),
     )

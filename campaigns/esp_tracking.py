@@ -10,6 +10,8 @@ delivered: nothing (sending already counted sent and delivered) · bounced, reje
 from SENT, metric bounced+1 delivered-1, the address suppressed (a soft bounce, which some ESPs report
 as "bounced" too, is only noted; a policy block, SendGrid's "blocked", Mailgun's "espblock" or a
 5.7.x reply, is BLOCKED, metric blocked+1 delivered-1, the address kept: integrations.email.bounces) ·
+dropped because the address unsubscribed (SendGrid): FAILED with the reason, the customer opted out
+of email, the address kept · failed (Brevo's "error"): FAILED with the reason ·
 deferred: noted in bounce_message · complained: the address suppressed ("complaint") and the
 customer opted out of email · unsubscribed: opted out · opened, clicked: counted once (campaigns.links).
 
@@ -27,9 +29,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from anymail.signals import AnymailTrackingEvent, EventType
+from anymail.signals import AnymailTrackingEvent, EventType, RejectReason
 from django.db import transaction
 from django.db.models import F
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from campaigns import links
@@ -154,11 +157,42 @@ def _detail(event: AnymailTrackingEvent, esp_name: str) -> str:
     raw = esp_event_markers(event.esp_event)
     kind = raw.get("Type") or raw.get("reason") or raw.get("type") or raw.get("event")
     kind = kind or event.reject_reason or event.event_type
-    parts = [f"{esp_name} {kind}:", event.description or "", event.mta_response or ""]
-    return " ".join(p for p in parts if p).strip()
+    parts = [f"{esp_name} {kind}:", event.description or "", event.mta_response or "", _reason(event)]
+    return " ".join(dict.fromkeys(p for p in parts if p)).strip()
+
+
+def _reason(event: AnymailTrackingEvent) -> str:
+    """The ESP's own words when anymail keeps none (SendGrid's dropped "reason", Brevo's "reason")."""
+    raw = event.esp_event
+    reason = raw.get("reason") if isinstance(raw, dict) else None
+    return reason[:500] if isinstance(reason, str) else ""
+
+
+def message_dropped(*, message: EmailMessage, detail: str, opted_out: bool) -> bool:
+    """The ESP did not send it (dropped, an error): FAILED with the ESP's reason, counted failed, the
+    address kept; when the ESP dropped it because the address unsubscribed, the customer is opted
+    out of email (not a hard bounce). True only the first time."""
+    with transaction.atomic():
+        changed = EmailMessage.objects.filter(pk=message.pk, status=Status.SENT).update(
+            status=Status.FAILED,
+            bounce_message=detail[:2000],
+            error_reason=detail[:2000],
+            failed_at=timezone.now(),
+        )
+        if changed:
+            CampaignMetric.objects.filter(campaign_id=message.campaign_id).update(
+                failed=F("failed") + 1, delivered=Greatest(F("delivered") - 1, 0)
+            )
+        if opted_out:
+            _customer_opt_out(message)
+    return bool(changed)
 
 
 def _bounced(message: EmailMessage, event: AnymailTrackingEvent, esp_name: str) -> None:
+    if event.reject_reason == RejectReason.UNSUBSCRIBED:
+        # SendGrid's "dropped: Unsubscribed Address": the address asked the ESP to stop.
+        message_dropped(message=message, detail=_detail(event, esp_name), opted_out=True)
+        return
     response = " ".join(p for p in (event.mta_response, event.description) if p)
     kind = classify_esp_bounce(markers=esp_event_markers(event.esp_event), response=response)
     detail = _detail(event, esp_name)
@@ -173,6 +207,8 @@ def _bounced(message: EmailMessage, event: AnymailTrackingEvent, esp_name: str) 
 _HANDLERS: dict[str, Callable[[EmailMessage, AnymailTrackingEvent, str], object]] = {
     EventType.BOUNCED: _bounced,
     EventType.REJECTED: _bounced,
+    # Brevo's "error": the ESP could not send it.
+    EventType.FAILED: lambda m, e, esp: message_dropped(message=m, detail=_detail(e, esp), opted_out=False),
     EventType.DEFERRED: lambda m, e, esp: message_deferred(message=m, detail=_detail(e, esp)),
     EventType.COMPLAINED: lambda m, e, esp: message_complained(message=m, detail=_detail(e, esp)),
     EventType.UNSUBSCRIBED: lambda m, e, esp: _customer_opt_out(m),

@@ -28,7 +28,7 @@ from crm.models import Customer, Sale
 from crm.money import DEFAULT_CURRENCY, cost_estimate, format_cost
 from integrations.models import WhatsappNumber
 from integrations.services import whatsapp_price_currency
-from messaging.models import EmailSuppression
+from messaging.models import ConversationMessage, EmailSuppression
 
 COUNT_KEYS = (
     "queued",
@@ -330,4 +330,30 @@ def campaign_status(*, campaign: Campaign) -> dict[str, Any]:
         "conversions": conversions,
         # The lift report against the control group (campaigns.lift); None without one.
         "lift": lift.campaign_lift(campaign=campaign),
+        # Recipients who wrote back within the attribution window after their message.
+        "replies": campaign_replies(campaign_id=campaign.pk),
     }
+
+
+def campaign_replies(*, campaign_id: int) -> int:
+    """Recipients of the campaign who wrote back within the attribution window after their message
+    (each inbound is tied to the campaign message it answers when it is stored): one index range."""
+    return (
+        ConversationMessage.objects.filter(
+            campaign_id=campaign_id, direction=ConversationMessage.Direction.INBOUND
+        )
+        .values("customer_id")
+        .distinct()
+        .count()
+    )
+
+
+def campaign_latest_replies(*, campaign_id: int, limit: int = 10) -> list[ConversationMessage]:
+    """The campaign's latest replies, newest first, with their customers."""
+    return list(
+        ConversationMessage.objects.filter(
+            campaign_id=campaign_id, direction=ConversationMessage.Direction.INBOUND
+        )
+        .select_related("customer")
+        .order_by("-at", "-id")[:limit]
+    )

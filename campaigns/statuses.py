@@ -127,6 +127,11 @@ def _apply(message: WhatsappMessage, event: StatusEvent) -> bool:
     return True
 
 
+def _free(message: WhatsappMessage, event: StatusEvent) -> bool:
+    """Meta says this message costs nothing (`billable: false`, or it failed) and it holds a cost."""
+    return bool(message.cost) and (event.billable is False or event.status == "failed")
+
+
 def _callback_id(event: StatusEvent) -> int | None:
     match = CALLBACK_RE.fullmatch(event.biz_opaque_callback_data)
     return int(match.group(1)) if match else None
@@ -139,6 +144,7 @@ class _Tracked:
     settled: bool  # it was not known to be at Meta
     changed: bool = False
     cost: Decimal = Decimal("0")  # taken from a status's pricing block in this call
+    refund: Decimal = Decimal("0")  # a recorded cost Meta says it does not charge
 
 
 def _prices(events: list[StatusEvent]) -> dict[tuple[str, str], Decimal]:
@@ -183,6 +189,10 @@ def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
             bulk.update_rows(WhatsappMessage, changes.dirty, FIELDS)
         for campaign_id, delta in changes.deltas.items():
             _metric_add(campaign_id, delta, changes.costs[campaign_id], currency)
+        for (campaign_id, refund_currency), refund in changes.refunds.items():
+            CampaignMetric.objects.filter(campaign_id=campaign_id, cost_currency=refund_currency).update(
+                cost=Greatest(F("cost") - refund, Decimal("0"))
+            )
     for campaign_id in sorted(changes.deltas):
         services.campaign_complete_if_done(campaign_id=campaign_id)
     if counts["settled"]:
@@ -232,6 +242,12 @@ def _track(
             continue
         if message.pk not in tracked:
             tracked[message.pk] = _Tracked(message, _counted(message), _rank(message) == 0)
+        if _free(message, event):
+            # Meta charges nothing for it (not billable, or it failed): the cost the send recorded
+            # is taken back from the message and its campaign, once.
+            t = tracked[message.pk]
+            t.changed, t.refund = True, t.refund + message.cost
+            message.cost = Decimal("0")
         if not _apply(message, event):
             counts["ignored"] += 1
             continue
@@ -254,6 +270,8 @@ class _Changes:
     dirty: list[WhatsappMessage] = field(default_factory=list)
     deltas: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
     costs: dict[int, Decimal] = field(default_factory=lambda: defaultdict(Decimal))
+    # Per campaign and currency: recorded costs Meta does not charge.
+    refunds: dict[tuple[int, str], Decimal] = field(default_factory=lambda: defaultdict(Decimal))
     settled: int = 0  # messages not known to be at Meta that a status placed there
 
 
@@ -267,6 +285,8 @@ def _changes(tracked: Iterable[_Tracked]) -> _Changes:
         for name, was, now in zip(COUNTERS, t.before, after, strict=True):
             changes.deltas[t.message.campaign_id][name] += int(now) - int(was)
         changes.costs[t.message.campaign_id] += t.cost
+        if t.refund:
+            changes.refunds[(t.message.campaign_id, t.message.cost_currency)] += t.refund
         if t.settled and _rank(t.message) != 0:
             changes.settled += 1
     return changes

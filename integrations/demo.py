@@ -8,7 +8,7 @@ from __future__ import annotations
 from crm.demo import DEMO_STORES
 from crm.models import Organization, Store
 from crm.services import organizations_resume
-from integrations.models import EmailSettings, WhatsappNumber, WhatsappPrice
+from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, WhatsappPrice
 
 DEMO_PHONE_NUMBER_ID = "100000000000001"
 DEMO_ACCESS_TOKEN = "demo-access-token"  # noqa: S105 - the sandbox's token, not a real credential
@@ -53,6 +53,21 @@ def _demo_number(organization: Organization, store: Store, index: int, graph_url
     number.save()
     Store.objects.filter(pk=store.pk).update(whatsapp_number=number)
     return number
+
+
+DEMO_CHATWOOT_TOKEN = "chatwoot-demo-api-access-token"  # noqa: S105 - the sandbox's, not a real one
+
+
+def chatwoot_account_demo(*, organization: Organization, base_url: str) -> ChatwootAccount:
+    """Point the demo organization's Chatwoot at `base_url` (the sandbox: account 1, inbox 1). Safe to
+    run twice."""
+    account = ChatwootAccount.objects.filter(organization=organization).first() or ChatwootAccount(
+        organization=organization
+    )
+    account.base_url, account.account_id, account.inbox_id, account.enabled = base_url, 1, 1, True
+    account.set_api_token(DEMO_CHATWOOT_TOKEN)
+    account.save()
+    return account
 
 
 def email_settings_demo(*, organization: Organization, host: str, port: int) -> EmailSettings:

@@ -7,8 +7,16 @@ class MessagingConfig(AppConfig):
     verbose_name = _("Messaging")
 
     def ready(self) -> None:
-        """Chatwoot's agent replies (an inbox kind) and the push of what waits for Chatwoot (a recoverer)."""
-        from crm import inbox
-        from messaging import chatwoot_inbound, chatwoot_replies  # noqa: F401
+        """Chatwoot's agent replies (an inbox kind), the push of what waits for Chatwoot (a recoverer
+        and a metric), the conversation on the customer's page and its admin."""
+        from django.utils.translation import gettext_lazy as _
+
+        from crm import customer_page, inbox, prometheus
+        from messaging import admin_conversations, chatwoot_inbound, chatwoot_replies  # noqa: F401
+        from messaging import customer_page as conversation_page
 
         inbox.register(chatwoot_replies.KIND)(chatwoot_replies.replies_apply)
+        customer_page.on_customer_section(
+            "replies", _("WhatsApp conversation"), conversation_page.replies, order=40
+        )
+        prometheus.register_collector("messaging.chatwoot_waiting", chatwoot_inbound.collect_waiting)

@@ -22,6 +22,8 @@ from django.core.exceptions import ObjectDoesNotExist
 from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
+from prometheus_client.core import GaugeMetricFamily, Metric
+from redis import Redis
 
 from crm import jobs, queues, recovery
 from integrations.chatwoot.client import ChatwootClient
@@ -62,6 +64,15 @@ def waiting(organization_id: int | None = None) -> dict[int, int]:
     return dict(
         rows.values_list("organization_id").annotate(n=Count("id")).values_list("organization_id", "n")
     )
+
+
+def collect_waiting(connection: Redis) -> Iterator[Metric]:
+    """`crm_chatwoot_waiting`: messages waiting for Chatwoot (one count over a partial index)."""
+    family = GaugeMetricFamily(
+        "crm_chatwoot_waiting", "WhatsApp conversation messages waiting to be delivered to Chatwoot."
+    )
+    family.add_metric([], ConversationMessage.objects.filter(chatwoot_pending=True).count())
+    yield family
 
 
 @contextlib.contextmanager

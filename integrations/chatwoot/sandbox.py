@@ -127,10 +127,31 @@ class ChatwootSandbox(ThreadedAppServer):
         app.router.add_post(
             base + "/conversations/{conversation_id:\\d+}/messages", self._handle_message_create
         )
+        app.router.add_get("/_sandbox/conversations", self._handle_sandbox_conversations)
         app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
         return app
 
     thread_name = "chatwoot-sandbox"
+
+    async def _handle_sandbox_conversations(self, request: web.Request) -> web.Response:
+        """What an agent would see (the demo's window into the sandbox): every conversation with its
+        contact and its messages in order."""
+        messages = self._state.messages
+        return _json_response(
+            {
+                "conversations": [
+                    {
+                        **self._conversation_json(c),
+                        "messages": [
+                            {k: m[k] for k in ("id", "content", "message_type", "private", "created_at")}
+                            for m in messages
+                            if m["conversation_id"] == c["id"]
+                        ],
+                    }
+                    for c in self._state.conversations.values()
+                ]
+            }
+        )
 
     # -- thread-safe controls -------------------------------------------------------------------
 

@@ -77,6 +77,10 @@ BODY_ONLY_TEXT_MAX = 32768
 
 DEFAULT_STATUS_DELAYS_MS: tuple[float, ...] = (20.0, 40.0, 60.0)
 STATUS_SEQUENCE = ("sent", "delivered", "read")
+# A 1x1 PNG: what every simulated media id downloads as.
+SANDBOX_PNG = base64.b64decode(
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="
+)
 COMPONENT_TYPES = frozenset({"header", "body", "button", "carousel", "limited_time_offer"})
 BUTTON_SUB_TYPES = frozenset({"url", "quick_reply", "copy_code", "flow", "catalog", "mpm", "voice_call"})
 MEDIA_PARAMETER_TYPES = frozenset({"image", "video", "document", "location"})
@@ -585,6 +589,8 @@ class SandboxServer(ThreadedAppServer):
         app.router.add_route("*", "/_sandbox/messages", self._handle_messages)
         app.router.add_get("/_sandbox/stats", self._handle_stats)
         app.router.add_post("/_sandbox/inbound", self._handle_inbound)
+        app.router.add_get("/_sandbox/media/{media_id}", self._handle_media_bytes)
+        app.router.add_get("/{version}/{media_id}", self._handle_media)
         app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
         return app
 
@@ -1030,6 +1036,25 @@ class SandboxServer(ThreadedAppServer):
         before = self._state.webhooks_delivered
         await self._post_webhook(config.webhook_url, config.app_secret, _dumps(payload))
         return _json_response({"wamid": wamid, "delivered": self._state.webhooks_delivered > before})
+
+    async def _handle_media(self, request: web.Request) -> web.Response:
+        """Meta's media lookup: the (short-lived) URL of a media id a simulated inbound carried."""
+        if not _bearer_token(request):
+            return GraphError(190).response()
+        media_id = request.match_info["media_id"]
+        if not media_id.startswith("media-"):
+            return GraphError(
+                100, message=f"Unsupported get request. Object with ID '{media_id}' does not exist"
+            ).response()
+        url = str(request.url.with_path(f"/_sandbox/media/{media_id}").with_query(None))
+        return _json_response(
+            {"url": url, "mime_type": "image/png", "id": media_id, "messaging_product": "whatsapp"}
+        )
+
+    async def _handle_media_bytes(self, request: web.Request) -> web.Response:
+        if not _bearer_token(request):
+            return GraphError(190).response()
+        return web.Response(body=SANDBOX_PNG, content_type="image/png")
 
     def _inbound_payload(self, data: Mapping[str, Any]) -> tuple[dict[str, Any], str]:
         sender = str(data.get("from", "")).lstrip("+")

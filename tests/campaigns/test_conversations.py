@@ -8,6 +8,7 @@ import hashlib
 import hmac
 import json
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -17,7 +18,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from campaigns import services
-from campaigns.models import WhatsappMessage
+from campaigns.models import CampaignMetric, WhatsappMessage
 from crm import hooks, recovery
 from crm.models import Customer, OptOutSource
 from integrations.chatwoot.sandbox import ChatwootSandbox
@@ -347,3 +348,101 @@ def test_keywords_ignore_case_accents_spaces_and_punctuation(word):
     assert keywords.intent(kind="text", text=word) == "opt_out"
     assert keywords.intent(kind="text", text="parar de mandar isso por favor") == ""
     assert keywords.intent(kind="image", text=word) == ""
+
+
+def test_the_campaign_counts_its_replies_and_the_pages_show_them(
+    wa, meta, drain_inbox, run_jobs, admin_client
+):
+    from campaigns import selectors
+
+    campaign, people = _sent_campaign(wa, run_jobs, 3)
+    for i, person in enumerate(people[:2]):
+        meta(_inbound(_message(f"wamid.S{i}", person.phone.lstrip("+"), text={"body": f"quero {i}"})))
+    meta(_inbound(_message("wamid.S9", people[0].phone.lstrip("+"), text={"body": "de novo"})))
+    drain_inbox()
+    assert selectors.campaign_status(campaign=campaign)["replies"] == 2  # recipients, not messages
+    page = admin_client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
+    assert 'data-field="replies">2<' in page and 'data-field="reply_rate">66,6%<' in page
+    assert "de novo" in page
+    board = admin_client.get(f"/admin/crm/organization/{wa['org'].pk}/dashboard/").content.decode()
+    stores = board[board.index('id="dashboard-replies-stores"') :]
+    assert "Centro" in stores and '<td data-field="replies">3</td>' in stores
+    customer_page = admin_client.get(f"/admin/crm/customer/{people[0].pk}/change/").content.decode()
+    assert "quero 0" in customer_page and 'id="customer-conversation"' in customer_page
+
+
+def test_a_manager_answers_from_the_customers_conversation_and_opens_its_media(
+    wa, meta, drain_inbox, run_jobs, admin_client, sandbox
+):
+    ana = wa["customers"](1)[0]
+    meta(
+        _inbound(
+            _message(
+                "wamid.M1",
+                ana.phone.lstrip("+"),
+                "image",
+                image={"id": "media-abc", "mime_type": "image/png"},
+            )
+        )
+    )
+    drain_inbox()
+    url = f"/admin/messaging/conversationmessage/customer/{ana.pk}/"
+    page = admin_client.get(url).content.decode()
+    assert "open media" in page and "window is open" in page
+    response = admin_client.post(url, {"text": "Recebemos a foto!"})
+    assert response.status_code == 302
+    run_jobs()
+    assert [m["template"]["body"] for m in sandbox.messages()] == ["Recebemos a foto!"]
+    row = ConversationMessage.objects.get(wamid="wamid.M1")
+    media = admin_client.get(f"/admin/messaging/conversationmessage/{row.pk}/media/")
+    assert (
+        media.status_code == 200
+        and media["Content-Type"] == "image/png"
+        and media.content.startswith(b"\x89PNG")
+    )
+    waiting = admin_client.get("/admin/messaging/conversationmessage/?chatwoot=waiting")
+    assert waiting.status_code == 200 and "0 waiting for Chatwoot" in waiting.content.decode()
+
+
+def _status_body(message: WhatsappMessage, status: str, *, billable: bool | None) -> bytes:
+    entry: dict = {"id": message.wamid, "status": status, "timestamp": "1764756000", "recipient_id": "x"}
+    if billable is not None:
+        entry["pricing"] = {"billable": billable, "category": "marketing", "pricing_model": "PMP"}
+    if status == "failed":
+        entry["errors"] = [{"code": 131049, "title": "not delivered"}]
+    value = {"metadata": {"phone_number_id": "1"}, "statuses": [entry]}
+    payload = {
+        "object": "whatsapp_business_account",
+        "entry": [{"changes": [{"field": "messages", "value": value}]}],
+    }
+    return json.dumps(payload).encode()
+
+
+def test_a_whatsapp_message_meta_does_not_bill_or_that_failed_costs_nothing(
+    wa, run_jobs, drain_inbox, client, settings
+):
+    settings.WHATSAPP_APP_SECRET = SECRET
+    wa["customers"](3)
+    campaign = services.campaign_start(campaign=wa["campaign"]())
+    run_jobs()
+    free, failed, paid = WhatsappMessage.objects.filter(campaign=campaign).order_by("id")
+    assert CampaignMetric.objects.get(campaign=campaign).cost == Decimal("0.1875")  # 3 x 0.0625 (BR)
+    for message, status, billable in (
+        (free, "delivered", False),
+        (failed, "failed", None),
+        (paid, "delivered", True),
+    ):
+        body = _status_body(message, status, billable=billable)
+        signature = "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
+        for _ in range(2):  # Meta repeats itself: taken back once
+            response = client.post(
+                "/webhooks/whatsapp/",
+                data=body,
+                content_type="application/json",
+                HTTP_X_HUB_SIGNATURE_256=signature,
+            )
+            assert response.status_code == 200
+            drain_inbox()
+    costs = dict(WhatsappMessage.objects.filter(campaign=campaign).values_list("id", "cost"))
+    assert (costs[free.pk], costs[failed.pk], costs[paid.pk]) == (0, 0, Decimal("0.0625"))
+    assert CampaignMetric.objects.get(campaign=campaign).cost == Decimal("0.0625")

@@ -25,7 +25,7 @@ from campaigns import inbox as campaign_inbox
 from campaigns import links, selectors, services
 from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage
 from crm import inbox, jobs, promote, queues, recovery
-from crm.models import Customer, InboxEvent, Organization, Store
+from crm.models import Customer, InboxEvent, OptOutSource, Organization, Store
 from integrations.email import esp
 from integrations.email.bounces import Failure
 from integrations.email.esp_sandbox import (
@@ -753,3 +753,56 @@ def test_the_admin_takes_the_api_key_write_only_and_sends_a_test_through_the_esp
     item.save()
     page = staff.post(url, {"action": "send_test_email", "_selected_action": [item.pk]}, follow=True)
     assert "sender — 401 Postmark error 10: Bad or missing Server API token." in page.content.decode()
+
+
+# --- the email side of listening (issue 27) ---------------------------------------------------
+
+
+def _post_applied(path: str, payload: object) -> int:
+    auth = _auth()["HTTP_AUTHORIZATION"]
+    response = Client().post(
+        path, data=json.dumps(payload), content_type="application/json", HTTP_AUTHORIZATION=auth
+    )
+    applied_from_inbox()
+    return response.status_code
+
+
+def test_a_sendgrid_drop_of_an_unsubscribed_address_opts_out_keeps_the_reason_and_suppresses_nothing(
+    em, run_jobs
+):
+    campaign, people, (a, _) = _sent_campaign(em, 2, run_jobs)
+    dropped = {
+        "email": a.email,
+        "timestamp": 1526923399,
+        "event": "dropped",
+        "reason": "Unsubscribed Address",
+        "sg_event_id": "D1",
+        "sg_message_id": "x.filter",
+        "anymail_id": a.esp_message_id,
+    }
+    assert _post_applied("/anymail/sendgrid/tracking/", [dropped]) == 200
+    assert _post_applied("/anymail/sendgrid/tracking/", [dropped]) == 200  # retried: applied once
+    a.refresh_from_db()
+    assert a.status == S.FAILED and a.bounce_message == "SendGrid dropped: Unsubscribed Address"
+    customer = Customer.objects.get(pk=people[0].pk)
+    assert customer.email_opted_out_at is not None and customer.email_opt_out_source == OptOutSource.PROVIDER
+    assert not EmailSuppression.objects.exists()
+    assert CampaignMetric.objects.get(campaign=campaign).failed == 1
+    assert _statuses(campaign) == {"sent": 1, "failed": 1}
+
+
+def test_a_brevo_error_event_fails_the_message_with_its_reason(em, run_jobs):
+    _, people, (a,) = _sent_campaign(em, 1, run_jobs)
+    error = {
+        "event": "error",
+        "email": a.email,
+        "id": 1,
+        "date": "2026-12-03 10:00:00",
+        "ts_epoch": 1764756000000,
+        "message-id": a.esp_message_id,
+        "reason": "sender not valid",
+    }
+    assert _post_applied("/anymail/brevo/tracking/", error) == 200
+    a.refresh_from_db()
+    assert a.status == S.FAILED and "sender not valid" in a.bounce_message
+    assert Customer.objects.get(pk=people[0].pk).email_opted_out_at is None  # not an opt-out

@@ -16,7 +16,7 @@ from crm.models import Membership, Organization
 from erp.demo import erp_connection_demo
 from erp.upserts import customers_upsert
 from integrations import outbound
-from integrations.demo import email_settings_demo, whatsapp_number_demo
+from integrations.demo import chatwoot_account_demo, email_settings_demo, whatsapp_number_demo
 from runner import demo
 
 
@@ -52,6 +52,11 @@ class Command(cli.CrmCommand):
             "whose login it uses); its stores' codes are the sandbox's",
         )
         parser.add_argument(
+            "--chatwoot-url",
+            default="",
+            help="point the demo organization's Chatwoot at this server (the sandbox: account 1, inbox 1)",
+        )
+        parser.add_argument(
             "--public-url",
             default="",
             help="the address of this deployment's web server, for the demo integration's curl line "
@@ -77,6 +82,13 @@ class Command(cli.CrmCommand):
             email_settings_demo(organization=org, host=host, port=port)
             self.stdout.write(
                 _("demo email via SMTP %(address)s (no TLS, no login)") % {"address": f"{host}:{port}"}
+            )
+        if options["chatwoot_url"]:
+            outbound.trust_origin(options["chatwoot_url"])
+            chatwoot_account_demo(organization=org, base_url=options["chatwoot_url"])
+            self.stdout.write(
+                _("demo Chatwoot -> %(url)s (what agents see: %(url)s/_sandbox/conversations)")
+                % {"url": options["chatwoot_url"]}
             )
         if options["erp_url"]:
             outbound.trust_origin(options["erp_url"])

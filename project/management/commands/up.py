@@ -14,7 +14,7 @@ from django.utils.translation import gettext as _
 
 from crm import embedded, services
 from crm.supervisor import Supervisor
-from integrations.demo import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
+from integrations.demo import DEMO_ACCESS_TOKEN, DEMO_CHATWOOT_TOKEN, DEMO_PHONE_NUMBER_IDS
 
 
 class Command(BaseCommand):
@@ -40,10 +40,11 @@ class Command(BaseCommand):
         parser.add_argument("--meta-port", type=int, default=8081, help="port of the Meta Graph sandbox")
         parser.add_argument("--smtp-port", type=int, default=2525, help="port of the SMTP sandbox")
         parser.add_argument("--erp-port", type=int, default=8082, help="port of the Millennium ERP sandbox")
+        parser.add_argument("--chatwoot-port", type=int, default=8083, help="port of the Chatwoot sandbox")
         parser.add_argument(
             "--no-sandboxes",
             action="store_true",
-            help="do not start the sandboxes of the external systems (Meta, SMTP, ERP)",
+            help="do not start the sandboxes of the external systems (Meta, SMTP, ERP, Chatwoot)",
         )
 
     def handle(self, *args, **options) -> None:
@@ -53,6 +54,7 @@ class Command(BaseCommand):
             _check_port(options["host"], options["meta_port"], "--meta-port")
             _check_port(options["host"], options["smtp_port"], "--smtp-port")
             _check_port(options["host"], options["erp_port"], "--erp-port")
+            _check_port(options["host"], options["chatwoot_port"], "--chatwoot-port")
         # Links in emails (pixel, clicks, unsubscribe) point at this server unless set otherwise.
         os.environ.setdefault("PUBLIC_URL", f"http://{options['host']}:{options['port']}")
         manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
@@ -93,6 +95,19 @@ class Command(BaseCommand):
             supervisor.add(
                 "erp",
                 [*manage, "erp_sandbox", "--host", options["host"], "--port", str(options["erp_port"])],
+            )
+            supervisor.add(
+                "chatwoot",
+                [
+                    *manage,
+                    "chatwoot_sandbox",
+                    "--host",
+                    options["host"],
+                    "--port",
+                    str(options["chatwoot_port"]),
+                    "--token",
+                    DEMO_CHATWOOT_TOKEN,
+                ],
             )
         base = f"http://{options['host']}:{options['port']}"
         supervisor.say(
@@ -151,6 +166,7 @@ class Command(BaseCommand):
                     "graph_url": self._meta_url(options),
                     "smtp": (options["host"], options["smtp_port"]),
                     "erp_url": f"http://{options['host']}:{options['erp_port']}",
+                    "chatwoot_url": f"http://{options['host']}:{options['chatwoot_port']}",
                 }
             )
             extra["public_url"] = os.environ["PUBLIC_URL"]  # this server: the demo webhook's curl line
