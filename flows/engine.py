@@ -26,6 +26,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from campaigns import services as campaign_services
+from campaigns.email_sending import email_send_batch
 from campaigns.models import (
     Campaign,
     CampaignMetric,
@@ -35,6 +36,7 @@ from campaigns.models import (
     Kind,
     WhatsappMessage,
 )
+from campaigns.sending import whatsapp_send_batch
 from crm import jobs, queues
 from crm.models import Sale
 from flows import guards
@@ -58,6 +60,8 @@ Outcome = EnrollmentStep.Outcome
 class _Ran:
     stop: bool = False  # the enrollment waits (or ended): the job is done
     after: dict[str, Any] | None = None  # a runner call to make after the commit
+    # (channel, campaign, batch, organization) to send after the commit
+    send: tuple[Channel, int, int, int] | None = None
 
 
 def enrollment_advance(*, enrollment_id: int) -> str:
@@ -79,6 +83,8 @@ def enrollment_advance(*, enrollment_id: int) -> str:
         if ran.after:
             _runner_call(**ran.after)
             continue
+        if ran.send:
+            send_now(*ran.send)
         if ran.stop:
             return "waiting" if enrollment.status == Enrollment.Status.ACTIVE else enrollment.status
     return "more"  # a loop of steps: the tick comes back for the rest
@@ -207,14 +213,30 @@ def _send(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
         CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=F("queued") + 1)
     _record(enrollment, step, Outcome.QUEUED, f"{channel} message", campaign=campaign)
     _next(enrollment, now)
-    jobs.enqueue(
-        SEND_FUNCS[channel],
-        queue=queues.EMAIL_SEND if channel == Channel.EMAIL else queues.WHATSAPP_SEND,
-        kwargs={"campaign_id": campaign.pk, "batch": enrollment.pk},
-        job_id=campaign_services.batch_job_id(campaign.pk, enrollment.pk, channel),
-        organization_id=campaign.organization_id,
-    )
-    return _Ran()
+    return _Ran(send=(channel, campaign.pk, enrollment.pk, campaign.organization_id))
+
+
+def send_now(channel: Channel, campaign_id: int, batch: int, organization_id: int) -> None:
+    """The step's message through the campaigns' send batch, in this job (no second hop): the
+    batch claims it before calling the provider. What must wait (pacing, a pause: Defer) or
+    failed here goes to the channel's send queue, where its retries and give-up apply; a crash
+    before this leaves it queued for the `whatsapp-batches`/`email-batches` recoverer."""
+    func = email_send_batch if channel == Channel.EMAIL else whatsapp_send_batch
+    try:
+        func(campaign_id=campaign_id, batch=batch)
+    except Exception as exc:  # the job's edge for this send: handed to the queue that retries it
+        delay = exc.seconds if isinstance(exc, jobs.Defer) else 1.0
+        if not isinstance(exc, jobs.Defer):
+            logger.warning("flow send of campaign %s batch %s failed (%s); queued", campaign_id, batch, exc)
+        jobs.enqueue(
+            SEND_FUNCS[channel],
+            queue=queues.EMAIL_SEND if channel == Channel.EMAIL else queues.WHATSAPP_SEND,
+            kwargs={"campaign_id": campaign_id, "batch": batch},
+            job_id=campaign_services.batch_job_id(campaign_id, batch, channel),
+            delay=delay,
+            organization_id=organization_id,
+            after_commit=False,
+        )
 
 
 def _campaign_fields(flow: Flow, step: dict) -> dict[str, Any] | None:
