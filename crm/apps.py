@@ -14,7 +14,7 @@ class CrmConfig(AppConfig):
 
         from crm import checks, hooks, inbox, recovery
         from crm import services as crm_services
-        from crm.models import Membership, Sale
+        from crm.models import Customer, Membership, Sale
 
         django_checks.register(checks.check_public_url, django_checks.Tags.security)
         recovery.register("inbox")(inbox.stranded)
@@ -23,3 +23,4 @@ class CrmConfig(AppConfig):
         post_save.connect(saved, sender=Membership, dispatch_uid="crm.membership_saved")
         post_delete.connect(deleted, sender=Membership, dispatch_uid="crm.membership_deleted")
         post_save.connect(hooks.sale_saved, sender=Sale, dispatch_uid="crm.sale_saved")
+        post_save.connect(hooks.customer_saved, sender=Customer, dispatch_uid="crm.customer_saved")

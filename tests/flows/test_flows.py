@@ -309,3 +309,24 @@ def test_a_sale_after_a_flow_message_is_attributed_to_the_flow_and_its_step(
     status = selectors.flow_status(flow=flow)
     assert status["revenue"] in ("80.00", "230.00")  # last touch: sales after the message
     assert status["steps"][0]["revenue"] == status["revenue"]
+
+
+def test_a_first_click_and_a_new_customer_are_events_flows_react_to(wa, sandbox, make_flow, sell, run_jobs):
+    from campaigns import links
+    from crm.models import Customer
+
+    make_flow(SEND_NOW, transactional=True)
+    clicked = make_flow(
+        {**SEND_NOW, "key": "clicked", "trigger": {"type": "link_clicked"}}, transactional=True
+    )
+    welcome = make_flow({**SEND_NOW, "key": "welcome", "trigger": {"type": "customer_created"}})
+    (ana,) = wa["customers"](1)  # bulk_create: no signal, no event
+    sell(ana)
+    run_jobs()
+    message = WhatsappMessage.objects.get(customer=ana)
+    assert links.message_click(message=message) and not links.message_click(message=message)
+    assert Enrollment.objects.filter(flow=clicked, customer=ana).count() == 1
+    bruno = Customer.objects.create(
+        organization=wa["org"], name="Bruno", phone="+5511988887777", marketing_consent=True
+    )
+    assert Enrollment.objects.filter(flow=welcome, customer=bruno).count() == 1
