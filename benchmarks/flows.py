@@ -148,7 +148,7 @@ def part_latency(args: argparse.Namespace, sandbox: SandboxServer) -> None:
         .filter(customer__whatsapp_messages__sent_at__isnull=False)
         .values_list("entered_at", "customer__whatsapp_messages__sent_at")
     )
-    lat = sorted((sent - entered).total_seconds() for entered, sent in rows)
+    lat = sorted((sent - entered).total_seconds() for entered, sent in rows if sent is not None)
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99
     print(
         f"latency: {n} events offered at {offered:.0f}/s for {args.seconds} s, "
