@@ -17,6 +17,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage
+from crm import hooks
 from crm.models import OptOutSource
 from crm.services import SendingChannel, customers_opt_out
 
@@ -118,6 +119,19 @@ def message_click(*, message: Message) -> bool:
         first = model.objects.filter(pk=message.pk, clicked_at__isnull=True).update(clicked_at=timezone.now())
         if first:
             CampaignMetric.objects.filter(campaign_id=message.campaign_id).update(clicked=F("clicked") + 1)
+            # Once, with the first click: flows' `link_clicked` trigger and exit_on.
+            hooks.customer_events(
+                [
+                    hooks.CustomerEvent(
+                        "link_clicked",
+                        message.organization_id,
+                        message.customer_id,
+                        timezone.now(),
+                        f"{model.__name__}:{message.pk}",
+                        {"campaign_id": message.campaign_id, "link_id": message.pk},
+                    )
+                ]
+            )
     if first and isinstance(message, EmailMessage):
         message_open(message=message)
     return bool(first)

@@ -14,7 +14,7 @@ class CrmConfig(AppConfig):
 
         from crm import checks, hooks, inbox, recovery
         from crm import services as crm_services
-        from crm.models import Membership, Organization, Sale
+        from crm.models import Customer, Membership, Organization, Sale
 
         django_checks.register(checks.check_public_url, django_checks.Tags.security)
         recovery.register("inbox")(inbox.stranded)
@@ -26,3 +26,4 @@ class CrmConfig(AppConfig):
             crm_services.organization_saved, sender=Organization, dispatch_uid="crm.organization_saved"
         )
         post_save.connect(hooks.sale_saved, sender=Sale, dispatch_uid="crm.sale_saved")
+        post_save.connect(hooks.customer_saved, sender=Customer, dispatch_uid="crm.customer_saved")

@@ -132,3 +132,20 @@ def customer_events(events: Sequence[CustomerEvent]) -> dict[str, int]:
     if not events:
         return {name: 0 for name in names}
     return {name: _EVENT_CONSUMERS[name][1](events) for name in names}
+
+
+def customer_saved(sender: Any, instance: Any, created: bool, raw: bool = False, **kwargs: Any) -> None:
+    """post_save of Customer (the admin, single ORM saves; a bulk path announces its own):
+    `customer_created` once, in the transaction that created it."""
+    if created and not raw:
+        customer_events(
+            [
+                CustomerEvent(
+                    "customer_created",
+                    instance.organization_id,
+                    instance.pk,
+                    instance.created_at,
+                    f"c:{instance.pk}",
+                )
+            ]
+        )

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime, time, timedelta
 from typing import Any
@@ -26,6 +27,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from campaigns import services as campaign_services
+from campaigns.email_sending import email_send_batch
 from campaigns.models import (
     Campaign,
     CampaignMetric,
@@ -35,6 +37,7 @@ from campaigns.models import (
     Kind,
     WhatsappMessage,
 )
+from campaigns.sending import whatsapp_send_batch
 from crm import jobs, queues
 from crm.models import Sale
 from flows import guards
@@ -47,6 +50,11 @@ from runner.models import Handler
 logger = logging.getLogger(__name__)
 
 MAX_STEPS_PER_RUN = 50
+# Due enrollments of the same organization one job also runs (a burst of events: one job, and one
+# send batch per step campaign, serve many).
+STEAL = 100
+# The send batch of the messages written by the running job: its first enrollment's id.
+_BATCH: ContextVar[int | None] = ContextVar("flows_batch", default=None)
 SEND_FUNCS = {
     Channel.WHATSAPP: "campaigns.tasks.whatsapp_send_batch",
     Channel.EMAIL: "campaigns.tasks.email_send_batch",
@@ -58,15 +66,45 @@ Outcome = EnrollmentStep.Outcome
 class _Ran:
     stop: bool = False  # the enrollment waits (or ended): the job is done
     after: dict[str, Any] | None = None  # a runner call to make after the commit
+    # (channel, campaign, batch, organization) to send after the commit
+    send: tuple[Channel, int, int, int] | None = None
 
 
 def enrollment_advance(*, enrollment_id: int) -> str:
-    """Run the enrollment's due steps until it waits or ends; returns what it ended on. Safe to
-    run twice, concurrently or after a crash anywhere."""
+    """Run the enrollment's due steps until it waits or ends, and those of up to STEAL other due
+    enrollments of its organization (their own jobs then find nothing due); their messages share
+    one send batch per step campaign, sent at the end. Returns what the enrollment ended on. Safe
+    to run twice, concurrently or after a crash anywhere."""
+    sends: dict[tuple[Channel, int, int], None] = {}
+    token = _BATCH.set(enrollment_id)
+    try:
+        state = _advance_one(enrollment_id, sends=sends, skip_locked=False)
+        organization_id = next(iter(sends), (None, None, None))[2] if sends else None
+        if organization_id is not None:
+            for other in _due_of(organization_id, exclude=enrollment_id):
+                _advance_one(other, sends=sends, skip_locked=True)
+    finally:
+        _BATCH.reset(token)
+    for channel, campaign_id, org in sends:
+        send_now(channel, campaign_id, enrollment_id, org)
+    return state
+
+
+def _due_of(organization_id: int, *, exclude: int) -> list[int]:
+    """Other due enrollments of the organization, oldest first (a range of `enrollment_due`)."""
+    due = Enrollment.objects.filter(
+        status=Enrollment.Status.ACTIVE, due_at__lte=timezone.now(), organization_id=organization_id
+    ).exclude(pk=exclude)
+    return list(due.order_by("due_at").values_list("pk", flat=True)[:STEAL])
+
+
+def _advance_one(
+    enrollment_id: int, *, sends: dict[tuple[Channel, int, int], None], skip_locked: bool
+) -> str:
     for _ in range(MAX_STEPS_PER_RUN):
         with transaction.atomic():
             enrollment = (
-                Enrollment.objects.select_for_update(of=("self",))
+                Enrollment.objects.select_for_update(of=("self",), skip_locked=skip_locked)
                 .select_related("flow", "flow__organization", "customer")
                 .filter(pk=enrollment_id)
                 .first()
@@ -79,6 +117,9 @@ def enrollment_advance(*, enrollment_id: int) -> str:
         if ran.after:
             _runner_call(**ran.after)
             continue
+        if ran.send:
+            channel, campaign_id, _, org = ran.send
+            sends[(channel, campaign_id, org)] = None
         if ran.stop:
             return "waiting" if enrollment.status == Enrollment.Status.ACTIVE else enrollment.status
     return "more"  # a loop of steps: the tick comes back for the rest
@@ -201,20 +242,36 @@ def _send(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
             campaign_id=campaign.pk,
             organization_id=campaign.organization_id,
             customer_id=enrollment.customer_id,
-            batch=enrollment.pk,
+            batch=_BATCH.get() or enrollment.pk,
             **fields,
         )
         CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=F("queued") + 1)
     _record(enrollment, step, Outcome.QUEUED, f"{channel} message", campaign=campaign)
     _next(enrollment, now)
-    jobs.enqueue(
-        SEND_FUNCS[channel],
-        queue=queues.EMAIL_SEND if channel == Channel.EMAIL else queues.WHATSAPP_SEND,
-        kwargs={"campaign_id": campaign.pk, "batch": enrollment.pk},
-        job_id=campaign_services.batch_job_id(campaign.pk, enrollment.pk, channel),
-        organization_id=campaign.organization_id,
-    )
-    return _Ran()
+    return _Ran(send=(channel, campaign.pk, _BATCH.get() or enrollment.pk, campaign.organization_id))
+
+
+def send_now(channel: Channel, campaign_id: int, batch: int, organization_id: int) -> None:
+    """The step's message through the campaigns' send batch, in this job (no second hop): the
+    batch claims it before calling the provider. What must wait (pacing, a pause: Defer) or
+    failed here goes to the channel's send queue, where its retries and give-up apply; a crash
+    before this leaves it queued for the `whatsapp-batches`/`email-batches` recoverer."""
+    func = email_send_batch if channel == Channel.EMAIL else whatsapp_send_batch
+    try:
+        func(campaign_id=campaign_id, batch=batch)
+    except Exception as exc:  # the job's edge for this send: handed to the queue that retries it
+        delay = exc.seconds if isinstance(exc, jobs.Defer) else 1.0
+        if not isinstance(exc, jobs.Defer):
+            logger.warning("flow send of campaign %s batch %s failed (%s); queued", campaign_id, batch, exc)
+        jobs.enqueue(
+            SEND_FUNCS[channel],
+            queue=queues.EMAIL_SEND if channel == Channel.EMAIL else queues.WHATSAPP_SEND,
+            kwargs={"campaign_id": campaign_id, "batch": batch},
+            job_id=campaign_services.batch_job_id(campaign_id, batch, channel),
+            delay=delay,
+            organization_id=organization_id,
+            after_commit=False,
+        )
 
 
 def _campaign_fields(flow: Flow, step: dict) -> dict[str, Any] | None:

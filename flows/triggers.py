@@ -19,6 +19,7 @@ from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.db import IntegrityError, connection, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from crm import hooks, jobs
@@ -135,7 +136,7 @@ def due_specs(*, now: datetime | None = None) -> Iterator[jobs.JobSpec]:
 # --- time-based triggers -------------------------------------------------------------------------
 
 
-def _birthday_ids(flow: Flow, day: date, after: int, limit: int) -> list[int]:
+def _birthday_ids(flow: Flow, day: date, after: int, limit: int, since: datetime | None = None) -> list[int]:
     """Customers of the flow's organization whose birthday is `day` (Feb 29 on Feb 28 of a common year)."""
     target = day - timedelta(days=int(flow.trigger.get("offset_days", 0)))
     days = [target.day]
@@ -144,10 +145,11 @@ def _birthday_ids(flow: Flow, day: date, after: int, limit: int) -> list[int]:
     sql = (
         f"SELECT id FROM {Customer._meta.db_table} WHERE organization_id = %s "  # noqa: S608
         "AND birth_date IS NOT NULL AND EXTRACT(MONTH FROM birth_date) = %s "
-        "AND EXTRACT(DAY FROM birth_date) = ANY(%s) AND id > %s ORDER BY id LIMIT %s"
+        "AND EXTRACT(DAY FROM birth_date) = ANY(%s) AND id > %s AND updated_at >= %s ORDER BY id LIMIT %s"
     )
+    floor = since or datetime(1970, 1, 1, tzinfo=ZoneInfo("UTC"))
     with connection.cursor() as cursor:
-        cursor.execute(sql, [flow.organization_id, target.month, days, after, limit])
+        cursor.execute(sql, [flow.organization_id, target.month, days, after, floor, limit])
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -174,16 +176,17 @@ def _lapsed(flow: Flow, day: date, tz: ZoneInfo) -> list[tuple[int, int]]:
         return [(row[0], row[1]) for row in cursor.fetchall()]
 
 
-def who_enters(*, flow: Flow, day: date) -> Iterator[tuple[int, str]]:
+def who_enters(*, flow: Flow, day: date, since: datetime | None = None) -> Iterator[tuple[int, str]]:
     """(customer id, entry key) of everyone a date or no_purchase trigger enters on local `day`
-    (before the reentry rule): the pass's and the dry-run's list."""
+    (before the reentry rule): the pass's and the dry-run's list. `since`: only the customers
+    changed since then (a date trigger's catch-up: a birthday set today)."""
     if flow.trigger_type == "no_purchase":
         for customer_id, sale_id in _lapsed(flow, day, ZoneInfo(flow.organization.timezone)):
             yield customer_id, f"lapse:{sale_id}"
         return
     after = 0
     while True:
-        ids = _birthday_ids(flow, day, after, CHUNK)
+        ids = _birthday_ids(flow, day, after, CHUNK, since)
         for customer_id in ids:
             yield customer_id, f"date:{day.isoformat()}"
         if len(ids) < CHUNK:
@@ -201,25 +204,43 @@ def _due_today(flow: Flow, now: datetime) -> date | None:
 def daily_pass(*, flow: Flow, now: datetime | None = None) -> int | None:
     """Enter today's customers of a date or no_purchase flow, once per local day (a DailyPass row,
     unique, committed with the enrollments: a second run the same day, or a run after the
-    scheduler was down that morning, does the day exactly once). None when not due or done."""
-    day = _due_today(flow, now or timezone.now())
-    if day is None or DailyPass.objects.filter(flow=flow, day=day).exists():
+    scheduler was down that morning, does the day exactly once). Later runs that day of a date
+    trigger catch up only the customers changed since the last run (a birth date set to today),
+    the entry key (the day) keeping each customer's entry single. None when not due or done."""
+    now = now or timezone.now()
+    day = _due_today(flow, now)
+    if day is None:
         return None
+    done = DailyPass.objects.filter(flow=flow, day=day).first()
+    if done is not None:
+        return _catch_up(flow, done, now) if flow.trigger_type == "date" else None
     try:
         with transaction.atomic():
-            marker = DailyPass.objects.create(flow=flow, day=day)
-            entered = 0
-            batch: list[tuple[int, str]] = []
-            for row in who_enters(flow=flow, day=day):
-                batch.append(row)
-                if len(batch) == CHUNK:
-                    entered += _enroll_batch(flow, batch)
-                    batch = []
-            entered += _enroll_batch(flow, batch)
+            marker = DailyPass.objects.create(flow=flow, day=day, at=now)
+            entered = _enter_all(flow, who_enters(flow=flow, day=day))
             DailyPass.objects.filter(pk=marker.pk).update(entered=entered)
     except IntegrityError:
         return None  # a concurrent pass did the day
     return entered
+
+
+def _catch_up(flow: Flow, done: DailyPass, now: datetime) -> int | None:
+    with transaction.atomic():
+        # Customers saved since a minute before the last run: a save committed late is not missed.
+        entered = _enter_all(flow, who_enters(flow=flow, day=done.day, since=done.at - timedelta(minutes=1)))
+        DailyPass.objects.filter(pk=done.pk).update(at=now, entered=F("entered") + entered)
+    return entered or None
+
+
+def _enter_all(flow: Flow, rows: Iterator[tuple[int, str]]) -> int:
+    entered = 0
+    batch: list[tuple[int, str]] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == CHUNK:
+            entered += _enroll_batch(flow, batch)
+            batch = []
+    return entered + _enroll_batch(flow, batch)
 
 
 def _enroll_batch(flow: Flow, batch: list[tuple[int, str]]) -> int:

@@ -226,14 +226,29 @@ def survey_answer(*, survey: Survey, score: int, comment: str) -> bool:
     if not SCORE_MIN <= score <= SCORE_MAX:
         raise ValueError(f"score {score} is not between {SCORE_MIN} and {SCORE_MAX}")
     now = timezone.now()
-    answered = Survey.objects.filter(pk=survey.pk, answered_at__isnull=True).update(
-        status=Status.ANSWERED,
-        answered_at=now,
-        score=score,
-        comment=comment.strip()[:COMMENT_MAX],
-        # Answered before its send was recorded (a very quick tap): it still counts as surveyed.
-        sent_at=Coalesce(F("sent_at"), Value(now)),
-    )
+    with transaction.atomic():
+        answered = Survey.objects.filter(pk=survey.pk, answered_at__isnull=True).update(
+            status=Status.ANSWERED,
+            answered_at=now,
+            score=score,
+            comment=comment.strip()[:COMMENT_MAX],
+            # Answered before its send was recorded (a very quick tap): it still counts as surveyed.
+            sent_at=Coalesce(F("sent_at"), Value(now)),
+        )
+        if answered and survey.customer_id:
+            # Once, with the answer: flows' `survey_answered` trigger (detractors) and exit_on.
+            hooks.customer_events(
+                [
+                    hooks.CustomerEvent(
+                        "survey_answered",
+                        survey.organization_id,
+                        survey.customer_id,
+                        now,
+                        f"survey:{survey.pk}",
+                        {"survey_id": survey.pk, "score": score},
+                    )
+                ]
+            )
     return bool(answered)
 
 

@@ -226,6 +226,13 @@ def test_birthday_pass_runs_once_per_local_day(wa, make_flow):
     assert triggers.daily_pass(flow=flow) is None  # the scheduler ran twice
     assert Enrollment.objects.filter(flow=flow).count() == expected
     assert DailyPass.objects.filter(flow=flow, day=today).exists()
+    # A birth date set to today after the day's pass: the next tick catches it up, once.
+    bia.birth_date = date(1991, today.month, today.day) if (today.month, today.day) != (2, 29) else None
+    bia.save()
+    if bia.birth_date is not None:
+        assert triggers.daily_pass(flow=flow) == 1
+        assert triggers.daily_pass(flow=flow) is None
+        assert Enrollment.objects.filter(flow=flow, customer=bia).count() == 1
 
 
 def test_no_purchase_pass_enters_the_lapsed(wa, make_flow, sell):
@@ -276,3 +283,50 @@ def test_redis_flush_then_recover_sends_each_due_step_once(wa, sandbox, make_flo
     assert Enrollment.objects.filter(status="completed").count() == 5
     assert selectors.flow_status(flow=Enrollment.objects.first().flow)["sent"] == 5
     assert jobs.get_connection() is not None
+
+
+def test_the_demo_loads_three_flows_and_again_changes_nothing(db):
+    from crm.models import Organization
+    from flows.demo import flows_demo
+
+    org = Organization.objects.create(name="Demo", slug="demo")
+    first = flows_demo(organization=org)
+    again = flows_demo(organization=org)
+    assert [f.key for f in first] == ["thanks-after-sale", "birthday", "win-back-60"]
+    assert [f.version for f in again] == [1, 1, 1]
+
+
+def test_a_sale_after_a_flow_message_is_attributed_to_the_flow_and_its_step(
+    wa, sandbox, make_flow, sell, run_jobs
+):
+    flow = make_flow(SEND_NOW, reentry="once")
+    (ana,) = wa["customers"](1)
+    sell(ana, "150.00")
+    run_jobs()
+    later = sell(ana, "80.00")
+    later.sold_at = timezone.now() + timedelta(minutes=1)
+    later.save()
+    status = selectors.flow_status(flow=flow)
+    assert status["revenue"] in ("80.00", "230.00")  # last touch: sales after the message
+    assert status["steps"][0]["revenue"] == status["revenue"]
+
+
+def test_a_first_click_and_a_new_customer_are_events_flows_react_to(wa, sandbox, make_flow, sell, run_jobs):
+    from campaigns import links
+    from crm.models import Customer
+
+    make_flow(SEND_NOW, transactional=True)
+    clicked = make_flow(
+        {**SEND_NOW, "key": "clicked", "trigger": {"type": "link_clicked"}}, transactional=True
+    )
+    welcome = make_flow({**SEND_NOW, "key": "welcome", "trigger": {"type": "customer_created"}})
+    (ana,) = wa["customers"](1)  # bulk_create: no signal, no event
+    sell(ana)
+    run_jobs()
+    message = WhatsappMessage.objects.get(customer=ana)
+    assert links.message_click(message=message) and not links.message_click(message=message)
+    assert Enrollment.objects.filter(flow=clicked, customer=ana).count() == 1
+    bruno = Customer.objects.create(
+        organization=wa["org"], name="Bruno", phone="+5511988887777", marketing_consent=True
+    )
+    assert Enrollment.objects.filter(flow=welcome, customer=bruno).count() == 1

@@ -15,6 +15,7 @@ from crm.demo import demo_load
 from crm.models import Membership, Organization
 from erp.demo import erp_connection_demo
 from erp.upserts import customers_upsert
+from flows.demo import flows_demo
 from integrations import outbound
 from integrations.demo import chatwoot_account_demo, email_settings_demo, whatsapp_number_demo
 from runner import demo
@@ -105,6 +106,11 @@ class Command(cli.CrmCommand):
                 "stores": cli.number(org.stores.count()),
                 "customers": cli.number(org.customers.count()),
             }
+        )
+        flows = flows_demo(organization=org)
+        self.stdout.write(
+            _("demo flows of '%(slug)s': %(keys)s (docs/flows.md; fire them by hand: README)")
+            % {"slug": org.slug, "keys": ", ".join(f.key for f in flows)}
         )
         self._manager_login(org)
         self._integration(org, options["public_url"] or settings.PUBLIC_URL)

@@ -1,0 +1,267 @@
+"""Flows: event -> first send latency with real workers, and the periodic pass's cost.
+
+    DATABASE_URL=postgres://.../crm_flows_bench REDIS_URL=redis://.../14 SECRET_KEY=... ENCRYPTION_KEY=... \\
+    .venv/bin/python benchmarks/flows.py [--rate 200] [--seconds 60] [--processes 2] \\
+        [--waiting 1000000] [--due 10000] [--customers 1000000] [--parts latency,tick,date]
+
+Uses (and creates, migrates) the database in DATABASE_URL; flushes the Redis database.
+1. latency: a `customer_created` flow whose first step sends a WhatsApp template (sandbox, no
+   latency); this process announces --rate events/s for --seconds (one transaction each, through
+   crm.hooks.customer_events), --processes worker processes serve `flows,whatsapp-send`. Prints
+   p50/p95/p99 of (message sent_at - enrollment entered_at) and what was reached.
+2. tick: --due due enrollments among --waiting waiting ones (written with INSERT ... SELECT
+   generate_series), then the tick's two reads: the due steps' specs (time, queries) and
+   requeue_missing over them (time); at both sizes (--due alone, then with --waiting).
+3. date: --customers customers, birth dates spread over the year; a date flow's daily pass
+   (time, queries, entered) and a second run the same day.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crm.settings")
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.db import connection, transaction  # noqa: E402
+from django.test.utils import CaptureQueriesContext  # noqa: E402
+from django.utils import timezone  # noqa: E402
+
+from benchmarks.common import ensure_database  # noqa: E402
+from campaigns.models import WhatsappMessage  # noqa: E402
+from crm import bulk, hooks, jobs, recovery  # noqa: E402
+from crm.models import Customer, Organization, Store  # noqa: E402
+from flows import services, triggers  # noqa: E402
+from flows.models import DailyPass, Enrollment, Flow  # noqa: E402
+from integrations import outbound  # noqa: E402
+from integrations.models import WhatsappNumber  # noqa: E402
+from integrations.whatsapp.sandbox import SandboxServer  # noqa: E402
+
+PHONE_NUMBER_ID = "188888888888888"
+TOKEN = "bench-flows-token"  # noqa: S105 - the sandbox's
+
+
+def world(slug: str, n: int, *, birthdays: bool = False) -> Organization:
+    org, _ = Organization.objects.get_or_create(slug=slug, defaults={"name": slug})
+    Store.objects.get_or_create(organization=org, erp_code="B1", defaults={"name": "Bench"})
+    have = Customer.objects.filter(organization=org).count()
+    if have < n:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {Customer._meta.db_table} (organization_id, erp_id, name, email, phone, "  # noqa: S608
+                "cpf_cnpj, "
+                "marketing_consent, marketing_consent_source, whatsapp_opt_out_source, email_opt_out_source, "
+                "birth_date, created_at, updated_at) SELECT %s, 'F' || i, 'Cliente' || i || ' Bench', '', "
+                "'+55119' || lpad((20000000 + i)::text, 8, '0'), '', true, 'import', '', '', "
+                "CASE WHEN %s THEN date '1980-01-01' + (i %% 365) ELSE NULL END, now(), now() "
+                "FROM generate_series(%s, %s - 1) AS i",
+                [org.pk, birthdays, have, n],
+            )
+        bulk.analyze_if_grown(Customer, n - have)
+    return org
+
+
+def flow_of(org: Organization, data: dict) -> Flow:
+    Flow.objects.filter(organization=org, key=data["key"]).delete()
+    return services.flow_import(data=data, organization_slug=org.slug)[0]
+
+
+def part_latency(args: argparse.Namespace, sandbox: SandboxServer) -> None:
+    n = args.rate * args.seconds
+    org = world(f"flows-latency-{n}", n)
+    Organization.objects.filter(pk=org.pk).update(block_multiple_campaigns=False, message_limit_count=1000)
+    number = WhatsappNumber.objects.filter(phone_number_id=PHONE_NUMBER_ID).first() or WhatsappNumber(
+        phone_number_id=PHONE_NUMBER_ID
+    )
+    number.organization, number.display_phone_number = org, "+5511930000001"
+    number.graph_url, number.messages_per_second = sandbox.url, 0
+    number.set_access_token(TOKEN)
+    number.save()
+    flow = flow_of(
+        org,
+        {
+            "key": "bench-latency",
+            "name": "bench",
+            "trigger": {"type": "customer_created"},
+            "steps": [{"type": "send_whatsapp", "template": "bench", "variables": ["first_name"]}],
+        },
+    )
+    ids = list(Customer.objects.filter(organization=org).order_by("pk").values_list("pk", flat=True)[:n])
+    env = {**os.environ, "LOG_LEVEL": "WARNING"}
+    pool = subprocess.Popen(
+        [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "workers",
+            "--processes",
+            str(args.processes),
+            "--queues",
+            "flows,whatsapp-send",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    try:
+        time.sleep(5)  # workers up
+        started = time.monotonic()
+        for i, customer_id in enumerate(ids):
+            due = started + i / args.rate
+            pause = due - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            with transaction.atomic():
+                hooks.customer_events(
+                    [
+                        hooks.CustomerEvent(
+                            "customer_created", org.pk, customer_id, timezone.now(), f"c{customer_id}"
+                        )
+                    ]
+                )
+        offered = n / (time.monotonic() - started)
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if (
+                WhatsappMessage.objects.filter(campaign__flow_step__flow=flow, sent_at__isnull=False).count()
+                >= n
+            ):
+                break
+            time.sleep(1)
+    finally:
+        os.killpg(pool.pid, 15)
+        pool.wait(timeout=60)
+    rows = list(
+        Enrollment.objects.filter(flow=flow)
+        .filter(customer__whatsapp_messages__sent_at__isnull=False)
+        .values_list("entered_at", "customer__whatsapp_messages__sent_at")
+    )
+    lat = sorted((sent - entered).total_seconds() for entered, sent in rows if sent is not None)
+    q = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99
+    print(
+        f"latency: {n} events offered at {offered:.0f}/s for {args.seconds} s, "
+        f"{args.processes} worker processes: "
+        f"{len(lat)} sent; event -> first send p50 {q[49]:.2f} s, p95 {q[94]:.2f} s, p99 {q[98]:.2f} s, "
+        f"max {lat[-1] if lat else 0:.2f} s"
+    )
+
+
+def _enrollments(flow: Flow, customers: list[int], total: int, due: int) -> None:
+    """`total` active enrollments of `flow` (rounds over the customers), the first `due` of them due."""
+    Enrollment.objects.filter(flow=flow).delete()
+    c = len(customers)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {Enrollment._meta.db_table} (flow_id, organization_id, customer_id, round, "  # noqa: S608
+            "entry_key, status, step_index, due_at, branch, holdout, entered_at, exit_reason) "
+            "SELECT %s, %s, (%s::bigint[])[1 + i %% %s], 1 + i / %s, 'k' || i, 'active', 0, "
+            "CASE WHEN i < %s THEN now() - interval '1 minute' ELSE now() + interval '5 days' END, "
+            "'', false, now(), '' "
+            "FROM generate_series(0, %s - 1) AS i",
+            [flow.pk, flow.organization_id, customers, c, c, due, total],
+        )
+        cursor.execute(f"ANALYZE {Enrollment._meta.db_table}")
+
+
+def _tick(label: str) -> None:
+    jobs.get_connection().flushdb()
+    with CaptureQueriesContext(connection) as queries:
+        started = time.perf_counter()
+        specs = list(triggers.due_specs())
+        read = time.perf_counter() - started
+    started = time.perf_counter()
+    enqueued = recovery.requeue_missing(iter(specs))
+    requeue = time.perf_counter() - started
+    print(
+        f"tick, {label}: {len(specs)} due read in {read * 1000:.0f} ms ({len(queries)} queries); "
+        f"{enqueued} jobs enqueued in {requeue * 1000:.0f} ms"
+    )
+
+
+def part_tick(args: argparse.Namespace) -> None:
+    org = world("flows-tick", 10_000)
+    flow = flow_of(
+        org,
+        {
+            "key": "bench-tick",
+            "name": "bench",
+            "trigger": {"type": "sale"},
+            "steps": [{"type": "wait", "days": 1}],
+        },
+    )
+    Flow.objects.filter(pk=flow.pk).update(paused=False)
+    customers = list(Customer.objects.filter(organization=org).values_list("pk", flat=True))
+    for total in (args.due, args.waiting):
+        started = time.perf_counter()
+        _enrollments(flow, customers, total, args.due)
+        print(f"  ({total} enrollments written in {time.perf_counter() - started:.1f} s)")
+        _tick(f"{total:,} active enrollments, {args.due:,} due")
+    Enrollment.objects.filter(flow=flow).delete()
+
+
+def part_date(args: argparse.Namespace) -> None:
+    started = time.perf_counter()
+    org = world(f"flows-date-{args.customers}", args.customers, birthdays=True)
+    print(f"  ({args.customers} customers ready in {time.perf_counter() - started:.1f} s)")
+    flow = flow_of(
+        org,
+        {
+            "key": "bench-birthday",
+            "name": "bench",
+            "trigger": {"type": "date", "at": "00:00"},
+            "reentry": "always",
+            "steps": [{"type": "wait", "days": 1}],
+        },
+    )
+    jobs.get_connection().flushdb()
+    for run in ("first", "second"):
+        with CaptureQueriesContext(connection) as queries:
+            started = time.perf_counter()
+            entered = triggers.daily_pass(flow=flow)
+            elapsed = time.perf_counter() - started
+        print(
+            f"date pass over {args.customers:,} customers, {run} run today: {elapsed * 1000:.0f} ms, "
+            f"{len(queries)} queries, {entered or 0} entered"
+        )
+    DailyPass.objects.filter(flow=flow).delete()
+    Enrollment.objects.filter(flow=flow).delete()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rate", type=int, default=200)
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--waiting", type=int, default=1_000_000)
+    parser.add_argument("--due", type=int, default=10_000)
+    parser.add_argument("--customers", type=int, default=1_000_000)
+    parser.add_argument("--parts", default="latency,tick,date")
+    args = parser.parse_args()
+    ensure_database()
+    print(f"scale: {vars(args)}; load average {os.getloadavg()}")
+    parts = args.parts.split(",")
+    if "latency" in parts:
+        with SandboxServer(host="127.0.0.1", port=0, numbers={PHONE_NUMBER_ID: TOKEN}) as sandbox:
+            outbound.trust_origin(sandbox.url)
+            part_latency(args, sandbox)
+    if "tick" in parts:
+        part_tick(args)
+    if "date" in parts:
+        part_date(args)
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

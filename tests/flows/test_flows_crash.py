@@ -1,0 +1,105 @@
+"""Workers SIGKILLed in the middle of flows, and Redis flushed: nobody messaged twice, none skipped."""
+
+from __future__ import annotations
+
+import signal
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.db.models import Count
+from django.utils import timezone
+
+from campaigns import services as campaign_services
+from campaigns.models import WhatsappMessage
+from crm import jobs
+from flows import services
+from flows.models import Enrollment, EnrollmentStep
+from tests.campaigns.test_whatsapp_crash import kill_inside_a_send
+from tests.conftest import child_env, wait_for
+
+pytestmark = pytest.mark.slow
+
+FLOW = {
+    "key": "crash",
+    "name": "Crash",
+    "trigger": {"type": "customer_created"},
+    "transactional": True,
+    "steps": [
+        {"type": "wait", "minutes": 0},
+        {"type": "send_whatsapp", "template": "boas_vindas", "variables": ["first_name"]},
+        {"type": "send_whatsapp", "template": "segunda", "variables": ["first_name"]},
+    ],
+}
+QUEUES = "flows,whatsapp-send"
+
+
+def _done() -> bool:
+    call_command("recover", stdout=StringIO())  # what a dead worker held comes back from PostgreSQL
+    return not Enrollment.objects.filter(status="active").exists()
+
+
+def _all_sent() -> bool:
+    call_command("recover", stdout=StringIO())
+    return not WhatsappMessage.objects.filter(status="queued").exists()
+
+
+def test_workers_killed_mid_flow_and_a_redis_flush_message_nobody_twice_and_skip_nobody(
+    wa, sandbox, worker_process
+):
+    n = 150
+    customers = wa["customers"](n)
+    flow, _ = services.flow_import(data=FLOW, organization_slug=wa["org"].slug)
+    sandbox.configure(latency_ms=20)
+    services.enroll(flow=flow, customer_ids=[c.pk for c in customers], entry_keys=["x"] * n)
+    env = child_env()
+    victim = worker_process("--queues", QUEUES, "--processes", "2", env=env)
+    wait_for(lambda: sandbox.stats()["accepted"] >= 40, timeout=120, what="flow sends to start")
+    kill_inside_a_send(victim, sandbox, latency_ms=20)
+    # A second victim, then Redis loses everything it held.
+    second = worker_process("--queues", QUEUES, env=env)
+    accepted = sandbox.stats()["accepted"]
+    wait_for(lambda: sandbox.stats()["accepted"] >= accepted + 40, timeout=120, what="more sends")
+    second.kill(signal.SIGKILL)
+    second.wait(timeout=60)
+    jobs.get_connection().flushdb()
+
+    survivor = worker_process("--queues", QUEUES, env=env)
+    try:
+        wait_for(_done, timeout=600, interval=2, what="every enrollment to finish")
+    except BaseException:
+        active = list(
+            Enrollment.objects.filter(status="active").values_list("pk", "step_index", "due_at")[:5]
+        )
+        print("ACTIVE", Enrollment.objects.filter(status="active").count(), active, timezone.now())
+        conn = jobs.get_connection()
+        print("KEYS", sorted(k.decode() for k in conn.keys("*flow*"))[:20])
+        print(survivor.output()[-4000:])
+        raise
+    try:
+        wait_for(_all_sent, timeout=300, interval=2, what="every queued message to be sent")
+    except BaseException:
+        queued = list(WhatsappMessage.objects.filter(status="queued").values_list("campaign_id", "batch")[:5])
+        ids = [campaign_services.batch_job_id(c, b) for c, b in queued]
+        conn = jobs.get_connection()
+        print("QUEUED", queued, [conn.hgetall(f"rq:job:{i}") for i in ids][:2])
+        print(survivor.output()[-3000:])
+        raise
+    survivor.kill(signal.SIGTERM)
+    survivor.wait(timeout=60)
+    campaign_services.reconcile_in_flight(older_than_seconds=0)
+
+    assert sandbox.stats()["by_recipient_max"] <= 2  # two steps: at most one message per step each
+    per_step = (
+        WhatsappMessage.objects.values("campaign_id", "customer_id").annotate(n=Count("id")).filter(n__gt=1)
+    )
+    assert not per_step.exists()
+    statuses = dict(WhatsappMessage.objects.values_list("status").annotate(n=Count("id")).order_by())
+    assert sum(statuses.values()) == 2 * n, statuses  # none skipped: every customer, both steps
+    assert set(statuses) <= {"sent", "unknown"}, statuses
+    # Meta got each (step, customer) at most once; what we call sent it accepted.
+    sent_to = [(m["template"]["name"], m["to"]) for m in sandbox.messages()]
+    assert len(sent_to) == len(set(sent_to))
+    assert statuses["sent"] <= len(sent_to) <= statuses["sent"] + statuses.get("unknown", 0)
+    assert Enrollment.objects.filter(status="completed").count() == n
+    assert EnrollmentStep.objects.count() == 3 * n
