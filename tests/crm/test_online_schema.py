@@ -11,7 +11,12 @@ from django.core.management import call_command
 
 @pytest.mark.parametrize(
     ("app", "migration", "created", "dropped"),
-    [("campaigns", "0006", 11, 2), ("runner", "0002", 1, 1), ("crm", "0011", 2, 1), ("crm", "0015_fair", 1, 1)],
+    [
+        ("campaigns", "0006", 11, 2),
+        ("runner", "0002", 1, 1),
+        ("crm", "0011", 2, 1),
+        ("crm", "0015_fair", 1, 1),
+    ],
 )
 def test_indexes_on_written_tables_are_built_and_dropped_concurrently(
     transactional_db, app, migration, created, dropped

@@ -98,7 +98,9 @@ def _objects(org: Organization, tag: str) -> dict[type, Any]:
         organization=org, integration=integration, handler=handler, direction="inbound", trigger="manual"
     )
     other = User.objects.create_user(f"{tag}-member", password="pw-member-1234")
-    flow = Flow.objects.create(organization=org, key=f"{tag}-flow", name=f"{tag} flow", trigger={"type": "sale"})
+    flow = Flow.objects.create(
+        organization=org, key=f"{tag}-flow", name=f"{tag} flow", trigger={"type": "sale"}
+    )
     enrollment = Enrollment.objects.create(
         flow=flow, organization=org, customer=customer, entry_key=f"{tag}-entry", due_at=now
     )
