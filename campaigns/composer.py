@@ -220,6 +220,8 @@ class CampaignForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        if "control_percent" in self.fields:  # left out (a script's form, an old page): no control group
+            self.fields["control_percent"].required = False
         field = self.fields.get("whatsapp_template")
         if field is None:
             return
@@ -230,6 +232,10 @@ class CampaignForm(forms.ModelForm):
             field.queryset = selectable_templates(organization_id=int(org_id))  # type: ignore[attr-defined]
             if self.instance.pk and self.instance.template_name:
                 field.initial = campaign_template(self.instance)
+
+    def clean_control_percent(self) -> int:
+        value = self.cleaned_data.get("control_percent")
+        return 0 if value is None else value
 
     def clean_recurrence(self) -> str:
         """Recurrence in words ("toda segunda 9h") is refused with examples of what works."""

@@ -193,7 +193,10 @@ class OrganizationAdmin(TenantAdmin):
         if "holdout_percent" in form.changed_data:
             holdout.holdout_set(organization=obj, percent=percent)
 
-    @admin.action(description=_("Reshuffle the global holdout (a new draw; the old one stays in history)"))
+    @admin.action(
+        description=_("Reshuffle the global holdout (a new draw; the old one stays in history)"),
+        permissions=["change"],
+    )
     def holdout_reshuffle(self, request: HttpRequest, queryset: QuerySet[Organization]) -> None:
         for organization in queryset:
             holdout.holdout_set(

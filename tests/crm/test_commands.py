@@ -54,6 +54,7 @@ ARGS = {
     "dlq_replay": ["--execution", "1"],
     "membership": ["list"],
     "flows": ["status", "x", "--org", "x"],
+    "demo_campaign_sales": ["1"],
 }
 CLOSED = "127.0.0.1:1"  # nothing listens on port 1
 
