@@ -23,6 +23,10 @@ the same server:
   benchmark's database, this client, and what other processes on the machine took meanwhile.
 Targets (issue 14): statuses ≥ 1,000/s and ≥ 0.5x trivial, applied within 2 s p99; runner ≥ 0.5x
 trivial, p99 < 1 s.
+With --replies-share F (issue 27), that share of the Meta POSTs are customers' replies instead of
+statuses (benchmarks/conversations.py): stored once each, accepted -> in the Chatwoot sandbox
+(--chatwoot-latency-ms, default 100) p50/p95/p99, a "PARAR" accepted -> opted out p99; targets:
+the mix ≥ 0.5x trivial, Chatwoot p95 ≤ 5 s.
 
 The database is created and migrated if missing; the benchmark's organization and Redis database
 are wiped: point both at scratch ones.
@@ -57,6 +61,7 @@ import aiohttp  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
+from benchmarks import conversations  # noqa: E402
 from benchmarks.common import CpuAccount, ensure_database  # noqa: E402
 from benchmarks.runner_common import percentile, wait_for  # noqa: E402
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage  # noqa: E402
@@ -120,6 +125,8 @@ class Children:
 
 
 def setup(n_messages: int) -> tuple[Campaign, list[str], Handler, Organization]:
+    # Its campaign holds the replies' number (PROTECT): let go first.
+    Campaign.objects.filter(organization__slug="bench-intake").update(whatsapp_number=None)
     Organization.objects.filter(slug="bench-intake").delete()
     org = Organization.objects.create(slug="bench-intake", name="Bench intake")
     campaign = Campaign.objects.create(organization=org, name="Bench", status=Campaign.Status.SENDING)
@@ -299,10 +306,22 @@ class AppliedPoller(threading.Thread):
             conn.close()
 
 
-def meta_statuses(base: str, campaign: Campaign, wamids: list[str], in_flight: int) -> dict:
+def meta_statuses(
+    base: str,
+    campaign: Campaign,
+    wamids: list[str],
+    in_flight: int,
+    replies: tuple[float, Any] | None = None,
+) -> dict:
+    """The status burst; with `replies` (share, Chatwoot sandbox) that share of the POSTs replaced
+    by customers' replies, measured apart (benchmarks/conversations.py)."""
     ts = int(time.time())
+    share, cw = replies or (0.0, None)
+    share = share if cw is not None else 0.0
+    n_replies = int(len(wamids) * share)
+    statuses, phones = wamids[n_replies:], [f"+55119{70000000 + i}" for i in range(n_replies)]
     requests = []
-    for wamid in wamids:
+    for wamid in statuses:
         body = meta_body(wamid, ts)
         signature = "sha256=" + hmac.new(APP_SECRET.encode(), body, hashlib.sha256).hexdigest()
         requests.append(
@@ -312,28 +331,50 @@ def meta_statuses(base: str, campaign: Campaign, wamids: list[str], in_flight: i
                 {"Content-Type": "application/json", "X-Hub-Signature-256": signature},
             )
         )
+    requests += [conversations.reply_request(APP_SECRET, p, i, ts) for i, p in enumerate(phones)]
     poller = AppliedPoller()
     poller.start()
+    reply_poller = conversations.ReplyPoller(cw) if cw is not None else None
+    if reply_poller is not None:
+        reply_poller.start()
 
     def answered(i: int, status: int, at: float) -> None:
-        if status == 200:
-            poller.accepted(wamids[i], at)
+        if status != 200:
+            return
+        if i < len(statuses):
+            poller.accepted(statuses[i], at)
+        elif reply_poller is not None:
+            k = i - len(statuses)
+            with reply_poller.lock:
+                reply_poller.accepted["PARAR" if k % 10 == 0 else f"reply {k}"] = at
+                if k % 10 == 0:
+                    reply_poller.opt_outs[phones[k]] = at
 
     elapsed, latencies, results = asyncio.run(burst(base, requests, in_flight, answered))
-    accepted = sum(1 for s, _, _ in results if s == 200)
+    accepted = sum(1 for s, _, _ in results[: len(statuses)] if s == 200)
+    accepted_replies = sum(1 for s, _, _ in results[len(statuses) :] if s == 200)
     try:
         wait_for(lambda: len(poller.seen) >= accepted, timeout=300, what="every status applied")
+        if reply_poller is not None:
+            texts = len({f"reply {k}" for k in range(n_replies) if k % 10}) + (1 if n_replies else 0)
+            wait_for(lambda: len(reply_poller.in_chatwoot) >= texts, timeout=600, what="replies in Chatwoot")
+            wait_for(
+                lambda: len(reply_poller.opted) >= len(reply_poller.opt_outs), timeout=300, what="opt-outs"
+            )
     finally:
         poller.stop.set()
         poller.join()
+        if reply_poller is not None:
+            reply_poller.stop.set()
+            reply_poller.join()
     lags = list(poller.seen.values())
     metric = CampaignMetric.objects.get(campaign=campaign)
     delivered = WhatsappMessage.objects.filter(campaign=campaign, status="delivered").count()
     return {
-        "posts": len(wamids),
-        "accepted": accepted,
+        "posts": len(requests),
+        "accepted": accepted + accepted_replies,
         "answers": sorted({s for s, _, _ in results}),
-        "per_second": accepted / elapsed,
+        "per_second": (accepted + accepted_replies) / elapsed,
         "latency_p50": percentile(latencies, 50),
         "latency_p99": percentile(latencies, 99),
         "applied_p50": percentile(lags, 50),
@@ -341,6 +382,9 @@ def meta_statuses(base: str, campaign: Campaign, wamids: list[str], in_flight: i
         "applied_max": max(lags) if lags else float("nan"),
         "exactly_once": metric.delivered == accepted == delivered,
         "counter": metric.delivered,
+        "replies": None
+        if reply_poller is None
+        else conversations.figures(reply_poller, campaign.organization, accepted_replies),
     }
 
 
@@ -500,6 +544,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=PORT)
     parser.add_argument("--workers-nice", type=int, default=10)
     parser.add_argument(
+        "--replies-share", type=float, default=0.2, help="share of Meta POSTs that are replies"
+    )
+    parser.add_argument("--chatwoot-latency-ms", type=float, default=100.0)
+    parser.add_argument(
         "--isolation",
         type=int,
         default=0,
@@ -512,7 +560,8 @@ def main() -> None:
     ensure_database()
     (ROOT / "var").mkdir(exist_ok=True)
     jobs.get_connection().flushdb()
-    campaign, wamids, handler, _ = setup(args.statuses)
+    campaign, wamids, handler, org = setup(args.statuses)
+    cw = conversations.start(org, args.replies_share, args.chatwoot_latency_ms)
     env = dict(
         os.environ,
         DJANGO_SETTINGS_MODULE="benchmarks.bench_settings",
@@ -557,8 +606,9 @@ def main() -> None:
 
         if args.statuses:
             base_meta = measured("trivial-meta", n, lambda: trivial(base, n, args.in_flight))
+            mix = (args.replies_share, cw)
             meta = measured(
-                "meta", args.statuses, lambda: meta_statuses(base, campaign, wamids, args.in_flight)
+                "meta", args.statuses, lambda: meta_statuses(base, campaign, wamids, args.in_flight, mix)
             )
         if args.hooks:
             base_hooks, base_hooks_p99 = measured(
@@ -589,6 +639,7 @@ def main() -> None:
             isolated = isolation(main_base, base, wamids[:2000], args.isolation)
     finally:
         children.stop()
+        conversations.stop(cw)
 
     print(
         f"web: gunicorn --workers {args.web_workers} --threads {args.threads}; "
@@ -603,6 +654,7 @@ def main() -> None:
             f"accepted -> applied p50 {meta['applied_p50'] * 1000:.0f} ms "
             f"p99 {meta['applied_p99'] * 1000:.0f} ms (max {meta['applied_max'] * 1000:.0f} ms); "
             f"applied exactly once: {meta['exactly_once']} (delivered counter {meta['counter']:,})"
+            + conversations.summary(meta["replies"], args.replies_share, args.chatwoot_latency_ms)
         )
     if args.hooks:
         for label, run in (("workers on machines of their own", hooks), ("workers on these cores", shared)):

@@ -15,7 +15,10 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import defaultdict
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.core.exceptions import ObjectDoesNotExist
@@ -34,7 +37,9 @@ from messaging.models import ConversationMessage
 logger = logging.getLogger(__name__)
 
 PUSH_TASK = "messaging.tasks.chatwoot_push"
-PUSH_CHUNK = 100
+PUSH_CHUNK = 500
+# Conversations delivered side by side (each in order): Chatwoot's latency is paid per message.
+PUSH_CONCURRENCY = 64
 DOWN_DEFER = 10.0  # seconds before trying a Chatwoot that did not answer again
 BUSY_DEFER = 1.0  # another push of the organization holds its lock
 _ACCOUNT_LEVEL_STATUSES = (401, 403)
@@ -111,9 +116,15 @@ def push(*, organization_id: int) -> int:
         if not held:
             raise jobs.Defer(BUSY_DEFER, "another Chatwoot push of this organization runs")
         with ChatwootClient(
-            base_url=account.base_url, account_id=account.account_id, api_token=account.get_api_token()
+            base_url=account.base_url,
+            account_id=account.account_id,
+            api_token=account.get_api_token(),
+            max_connections=PUSH_CONCURRENCY,
         ) as client:
-            return _push_all(client, account)
+            try:
+                return _push_all(client, account)
+            except _TokenRefused:
+                return 0
 
 
 def _pending(organization_id: int, after_id: int) -> list[ConversationMessage]:
@@ -126,38 +137,86 @@ def _pending(organization_id: int, after_id: int) -> list[ConversationMessage]:
     )
 
 
+@dataclass
+class _Outcome:
+    """What one conversation's delivery did: the rows delivered in order (id, Chatwoot's id), and
+    the row that stopped it with its error."""
+
+    delivered: list[tuple[ConversationMessage, int]] = field(default_factory=list)
+    stopped: tuple[ConversationMessage, IntegrationError] | None = None
+
+
+def _conversation(
+    client: ChatwootClient, account: ChatwootAccount, rows: list[ConversationMessage]
+) -> _Outcome:
+    """Deliver one customer's rows in order, stopping at the first failure (later ones wait)."""
+    outcome = _Outcome()
+    threads: dict[tuple[int, int], int] = {}
+    for row in rows:
+        try:
+            outcome.delivered.append((row, _deliver(client, account, row, threads)))
+        except IntegrationError as exc:
+            outcome.stopped = (row, exc)
+            break
+    return outcome
+
+
 def _push_all(client: ChatwootClient, account: ChatwootAccount) -> int:
+    """Conversations side by side (PUSH_CONCURRENCY), each in order; the rows written here, by this
+    thread, as the answers come back."""
     delivered, after = 0, 0
-    threads: dict[tuple[int, int], int] = {}  # (customer, inbox) -> conversation id
     blocked: set[int] = set()  # customers whose earlier message failed: later ones wait (order)
-    while rows := _pending(account.organization_id, after):
-        for row in rows:
-            after = row.pk
-            if row.customer_id in blocked:
-                continue
-            try:
-                chatwoot_id = _deliver(client, account, row, threads)
-            except IntegrationError as exc:
+    with ThreadPoolExecutor(max_workers=PUSH_CONCURRENCY, thread_name_prefix="chatwoot-push") as pool:
+        while rows := _pending(account.organization_id, after):
+            after = rows[-1].pk
+            by_customer: dict[int, list[ConversationMessage]] = defaultdict(list)
+            for row in rows:
+                if row.customer_id not in blocked:
+                    by_customer[row.customer_id].append(row)
+            outcomes = list(
+                pool.map(lambda group: _conversation(client, account, group), by_customer.values())
+            )
+            delivered += _record(outcomes)
+            stops = [o.stopped for o in outcomes if o.stopped is not None]
+            for row, exc in stops:
                 _note(row, exc)
-                if exc.retryable:
-                    raise jobs.Defer(DOWN_DEFER, f"Chatwoot did not answer: {exc}") from exc
-                if exc.status in _ACCOUNT_LEVEL_STATUSES:
-                    logger.error(
-                        "chatwoot push: account %s refused our token (%s); %s message(s) wait",
-                        account.pk,
-                        exc,
-                        waiting(account.organization_id).get(account.organization_id, 0),
-                        extra={"organization_id": account.organization_id},
-                    )
-                    return delivered
                 blocked.add(row.customer_id)
-                continue
-            delivered += ConversationMessage.objects.filter(pk=row.pk, chatwoot_pending=True).update(
+            _raise_for(account, [exc for _, exc in stops])
+    return delivered
+
+
+def _record(outcomes: list[_Outcome]) -> int:
+    done = 0
+    for outcome in outcomes:
+        for row, chatwoot_id in outcome.delivered:
+            done += ConversationMessage.objects.filter(pk=row.pk, chatwoot_pending=True).update(
                 chatwoot_pending=False,
                 chatwoot_error="",
                 **({"chatwoot_message_id": chatwoot_id} if row.direction == row.Direction.INBOUND else {}),
             )
-    return delivered
+    return done
+
+
+def _raise_for(account: ChatwootAccount, errors: list[IntegrationError]) -> None:
+    """Chatwoot not answering defers the push (no attempt spent); a refused token ends it (the
+    recovery pass tries again every minute); another refusal blocks only its conversation."""
+    retryable = next((e for e in errors if e.retryable), None)
+    if retryable is not None:
+        raise jobs.Defer(DOWN_DEFER, f"Chatwoot did not answer: {retryable}")
+    refused = next((e for e in errors if e.status in _ACCOUNT_LEVEL_STATUSES), None)
+    if refused is not None:
+        logger.error(
+            "chatwoot push: account %s refused our token (%s); %s message(s) wait",
+            account.pk,
+            refused,
+            waiting(account.organization_id).get(account.organization_id, 0),
+            extra={"organization_id": account.organization_id},
+        )
+        raise _TokenRefused
+
+
+class _TokenRefused(Exception):
+    pass
 
 
 def _note(row: ConversationMessage, exc: IntegrationError) -> None:

@@ -71,13 +71,14 @@ class ChatwootClient:
         account_id: int,
         api_token: str,
         timeout: httpx.Timeout | None = None,
+        max_connections: int = 4,
     ) -> None:
         self._prefix = f"/api/v1/accounts/{int(account_id)}"
         self._http = http.client(
             base_url=base_url.rstrip("/"),
             timeout=timeout,
             headers={"api_access_token": api_token, "Accept": "application/json"},
-            max_connections=4,
+            max_connections=max_connections,
         )
 
     def close(self) -> None:

@@ -211,7 +211,7 @@ def test_the_templates_opt_out_button_and_an_edited_keyword_opt_out_and_voltar_o
 
 
 def test_a_reply_outside_the_24_hour_window_is_refused_and_nothing_is_sent(
-    wa, meta, drain_inbox, run_jobs, sandbox
+    wa, meta, drain_inbox, run_jobs, sandbox, english
 ):
     ana = wa["customers"](1)[0]
     old = int((timezone.now() - timedelta(hours=25)).timestamp())
@@ -372,7 +372,7 @@ def test_the_campaign_counts_its_replies_and_the_pages_show_them(
 
 
 def test_a_manager_answers_from_the_customers_conversation_and_opens_its_media(
-    wa, meta, drain_inbox, run_jobs, admin_client, sandbox
+    wa, meta, drain_inbox, run_jobs, admin_client, sandbox, english
 ):
     ana = wa["customers"](1)[0]
     meta(

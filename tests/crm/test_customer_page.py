@@ -86,7 +86,13 @@ def test_the_customers_page_shows_the_person(person, manager, english) -> None:
     for expected in ("Centro", "Inverno", "Ótimo atendimento", "customer-section"):
         assert expected in page, expected
     sections = dict(customer_page.customer_sections(person))
-    assert [str(t) for t in sections] == ["Purchases", "Segment", "Messages", "Survey answers"]
+    assert [str(t) for t in sections] == [
+        "Purchases",
+        "Segment",
+        "Messages",
+        "WhatsApp conversation",
+        "Survey answers",
+    ]
     messages = next(html for title, html in sections.items() if str(title) == "Messages")
     assert "WhatsApp" in messages and "delivered" in messages and "bounced" in messages
 
