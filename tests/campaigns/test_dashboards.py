@@ -342,8 +342,8 @@ def test_the_dashboard_shows_the_last_30_days(
     Organization.objects.filter(pk=org.pk).update(
         whatsapp_paused_at=timezone.now(), whatsapp_paused_reason="token expired (190)"
     )
-    # session, user, organization, campaigns with their metrics, sends per day, NPS
-    with django_assert_max_num_queries(7):
+    # session, user, organization, campaigns with their metrics, sends per day, NPS, replies per store
+    with django_assert_max_num_queries(8):
         response = admin_client.get(_dashboard_url(org))
     assert response.status_code == 200
     html = response.content.decode()
