@@ -160,7 +160,25 @@ def _objects(org: Organization, tag: str) -> dict[type, Any]:
         Execution: execution,
         ExecutionItem: ExecutionItem.objects.create(execution=execution, external_id=f"{tag}-item"),
         RunnerSettings: RunnerSettings.objects.create(organization=org),
+        **_flow_objects(org, tag, customer),
     }
+
+
+def _flow_objects(org: Organization, tag: str, customer: Customer) -> dict[type, Any]:
+    from flows.models import Enrollment, EnrollmentStep, Flow
+
+    flow = Flow.objects.create(
+        organization=org,
+        key=f"{tag}-flow",
+        name=f"{tag} flow",
+        trigger={"type": "sale"},
+        steps=[{"type": "wait", "days": 1}],
+    )
+    enrollment = Enrollment.objects.create(
+        flow=flow, organization=org, customer=customer, entry_key=f"{tag}-entry", due_at=None
+    )
+    step = EnrollmentStep.objects.create(enrollment=enrollment, flow=flow, index=0, type="wait")
+    return {Flow: flow, Enrollment: enrollment, EnrollmentStep: step}
 
 
 def _sample_job() -> None:
