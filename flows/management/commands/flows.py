@@ -18,22 +18,22 @@ class Command(cli.CrmCommand):
     help = "Import, export, inspect, pause and resume an organization's flows (docs/flows.md)."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        sub = parser.add_subparsers(dest="action", required=True)
+        sub = parser.add_subparsers(dest="action", required=True, help="what to do")
         imp = sub.add_parser("import", help="create or update a flow from a JSON file (by its key)")
-        imp.add_argument("file")
-        imp.add_argument("--org", required=True)
+        imp.add_argument("file", help="a JSON file with one flow (docs/flows.md)")
+        imp.add_argument("--org", required=True, help="the organization's slug")
         for name, what in (
             ("export", "print a flow's JSON"),
             ("pause", "pause a flow"),
             ("resume", "resume a flow"),
         ):
             p = sub.add_parser(name, help=what)
-            p.add_argument("key")
-            p.add_argument("--org", required=True)
+            p.add_argument("key", help="the flow's key")
+            p.add_argument("--org", required=True, help="the organization's slug")
         status = sub.add_parser("status", help="a flow's figures")
-        status.add_argument("key")
-        status.add_argument("--org", required=True)
-        status.add_argument("--json", action="store_true")
+        status.add_argument("key", help="the flow's key")
+        status.add_argument("--org", required=True, help="the organization's slug")
+        status.add_argument("--json", action="store_true", help="one JSON object (docs/flows.md)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
