@@ -61,19 +61,7 @@ class FlowAdmin(TenantAdmin):
     list_filter = ("trigger_type", "paused")
     search_fields = ("key", "name")
     readonly_fields = ("version", "trigger_type", "figures")
-    fields = (
-        "organization",
-        "key",
-        "name",
-        "trigger",
-        "reentry",
-        "exit_on",
-        "steps",
-        "transactional",
-        "paused",
-        "version",
-        "figures",
-    )
+    fields = (*FlowForm.Meta.fields, "version", "figures")
     actions = ("pause", "resume")
 
     form = FlowForm
