@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseRedirect
@@ -21,33 +22,51 @@ from flows import schema, selectors, services, triggers
 from flows.models import Enrollment, EnrollmentStep, Flow
 
 
+class FlowForm(forms.ModelForm):
+    """The same strict validation as `flows import`: a definition with an unknown key or a bad
+    value is a form error naming its path, never saved."""
+
+    class Meta:
+        model = Flow
+        fields = (
+            "organization",
+            "key",
+            "name",
+            "trigger",
+            "reentry",
+            "exit_on",
+            "steps",
+            "transactional",
+            "paused",
+        )
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        try:
+            clean = schema.flow_parse(
+                {
+                    k: data.get(k)
+                    for k in ("key", "name", "trigger", "reentry", "exit_on", "steps", "transactional")
+                }
+            )
+        except schema.FlowSchemaError as exc:
+            raise forms.ValidationError(str(exc)) from None
+        data.update({k: clean[k] for k in ("trigger", "reentry", "exit_on", "steps")})
+        return data
+
+
 @admin.register(Flow)
 class FlowAdmin(TenantAdmin):
     list_display = ("key", "name", "trigger_type", "paused", "transactional", "version")
     list_filter = ("trigger_type", "paused")
     search_fields = ("key", "name")
     readonly_fields = ("version", "trigger_type", "figures")
-    fields = (
-        "organization",
-        "key",
-        "name",
-        "trigger",
-        "reentry",
-        "exit_on",
-        "steps",
-        "transactional",
-        "paused",
-        "version",
-        "figures",
-    )
+    fields = (*FlowForm.Meta.fields, "version", "figures")
     actions = ("pause", "resume")
 
+    form = FlowForm
+
     def save_model(self, request: HttpRequest, obj: Flow, form: Any, change: bool) -> None:
-        """The same strict validation as `flows import` (a form error would be kinder; the message
-        names the path)."""
-        clean = schema.flow_parse(services.flow_export(flow=obj))
-        for name in ("trigger", "reentry", "exit_on", "steps"):
-            setattr(obj, name, clean[name])
         if change and "steps" in form.changed_data:
             obj.version += 1
         super().save_model(request, obj, form, change)

@@ -55,6 +55,10 @@ MAX_STEPS_PER_RUN = 50
 STEAL = 100
 # The send batch of the messages written by the running job: its first enrollment's id.
 _BATCH: ContextVar[int | None] = ContextVar("flows_batch", default=None)
+# The step campaigns the running job has looked up (a step's campaign never changes).
+_CAMPAIGNS: ContextVar[dict[tuple[int, int, int, int], Campaign] | None] = ContextVar(
+    "flows_campaigns", default=None
+)
 SEND_FUNCS = {
     Channel.WHATSAPP: "campaigns.tasks.whatsapp_send_batch",
     Channel.EMAIL: "campaigns.tasks.email_send_batch",
@@ -76,7 +80,7 @@ def enrollment_advance(*, enrollment_id: int) -> str:
     one send batch per step campaign, sent at the end. Returns what the enrollment ended on. Safe
     to run twice, concurrently or after a crash anywhere."""
     sends: dict[tuple[Channel, int, int], None] = {}
-    token = _BATCH.set(enrollment_id)
+    token, cached = _BATCH.set(enrollment_id), _CAMPAIGNS.set({})
     try:
         state = _advance_one(enrollment_id, sends=sends, skip_locked=False)
         organization_id = next(iter(sends), (None, None, None))[2] if sends else None
@@ -85,6 +89,7 @@ def enrollment_advance(*, enrollment_id: int) -> str:
                 _advance_one(other, sends=sends, skip_locked=True)
     finally:
         _BATCH.reset(token)
+        _CAMPAIGNS.reset(cached)
     for channel, campaign_id, org in sends:
         send_now(channel, campaign_id, enrollment_id, org)
     return state
@@ -113,16 +118,26 @@ def _advance_one(
             if state:
                 return state
             assert enrollment is not None
-            ran = _run_step(enrollment, timezone.now())
+            ran = _run_due(enrollment, sends)
         if ran.after:
             _runner_call(**ran.after)
             continue
+        return "waiting" if enrollment.status == Enrollment.Status.ACTIVE else enrollment.status
+    return "more"  # a loop of steps: the tick comes back for the rest
+
+
+def _run_due(enrollment: Enrollment, sends: dict[tuple[Channel, int, int], None]) -> _Ran:
+    """The steps due now, one after the other in this transaction (each recorded with the move
+    to the next), until one waits, ends the enrollment or calls the runner (after the commit)."""
+    ran = _Ran()
+    for _ in range(MAX_STEPS_PER_RUN):
+        ran = _run_step(enrollment, timezone.now())
         if ran.send:
             channel, campaign_id, _, org = ran.send
             sends[(channel, campaign_id, org)] = None
-        if ran.stop:
-            return "waiting" if enrollment.status == Enrollment.Status.ACTIVE else enrollment.status
-    return "more"  # a loop of steps: the tick comes back for the rest
+        if ran.after or ran.stop or enrollment.status != Enrollment.Status.ACTIVE:
+            return ran
+    return _Ran(stop=True)  # a long run of steps: the tick comes back for the rest
 
 
 def _state(enrollment: Enrollment | None) -> str:
@@ -172,7 +187,12 @@ def _run_step(enrollment: Enrollment, now: datetime) -> _Ran:
         _finish(enrollment, Enrollment.Status.COMPLETED, now)
         return _Ran(stop=True)
     step = steps[enrollment.step_index]
-    pending = EnrollmentStep.objects.filter(enrollment=enrollment, index=enrollment.step_index).first()
+    # Only a runner step is recorded before it is done (pending until the runner has it).
+    pending = (
+        EnrollmentStep.objects.filter(enrollment=enrollment, index=enrollment.step_index).first()
+        if step["type"] == "runner"
+        else None
+    )
     if pending is not None:  # a runner step whose call may not have happened: call again (deduplicated)
         return _Ran(after=_runner_args(enrollment, step, pending))
     if step.get("branch") and step["branch"] != enrollment.branch:
@@ -300,8 +320,14 @@ def step_campaign(*, flow: Flow, index: int, round: int, step: dict) -> Campaign
     """The campaign carrying this send step's messages for this round (made once, race-free:
     StepCampaign is unique); None when the organization has no WhatsApp number for it."""
     key = {"flow": flow, "version": flow.version, "index": index, "round": round}
+    cache = _CAMPAIGNS.get()
+    cached = cache.get((flow.pk, flow.version, index, round)) if cache is not None else None
+    if cached is not None:
+        return cached
     found = StepCampaign.objects.filter(**key).select_related("campaign").first()
     if found is not None:
+        if cache is not None:
+            cache[(flow.pk, flow.version, index, round)] = found.campaign
         return found.campaign
     fields = _campaign_fields(flow, step)
     if fields is None:

@@ -30,17 +30,7 @@ from crm import cli, embedded, jobs, recovery
 from crm.models import JobRun
 from tests.conftest import ROOT, child_env
 
-PROJECT_APPS = {
-    "crm",
-    "messaging",
-    "campaigns",
-    "erp",
-    "surveys",
-    "runner",
-    "flows",
-    "integrations",
-    "project",
-}
+PROJECT_APPS = {"crm", "messaging", "campaigns", "erp", "surveys", "runner", "integrations", "flows", "project"}
 # Commands that are not a CrmCommand, and why.
 NOT_CRM_COMMANDS = {"up": "it starts the services the others need; its output goes through its supervisor"}
 # Arguments a command needs to get past argparse; the reachability check comes before anything else.
@@ -53,7 +43,7 @@ ARGS = {
     "runner_consume": ["crm-x", "leads"],
     "dlq_replay": ["--execution", "1"],
     "membership": ["list"],
-    "flows": ["status", "x", "--org", "x"],
+    "flows": ["status", "k", "--org", "o"],
     "demo_campaign_sales": ["1"],
 }
 CLOSED = "127.0.0.1:1"  # nothing listens on port 1

@@ -38,7 +38,6 @@ from campaigns.models import (
 from crm import jobs, queues, tenancy
 from crm.models import Customer, InboxEvent, JobRun, Membership, Organization, Sale, Store
 from erp.models import ErpConnection, ErpSyncIssue
-from flows.models import Enrollment, EnrollmentStep, Flow
 from integrations.models import (
     ChatwootAccount,
     EmailSettings,
@@ -46,7 +45,7 @@ from integrations.models import (
     WhatsappPrice,
     WhatsappTemplate,
 )
-from messaging.models import ConversationMessage, ConversationSettings, EmailSuppression
+from messaging.models import EmailSuppression
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
 from surveys.models import Survey
 
@@ -62,11 +61,7 @@ OPERATOR_ONLY = {("add", Organization), ("delete", Organization), ("add", Handle
 # list's delete action stays offered, for campaigns without messages, and deletes none of those).
 HISTORY = {("delete", Campaign)}
 # Custom views whose <pk> is another model's than their admin's.
-PK_MODEL = {
-    "runner_dashboard_pause": Handler,
-    "runner_dashboard_resume": Handler,
-    "messaging_conversation": Customer,
-}
+PK_MODEL = {"runner_dashboard_pause": Handler, "runner_dashboard_resume": Handler}
 # Sample values for the platform pages' path parameters (an operator may get a 404 for some).
 SAMPLE_ARGS = {
     "queue": "maintenance",
@@ -98,16 +93,7 @@ def _objects(org: Organization, tag: str) -> dict[type, Any]:
         organization=org, integration=integration, handler=handler, direction="inbound", trigger="manual"
     )
     other = User.objects.create_user(f"{tag}-member", password="pw-member-1234")
-    flow = Flow.objects.create(
-        organization=org, key=f"{tag}-flow", name=f"{tag} flow", trigger={"type": "sale"}
-    )
-    enrollment = Enrollment.objects.create(
-        flow=flow, organization=org, customer=customer, entry_key=f"{tag}-entry", due_at=now
-    )
     return {
-        Flow: flow,
-        Enrollment: enrollment,
-        EnrollmentStep: EnrollmentStep.objects.create(enrollment=enrollment, flow=flow, index=0, type="wait"),
         Organization: org,
         Store: store,
         Customer: customer,
@@ -174,11 +160,25 @@ def _objects(org: Organization, tag: str) -> dict[type, Any]:
         Execution: execution,
         ExecutionItem: ExecutionItem.objects.create(execution=execution, external_id=f"{tag}-item"),
         RunnerSettings: RunnerSettings.objects.create(organization=org),
-        ConversationMessage: ConversationMessage.objects.create(
-            organization=org, customer=customer, direction="in", text=f"{tag} reply", wamid=f"{tag}-wamid"
-        ),
-        ConversationSettings: ConversationSettings.objects.create(organization=org),
+        **_flow_objects(org, tag, customer),
     }
+
+
+def _flow_objects(org: Organization, tag: str, customer: Customer) -> dict[type, Any]:
+    from flows.models import Enrollment, EnrollmentStep, Flow
+
+    flow = Flow.objects.create(
+        organization=org,
+        key=f"{tag}-flow",
+        name=f"{tag} flow",
+        trigger={"type": "sale"},
+        steps=[{"type": "wait", "days": 1}],
+    )
+    enrollment = Enrollment.objects.create(
+        flow=flow, organization=org, customer=customer, entry_key=f"{tag}-entry", due_at=None
+    )
+    step = EnrollmentStep.objects.create(enrollment=enrollment, flow=flow, index=0, type="wait")
+    return {Flow: flow, Enrollment: enrollment, EnrollmentStep: step}
 
 
 def _sample_job() -> None:

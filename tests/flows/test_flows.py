@@ -330,3 +330,43 @@ def test_a_first_click_and_a_new_customer_are_events_flows_react_to(wa, sandbox,
         organization=wa["org"], name="Bruno", phone="+5511988887777", marketing_consent=True
     )
     assert Enrollment.objects.filter(flow=welcome, customer=bruno).count() == 1
+
+
+def test_the_admin_page_shows_steps_with_counts_dry_run_and_test_send(
+    wa, sandbox, make_flow, sell, run_jobs, admin_client, english
+):
+    thanks = make_flow(SEND_NOW, reentry="once")
+    birthday = make_flow({**SEND_NOW, "key": "bday", "trigger": {"type": "date", "at": "00:00"}})
+    ana, bia = wa["customers"](2)
+    sell(ana)
+    run_jobs()
+    page = admin_client.get(f"/admin/flows/flow/{thanks.pk}/change/").content.decode()
+    assert "steps and counts" in page.lower() and "send_whatsapp" in page and "entered 1," in page
+    today = timezone.now().astimezone(ZoneInfo(wa["org"].timezone)).date()
+    if (today.month, today.day) != (2, 29):
+        bia.birth_date = date(1990, today.month, today.day)
+        bia.save()
+        dry = admin_client.get(f"/admin/flows/flow/{birthday.pk}/dry-run/").content.decode()
+        assert f"#{bia.pk}" in dry and f"#{ana.pk}" not in dry
+    response = admin_client.post(f"/admin/flows/flow/{thanks.pk}/test-send/", {"customer": ana.pk})
+    assert response.status_code == 302
+    run_jobs()
+    # The test-send enters her again (reentry aside): a second round, its own campaign, a message.
+    assert Enrollment.objects.filter(flow=thanks, customer=ana).count() == 2
+
+
+def test_the_admin_form_refuses_an_unknown_key_naming_its_path(wa, make_flow, admin_client, english):
+    flow = make_flow(SEND_NOW)
+    data = {
+        "organization": wa["org"].pk,
+        "key": flow.key,
+        "name": flow.name,
+        "trigger": json.dumps(flow.trigger),
+        "reentry": json.dumps("once"),
+        "exit_on": "[]",
+        "steps": json.dumps([{"type": "wait", "minutes": 1, "seconds": 2}]),
+    }
+    page = admin_client.post(f"/admin/flows/flow/{flow.pk}/change/", data).content.decode()
+    assert "steps[0]: unknown key(s) &#x27;seconds&#x27;" in page
+    flow.refresh_from_db()
+    assert flow.steps == SEND_NOW["steps"]

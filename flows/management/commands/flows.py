@@ -19,21 +19,21 @@ class Command(cli.CrmCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         sub = parser.add_subparsers(dest="action", required=True, help="what to do")
-        org_help = "the organization's slug"
         imp = sub.add_parser("import", help="create or update a flow from a JSON file (by its key)")
-        imp.add_argument("file", help="the flow's JSON (docs/flows.md)")
-        imp.add_argument("--org", required=True, help=org_help)
+        imp.add_argument("file", help="a JSON file with one flow (docs/flows.md)")
+        imp.add_argument("--org", required=True, help="the organization's slug")
         for name, what in (
             ("export", "print a flow's JSON"),
             ("pause", "pause a flow"),
             ("resume", "resume a flow"),
-            ("status", "a flow's figures"),
         ):
             p = sub.add_parser(name, help=what)
             p.add_argument("key", help="the flow's key")
-            p.add_argument("--org", required=True, help=org_help)
-            if name == "status":
-                p.add_argument("--json", action="store_true", help="print the figures as JSON")
+            p.add_argument("--org", required=True, help="the organization's slug")
+        status = sub.add_parser("status", help="a flow's figures")
+        status.add_argument("key", help="the flow's key")
+        status.add_argument("--org", required=True, help="the organization's slug")
+        status.add_argument("--json", action="store_true", help="one JSON object (docs/flows.md)")
 
     def handle(self, *args: Any, **options: Any) -> None:
         try:
