@@ -30,7 +30,17 @@ from crm import cli, embedded, jobs, recovery
 from crm.models import JobRun
 from tests.conftest import ROOT, child_env
 
-PROJECT_APPS = {"crm", "messaging", "campaigns", "erp", "surveys", "runner", "integrations", "flows", "project"}
+PROJECT_APPS = {
+    "crm",
+    "messaging",
+    "campaigns",
+    "erp",
+    "surveys",
+    "runner",
+    "integrations",
+    "flows",
+    "project",
+}
 # Commands that are not a CrmCommand, and why.
 NOT_CRM_COMMANDS = {"up": "it starts the services the others need; its output goes through its supervisor"}
 # Arguments a command needs to get past argparse; the reachability check comes before anything else.
