@@ -11,9 +11,16 @@ from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
 from django.db import connections, models
 from django.db.models import Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+    JsonResponse,
+)
 from django.template.response import TemplateResponse
-from django.urls import URLPattern, path
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone as dj_timezone
 from django.utils.formats import date_format, number_format
 from django.utils.functional import cached_property
@@ -21,7 +28,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
-from campaigns import composer, segments, selectors, services
+from campaigns import audience, composer, segments, selectors, services
 from campaigns.composer import CampaignForm
 from campaigns.models import (
     CONTENT_FIELDS,
@@ -37,7 +44,7 @@ from crm import tenancy
 from crm.admin_columns import short_datetime
 from crm.cli import number
 from crm.models import Organization
-from crm.money import format_money
+from crm.money import format_cost, format_money
 from crm.tenancy import TenantAdmin
 from integrations.whatsapp import errors as whatsapp_errors
 
@@ -67,6 +74,81 @@ def _per_cost(figures: selectors.CampaignAttribution) -> str:
     if figures.revenue_per_cost_estimate is not None:
         return str(_("%(ratio)s (estimate)") % {"ratio": number(figures.revenue_per_cost_estimate, 2)})
     return "—"
+
+
+def preview_cost(preview: audience.AudiencePreview, campaign: Campaign) -> str:
+    """The preview's estimated cost in its currency (and in reais at the organization's rate)."""
+    if preview.cost is None:
+        return str(_("no per-message price"))
+    org = campaign.organization
+    return format_cost(
+        preview.cost,
+        preview.currency,
+        rate=org.cost_conversion_rate,
+        rate_currency=org.cost_conversion_currency,
+    )
+
+
+def audience_html(preview: audience.AudiencePreview, campaign: Campaign) -> str:
+    """The audience preview as the campaign page shows it."""
+    rows = format_html_join(
+        "",
+        '<tr><th>{}</th><td data-skip="{}">{}</td></tr>',
+        ((audience.SKIP_LABELS[key], key, number(n)) for key, n in preview.skipped.items()),
+    )
+    problem = format_html(
+        '<p class="errornote" id="audience-problem">{} {}</p>', _("It cannot start:"), preview.problem
+    )
+    return format_html(
+        '<div id="audience-preview"><p><strong data-field="receives">{}</strong> {} · {} '
+        '<strong data-field="estimated-cost">{}</strong></p>{}'
+        '<table id="audience-skips"><caption>{}</caption>{}</table></div>',
+        number(preview.receives),
+        _("will receive it"),
+        _("estimated cost:"),
+        preview_cost(preview, campaign),
+        problem if preview.problem else "",
+        _("Skipped, by reason"),
+        rows,
+    )
+
+
+# The campaign page's buttons: verb -> (label, service, what the message says when done).
+LIFECYCLE: dict[str, tuple[Any, Any, Any]] = {
+    "start": (_("Start"), services.campaign_start, _("started")),
+    "pause": (_("Pause"), services.campaign_pause, _("paused")),
+    "resume": (_("Resume"), services.campaign_resume, _("resumed")),
+    "cancel": (_("Cancel"), services.campaign_cancel, _("cancelled")),
+}
+_VERBS_BY_STATUS = {
+    Campaign.Status.DRAFT: ("start", "cancel"),
+    Campaign.Status.SCHEDULED: ("start", "cancel"),
+    Campaign.Status.SENDING: ("pause", "cancel"),
+    Campaign.Status.PAUSED: ("resume", "cancel"),
+}
+
+
+def lifecycle_verbs(campaign: Campaign) -> tuple[str, ...]:
+    """The buttons the campaign's page shows in its current status."""
+    if campaign.archived_at is not None:
+        return ()
+    return _VERBS_BY_STATUS.get(Campaign.Status(campaign.status), ())
+
+
+def lifecycle_summary(campaign: Campaign, verb: str) -> dict[str, Any]:
+    """What the confirmation repeats: before a start, the audience and its estimated cost (and why
+    it cannot start); after, what is left to send and the cost so far."""
+    if verb == "start":
+        preview = audience.audience_preview(campaign=campaign)
+        return {
+            "receives": number(preview.receives),
+            "cost": preview_cost(preview, campaign),
+            "problem": preview.problem,
+            "audience": audience_html(preview, campaign),
+        }
+    status = selectors.campaign_status(campaign=campaign)
+    left = status["counts"]["queued"] + status["counts"]["sending"]
+    return {"receives": number(left), "cost": status["cost_display"], "problem": "", "audience": ""}
 
 
 def _act(request: HttpRequest, queryset: QuerySet[Campaign], fn, done: str) -> None:
@@ -195,6 +277,10 @@ class CampaignAdmin(TenantAdmin):
                     "audience_store",
                     "audience_purchased_within_days",
                     "audience_segment",
+                    ("audience_last_purchase_from", "audience_last_purchase_to"),
+                    ("audience_purchases_min", "audience_purchases_max"),
+                    ("audience_spent_min", "audience_spent_max"),
+                    "audience_birthday_month",
                     "audience_counts",
                 )
             },
@@ -286,6 +372,15 @@ class CampaignAdmin(TenantAdmin):
                 self.admin_site.admin_view(self.test_send_view),
                 name="campaigns_campaign_test_send",
             ),
+            *(
+                path(
+                    f"<int:pk>/{verb}/",
+                    self.admin_site.admin_view(self.lifecycle_view),
+                    {"verb": verb},
+                    name=f"campaigns_campaign_{verb}",
+                )
+                for verb in LIFECYCLE
+            ),
             path(
                 "<int:pk>/series/",
                 self.admin_site.admin_view(self.series_view),
@@ -314,8 +409,38 @@ class CampaignAdmin(TenantAdmin):
             raise PermissionDenied
         return test_send_post(request, campaign)
 
+    def lifecycle_view(self, request: HttpRequest, pk: int, verb: str) -> HttpResponse:
+        """GET: the confirmation of start, pause, resume or cancel, repeating the audience's size
+        and cost (or what is left to send); POST: do it through the service, back to the page."""
+        campaign = self.scoped(request, Campaign.objects.select_related("organization")).filter(pk=pk).first()
+        if campaign is None or verb not in LIFECYCLE or not self.has_view_permission(request, campaign):
+            raise Http404
+        label, service, done = LIFECYCLE[verb]
+        if request.method == "POST":
+            if not self.has_change_permission(request, campaign):
+                raise PermissionDenied
+            _act(request, Campaign.objects.filter(pk=campaign.pk), service, str(done))
+            return HttpResponseRedirect(reverse("admin:campaigns_campaign_change", args=[campaign.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "original": campaign,
+            "title": _("%(action)s: %(campaign)s") % {"action": label, "campaign": campaign},
+            "verb": verb,
+            "label": label,
+            "may_change": self.has_change_permission(request, campaign),
+            **lifecycle_summary(campaign, verb),
+        }
+        return TemplateResponse(request, "admin/campaigns/campaign/lifecycle_confirm.html", context)
+
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
-        if obj is not None and obj.pk and obj.channel == Channel.WHATSAPP:
+        if obj is not None and obj.pk:
+            context["lifecycle"] = [
+                (verb, LIFECYCLE[verb][0])
+                for verb in lifecycle_verbs(obj)
+                if self.has_change_permission(request, obj)
+            ]
+        if obj is not None and obj.pk:
             from campaigns.test_sends import test_send_context
 
             context["test_send"] = test_send_context(obj)
@@ -440,18 +565,12 @@ class CampaignAdmin(TenantAdmin):
 
     @admin.display(description=_("audience now"))
     def audience_counts(self, obj: Campaign) -> str:
-        """Before the start, who would receive it and who is left out, by reason (no consent first:
-        marketing needs a recorded consent). Once started, the messages' counts tell it."""
+        """Before the start: who will receive it, who is skipped by reason (no consent first:
+        marketing needs a recorded consent) and the estimated cost, by the fan-out's own rules; and
+        why it cannot start when nobody would. Once started, the messages' counts tell it."""
         if not obj.pk or obj.content_locked:
             return "—"
-        counts = selectors.campaign_audience_counts(campaign=obj)
-        return str(
-            _(
-                "%(receives)s will receive it · left out: %(no_consent)s without consent, %(opted_out)s "
-                "opted out, %(no_contact)s without a phone or address"
-            )
-            % {key: number(value) for key, value in counts.items()}
-        )
+        return audience_html(audience.audience_preview(campaign=obj), obj)
 
     @admin.display(description=_("what it sold"))
     def attribution(self, obj: Campaign) -> str:
@@ -954,8 +1073,37 @@ class CustomerSegmentAdmin(TenantAdmin):
                 self.admin_site.admin_view(self.overview_view),
                 name="campaigns_customersegment_overview",
             ),
+            path(
+                "snapshot/",
+                self.admin_site.admin_view(self.snapshot_view),
+                name="campaigns_customersegment_snapshot",
+            ),
             *super().get_urls(),
         ]
+
+    def snapshot_view(self, request: HttpRequest) -> HttpResponse:
+        """POST: enqueue a snapshot of the chosen organization's last complete day (a manager's)."""
+        from campaigns.tasks import segments_snapshot_enqueue
+
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        chosen = request.POST.get("organization", "")
+        org = (
+            tenancy.scope(Organization.objects.all(), request.user, "pk", managed=True)
+            .filter(pk=int(chosen))
+            .first()
+            if chosen.isdigit()
+            else None
+        )
+        if org is None:
+            raise PermissionDenied
+        day = segments.default_day(org.timezone)
+        if segments_snapshot_enqueue(organization_id=org.pk, day=day):
+            messages.success(request, _("Segment snapshot of %(day)s enqueued.") % {"day": date_format(day)})
+        else:
+            messages.info(request, _("The snapshot of %(day)s is already taken.") % {"day": date_format(day)})
+        url = reverse("admin:campaigns_customersegment_overview")
+        return HttpResponseRedirect(f"{url}?organization={org.pk}")
 
     def overview_view(self, request: HttpRequest) -> TemplateResponse:
         """Customers per segment on a day and the movement from the snapshot before (three queries)."""
@@ -983,6 +1131,11 @@ class CustomerSegmentAdmin(TenantAdmin):
             "days": days,
             "day": day,
             "rules": segments.RULES,
+            "snapshot_organizations": list(
+                tenancy.scope(Organization.objects.all(), request.user, "pk", managed=True)
+                .order_by("name")
+                .values_list("pk", "name")
+            ),
         }
         if org_id and day:
             movement = segments.segment_movement(organization_id=org_id, day=day)

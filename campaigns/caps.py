@@ -64,6 +64,12 @@ BEING_SENT = "another campaign is being sent to this customer right now"
 QUEUED_EARLIER = "waiting in a campaign that started earlier"
 
 
+def reason_kind(reason: str) -> str:
+    """What kind of cap a skip_reasons reason is: "another_campaign" (the 24-hour block between
+    campaigns) or "contact_cap" (the message limit)."""
+    return "another_campaign" if reason in (SENT_WITHIN_24H, BEING_SENT, QUEUED_EARLIER) else "contact_cap"
+
+
 def channels_counted(*, organization: Organization, channel: str) -> tuple[str, ...]:
     """The channels whose messages count toward the caps of a campaign on `channel`."""
     if organization.contact_caps_scope == Organization.ContactCapsScope.PER_CHANNEL:

@@ -23,6 +23,7 @@ from django.utils.translation import gettext_lazy
 
 from campaigns.models import Campaign, Sender
 from campaigns.variables import VARIABLE_SOURCES
+from crm.customer_filters import TERMS, CustomerFilter, form_fields, from_cleaned
 from crm.models import Customer, Sale
 from integrations.models import WhatsappNumber, WhatsappTemplate
 
@@ -220,6 +221,7 @@ class CampaignForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self._audience_filter_init()
         field = self.fields.get("whatsapp_template")
         if field is None:
             return
@@ -241,8 +243,25 @@ class CampaignForm(forms.ModelForm):
             raise forms.ValidationError(problem)
         return value
 
+    def _audience_filter_init(self) -> None:
+        """The audience's filter terms shown from the campaign's audience_filter; fixed once it started."""
+        stored = CustomerFilter.from_json(self.instance.audience_filter or {}).to_json()
+        for term in AUDIENCE_TERMS:
+            field = self.fields.get(AUDIENCE_PREFIX + term)
+            if field is None:
+                continue
+            field.initial = stored.get(term)
+            field.disabled = self.instance.pk is not None and self.instance.content_locked
+
+    def _audience_filter_clean(self, data: dict[str, Any]) -> None:
+        if AUDIENCE_PREFIX + AUDIENCE_TERMS[0] not in self.fields:
+            return
+        base = CustomerFilter.from_json(self.instance.audience_filter or {})
+        self.instance.audience_filter = from_cleaned(data, prefix=AUDIENCE_PREFIX, base=base).to_json()
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        self._audience_filter_clean(data)
         template = data.get("whatsapp_template")
         if template is None or "template_name" not in self.fields:  # none picked, or content locked
             return data
@@ -263,6 +282,16 @@ class CampaignForm(forms.ModelForm):
                 % {"n": template.variable_count},
             )
         return data
+
+
+# The audience's customer-filter terms on the campaign's form (store and RFM segment are the
+# campaign's own fields; the channel's consent is always required).
+AUDIENCE_PREFIX = "audience_"
+AUDIENCE_TERMS = tuple(t for t in TERMS if t not in ("store_id", "segment", "consent_channel"))
+AUDIENCE_FIELDS = tuple(AUDIENCE_PREFIX + term for term in AUDIENCE_TERMS)
+for _name, _field in form_fields(terms=AUDIENCE_TERMS, prefix=AUDIENCE_PREFIX).items():
+    CampaignForm.base_fields[_name] = _field
+    CampaignForm.declared_fields[_name] = _field
 
 
 def sender_for(campaign: Campaign, customer: Customer) -> WhatsappNumber | None:

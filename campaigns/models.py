@@ -55,6 +55,7 @@ CONTENT_FIELDS = (
     "audience_store",
     "audience_purchased_within_days",
     "audience_segment",
+    "audience_filter",
 )
 
 # The audience's purchase window: a hundred years covers any real one; more would overflow the date
@@ -206,6 +207,8 @@ class Campaign(models.Model):
     # archived, never deleted, by a manager).
     archived_at = models.DateTimeField(_("archived at"), null=True, blank=True, editable=False)
     created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
+    # The audience's customer filter (crm.customer_filters.CustomerFilter.to_json), with the fields above.
+    audience_filter = models.JSONField(_("audience filter"), default=dict, blank=True)
 
     class Meta:
         verbose_name = _("campaign")
