@@ -28,7 +28,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
-from campaigns import audience, composer, segments, selectors, services
+from campaigns import audience, caps, composer, segments, selectors, services
 from campaigns.composer import CampaignForm
 from campaigns.models import (
     CONTENT_FIELDS,
@@ -517,12 +517,12 @@ class CampaignAdmin(TenantAdmin):
         now_rows = format_html_join(
             "",
             '<tr><th>{}</th><td data-count="{}">{}</td></tr>',
-            ((labels.get(k, k), k, v) for k, v in data["counts"].items() if k not in engagement),
+            ((labels.get(k, k), k, number(v)) for k, v in data["counts"].items() if k not in engagement),
         )
         engagement_rows = format_html_join(
             "",
             '<tr><th>{}</th><td data-count="{}">{}</td></tr>',
-            ((COUNT_LABELS[k], k, data["counts"][k]) for k in engagement),
+            ((COUNT_LABELS[k], k, number(data["counts"][k])) for k in engagement),
         )
         return format_html(
             '<div id="live-status" data-url="{}">'
@@ -545,11 +545,11 @@ class CampaignAdmin(TenantAdmin):
             data["sending_paused"],
             data["progress"],
             _("Processed:"),
-            round(100 * data["progress"], 1),
-            data["processed"],
-            data["total"],
+            number(round(100 * data["progress"], 1), 1),
+            number(data["processed"]),
+            number(data["total"]),
             _("sent:"),
-            data["reached"],
+            number(data["reached"]),
             data["status_label"],
             _("Now: each message once, in its current state"),
             now_rows,
@@ -558,7 +558,7 @@ class CampaignAdmin(TenantAdmin):
             _("cost"),
             data["cost_display"],
             _("rate"),
-            data["rate"],
+            number(data["rate"], 2),
             _("ETA"),
             data["eta_seconds"] or "—",
         )
@@ -870,7 +870,7 @@ class WhatsappMessageAdmin(BigTableAdmin):
         "phone",
         "status",
         "error_code",
-        "error_reason",
+        "reason",
         short_datetime("sent_at", _("sent at")),
         "cost_display",
     )
@@ -897,6 +897,11 @@ class WhatsappMessageAdmin(BigTableAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    @admin.display(description=_("reason"))
+    def reason(self, obj: WhatsappMessage) -> str:
+        """Why it was skipped or failed, in the page's language when it is one of ours."""
+        return caps.skip_reason_label(obj.error_reason)
 
     @admin.display(description=_("cost"), ordering="cost")
     def cost_display(self, obj: WhatsappMessage) -> str:
@@ -942,7 +947,7 @@ class EmailMessageAdmin(BigTableAdmin):
     @admin.display(description=_("reason"))
     def reason(self, obj: EmailMessage) -> str:
         """Why it was not delivered: the server's bounce, or why it was skipped or failed."""
-        return obj.bounce_message or obj.error_reason
+        return obj.bounce_message or caps.skip_reason_label(obj.error_reason)
 
 
 @admin.register(CampaignMetric)

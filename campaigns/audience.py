@@ -2,10 +2,11 @@
 
 The audience (selectors.campaign_audience: consent, opt-out, a phone or an address, suppressed
 addresses, the audience's filters) is counted with aggregate queries; the contact caps
-(campaigns.caps.skip_reasons, the fan-out's own statement) are applied to it page by page, so
-the count of who is skipped by a cap is the fan-out's, and memory stays one page whatever the
-audience's size. The estimated cost prices each recipient at their country's rate (the
-calling code's, as a sent message is priced) in the rate card's currency.
+(campaigns.caps.skip_reasons, the fan-out's own statement) are applied, page by page, to its
+customers with a message history (the others no cap can skip), so the count of who is skipped by
+a cap is the fan-out's, and memory stays one page whatever the audience's size. The estimated
+cost prices each recipient at their country's rate (the calling code's, as a sent message is
+priced) in the rate card's currency.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from decimal import Decimal
 
+from django.db.models import Count
 from django.db.models.functions import Substr
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -60,26 +62,32 @@ def segment_without_snapshot(*, campaign: Campaign) -> bool:
 
 
 def _capped_and_regions(campaign: Campaign) -> tuple[Counter[str], Counter[str]]:
-    """The receiving audience paged by id: (skipped by the contact caps, by kind; the others, by
-    their phone's calling-code prefix)."""
+    """(the receiving audience skipped by the contact caps, by kind; the others, by their phone's
+    calling-code prefix). The prefixes are one GROUP BY over the audience; the caps' statement runs
+    only over the audience's customers with a message history (caps.with_history), in pages."""
     now = timezone.now()
     skipped: Counter[str] = Counter()
-    prefixes: Counter[str] = Counter()
     audience = selectors.campaign_audience(campaign=campaign)
+    prefix = Substr("phone", 2, 3)
+    prefixes: Counter[str] = Counter(
+        {
+            row["prefix"] or "": row["n"]
+            for row in audience.annotate(prefix=prefix).values("prefix").annotate(n=Count("pk")).order_by()
+        }
+    )
+    candidates = caps.with_history(campaign=campaign, customers=audience, now=now)
     after = 0
     while True:
-        page = list(
-            audience.filter(pk__gt=after).order_by("pk").values_list("pk", Substr("phone", 2, 3))[:PAGE]
-        )
+        page = list(candidates.filter(pk__gt=after).order_by("pk").values_list("pk", prefix)[:PAGE])
         if not page:
             break
         capped = caps.skip_reasons(campaign=campaign, customer_ids=[pk for pk, _ in page], now=now)
         skipped.update(caps.reason_kind(reason) for reason in capped.values())
-        prefixes.update(prefix or "" for pk, prefix in page if pk not in capped)
+        prefixes.subtract(prefix or "" for pk, prefix in page if pk in capped)
         after = page[-1][0]
         if len(page) < PAGE:
             break
-    return skipped, prefixes
+    return skipped, +prefixes
 
 
 def _whatsapp_cost(campaign: Campaign, prefixes: Counter[str]) -> tuple[Decimal, str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import translation
@@ -44,4 +46,13 @@ def test_adding_a_campaign_in_portuguese_says_foi_adicionada(db):
         follow=True,
     )
     assert Campaign.objects.filter(name="Natal").exists(), page.content.decode()[:3000]
-    assert "A campanha “Natal” foi adicionada com sucesso" in page.content.decode()
+    html = page.content.decode()
+    assert re.search(r"A campanha “<a [^>]*>Natal</a>” foi adicionada com sucesso", html), html[:2000]
+
+
+def test_the_404_and_403_pages_speak_the_visitors_language(db):
+    client = Client(HTTP_ACCEPT_LANGUAGE="pt-br")
+    page = client.get("/nada-aqui/")
+    assert page.status_code == 404 and "Página não encontrada" in page.content.decode()
+    english = Client(HTTP_ACCEPT_LANGUAGE="en").get("/nothing-here/")
+    assert english.status_code == 404 and "Page not found" in english.content.decode()
