@@ -78,7 +78,7 @@ def test_a_manager_composes_sees_the_audience_confirms_and_sees_cost_and_revenue
     world = stack.orm.run(_world, stack)
     page = new_page(width=1366, height=900)
     log_in(page, MANAGER_USERNAME, MANAGER_PASSWORD)
-    page.goto("/admin/campaigns/campaign/add/")
+    page.goto(f"/admin/campaigns/campaign/add/?organization={world['org']}")
     page.select_option("select[name=organization]", str(world["org"]))
     page.fill("input[name=name]", "Ofertas da semana")
     page.select_option("select[name=channel]", "whatsapp")
