@@ -382,6 +382,11 @@ class CampaignAdmin(TenantAdmin):
                 for verb in LIFECYCLE
             ),
             path(
+                "audience-count/",
+                self.admin_site.admin_view(self.audience_count_view),
+                name="campaigns_campaign_audience_count",
+            ),
+            path(
                 "<int:pk>/series/",
                 self.admin_site.admin_view(self.series_view),
                 name="campaigns_campaign_series",
@@ -409,6 +414,24 @@ class CampaignAdmin(TenantAdmin):
             raise PermissionDenied
         return test_send_post(request, campaign)
 
+    def audience_count_view(self, request: HttpRequest) -> JsonResponse:
+        """The form's audience as it is being edited (GET: the form's audience fields): who its
+        filters select and who of them may receive it — the live count (aggregates only; the
+        contact caps are counted on the saved campaign's page)."""
+        org_id = request.GET.get("organization", "")
+        org = (
+            tenancy.scope(Organization.objects.all(), request.user, "pk").filter(pk=int(org_id)).first()
+            if org_id.isdigit() and len(org_id) < 19
+            else None
+        )
+        if org is None or not self.has_view_permission(request):
+            return JsonResponse({"error": "not found"}, status=404)
+        form = composer.AudienceCountForm(request.GET, organization=org)
+        if not form.is_valid():
+            return JsonResponse({"error": form.errors.get_json_data()}, status=400)
+        counts = selectors.campaign_audience_counts(campaign=form.campaign())
+        return JsonResponse({**counts, "receives_display": number(counts["receives"])})
+
     def lifecycle_view(self, request: HttpRequest, pk: int, verb: str) -> HttpResponse:
         """GET: the confirmation of start, pause, resume or cancel, repeating the audience's size
         and cost (or what is left to send); POST: do it through the service, back to the page."""
@@ -434,6 +457,9 @@ class CampaignAdmin(TenantAdmin):
         return TemplateResponse(request, "admin/campaigns/campaign/lifecycle_confirm.html", context)
 
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        context["live_count_label"] = _(
+            "Live count: %(receives)s may receive it (%(selected)s selected by the filters)."
+        )
         if obj is not None and obj.pk:
             context["lifecycle"] = [
                 (verb, LIFECYCLE[verb][0])

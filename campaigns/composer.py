@@ -21,10 +21,11 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from campaigns.models import Campaign, Sender
+from campaigns.models import AUDIENCE_MAX_DAYS, Campaign, Channel, Sender
+from campaigns.segments import Segment
 from campaigns.variables import VARIABLE_SOURCES
 from crm.customer_filters import TERMS, CustomerFilter, form_fields, from_cleaned
-from crm.models import Customer, Sale
+from crm.models import Customer, Organization, Sale
 from integrations.models import WhatsappNumber, WhatsappTemplate
 
 MAX_VARIABLES = 10
@@ -292,6 +293,34 @@ AUDIENCE_FIELDS = tuple(AUDIENCE_PREFIX + term for term in AUDIENCE_TERMS)
 for _name, _field in form_fields(terms=AUDIENCE_TERMS, prefix=AUDIENCE_PREFIX).items():
     CampaignForm.base_fields[_name] = _field
     CampaignForm.declared_fields[_name] = _field
+
+
+class AudienceCountForm(forms.Form):
+    """The campaign form's audience fields, read for the live count (an unsaved campaign)."""
+
+    channel = forms.ChoiceField(choices=Channel.choices, required=False)
+    audience_store = forms.IntegerField(required=False, min_value=1)
+    audience_purchased_within_days = forms.IntegerField(
+        required=False, min_value=0, max_value=AUDIENCE_MAX_DAYS
+    )
+    audience_segment = forms.ChoiceField(choices=[("", "—"), *Segment.choices], required=False)
+
+    def __init__(self, *args: Any, organization: Organization, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.organization = organization
+        self.fields.update(form_fields(terms=AUDIENCE_TERMS, prefix=AUDIENCE_PREFIX))
+
+    def campaign(self) -> Campaign:
+        data = self.cleaned_data
+        store = data.get("audience_store")
+        return Campaign(
+            organization=self.organization,
+            channel=data.get("channel") or Channel.WHATSAPP,
+            audience_store_id=store if store and self.organization.stores.filter(pk=store).exists() else None,
+            audience_purchased_within_days=data.get("audience_purchased_within_days"),
+            audience_segment=data.get("audience_segment") or "",
+            audience_filter=from_cleaned(data, prefix=AUDIENCE_PREFIX).to_json(),
+        )
 
 
 def sender_for(campaign: Campaign, customer: Customer) -> WhatsappNumber | None:

@@ -18,7 +18,7 @@ from django.utils import timezone, translation
 
 from campaigns import audience, services, tasks
 from campaigns.models import Campaign, WhatsappMessage
-from crm.models import Customer, Membership
+from crm.models import Customer, Membership, Organization
 
 
 def _manager(org) -> Client:
@@ -145,3 +145,19 @@ def test_pause_and_cancel_buttons_confirm_with_what_is_left(wa, run_jobs):
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.CANCELLED
     assert WhatsappMessage.objects.filter(campaign=campaign, status="cancelled").count() == 3
+
+
+def test_the_forms_live_count_follows_the_audience_fields_and_the_organizations_scope(wa):
+    _world(wa)
+    client = _manager(wa["org"])
+    url = "/admin/campaigns/campaign/audience-count/"
+    everyone = client.get(url, {"organization": wa["org"].pk, "channel": "whatsapp"}).json()
+    assert (everyone["selected"], everyone["receives"]) == (9, 5)  # caps apart: counted once saved
+    none = client.get(url, {"organization": wa["org"].pk, "audience_purchases_min": "1"}).json()
+    assert (none["selected"], none["receives"]) == (0, 0)
+    bad = client.get(url, {"organization": wa["org"].pk, "audience_birthday_month": "13"})
+    assert bad.status_code == 400
+    other = Organization.objects.create(name="Outra", slug="outra")
+    assert client.get(url, {"organization": other.pk}).status_code == 404
+    page = client.get(f"/admin/campaigns/campaign/{wa['campaign']().pk}/change/").content.decode()
+    assert "audience-live" in page and "/admin/campaigns/campaign/audience-count/" in page
