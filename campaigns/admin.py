@@ -10,7 +10,7 @@ from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
 from django.db import connections, models
-from django.db.models import Q, QuerySet
+from django.db.models import Exists, OuterRef, Q, QuerySet
 from django.http import (
     Http404,
     HttpRequest,
@@ -419,6 +419,8 @@ class CampaignAdmin(TenantAdmin):
         filters select and who of them may receive it — the live count (aggregates only; the
         contact caps are counted on the saved campaign's page)."""
         org_id = request.GET.get("organization", "")
+        if not org_id:
+            return JsonResponse({})  # no organization chosen yet: nothing to count
         org = (
             tenancy.scope(Organization.objects.all(), request.user, "pk").filter(pk=int(org_id)).first()
             if org_id.isdigit() and len(org_id) < 19
@@ -1140,12 +1142,18 @@ class CustomerSegmentAdmin(TenantAdmin):
         """Customers per segment on a day and the movement from the snapshot before (three queries)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        organizations = list(
+        # One query: the organizations the user sees, whether each has a snapshot (the ones shown)
+        # and may take one (the ones the user manages: the "Take a snapshot now" form).
+        visible = (
             tenancy.scope(Organization.objects.all(), request.user, "pk")
-            .filter(pk__in=SegmentMovement.objects.values("organization_id"))
+            .annotate(snapshots=Exists(SegmentMovement.objects.filter(organization_id=OuterRef("pk"))))
             .order_by("name")
-            .values_list("pk", "name")
+            .values_list("pk", "name", "snapshots")
         )
+        managed = tenancy.managed_ids(request.user)
+        rows = list(visible)
+        organizations = [(pk, name) for pk, name, snapshots in rows if snapshots]
+        snapshot_organizations = [(pk, name) for pk, name, _s in rows if managed is None or pk in managed]
         chosen = request.GET.get("organization", "")
         org_id = int(chosen) if chosen.isdigit() else (organizations[0][0] if organizations else None)
         if org_id not in dict(organizations):
@@ -1162,11 +1170,7 @@ class CustomerSegmentAdmin(TenantAdmin):
             "days": days,
             "day": day,
             "rules": segments.RULES,
-            "snapshot_organizations": list(
-                tenancy.scope(Organization.objects.all(), request.user, "pk", managed=True)
-                .order_by("name")
-                .values_list("pk", "name")
-            ),
+            "snapshot_organizations": snapshot_organizations,
         }
         if org_id and day:
             movement = segments.segment_movement(organization_id=org_id, day=day)

@@ -159,5 +159,6 @@ def test_the_forms_live_count_follows_the_audience_fields_and_the_organizations_
     assert bad.status_code == 400
     other = Organization.objects.create(name="Outra", slug="outra")
     assert client.get(url, {"organization": other.pk}).status_code == 404
+    assert client.get(url).json() == {}  # no organization chosen yet
     page = client.get(f"/admin/campaigns/campaign/{wa['campaign']().pk}/change/").content.decode()
     assert "audience-live" in page and "/admin/campaigns/campaign/audience-count/" in page
