@@ -10,8 +10,15 @@ from django.contrib.admin.views.main import ChangeList
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Page, Paginator
 from django.db import connections, models
-from django.db.models import Q, QuerySet
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotAllowed, JsonResponse
+from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.http import (
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotAllowed,
+    HttpResponseRedirect,
+    JsonResponse,
+)
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils import timezone as dj_timezone
@@ -21,7 +28,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
 from django.utils.translation import gettext_lazy as _
 
-from campaigns import composer, lift_pages, segments, selectors, services
+from campaigns import audience, caps, composer, lift_pages, segments, selectors, services
 from campaigns.composer import CampaignForm
 from campaigns.models import (
     CONTENT_FIELDS,
@@ -37,7 +44,7 @@ from crm import tenancy
 from crm.admin_columns import short_datetime
 from crm.cli import number
 from crm.models import Organization
-from crm.money import format_money
+from crm.money import format_cost, format_money
 from crm.tenancy import TenantAdmin
 from integrations.whatsapp import errors as whatsapp_errors
 
@@ -67,6 +74,81 @@ def _per_cost(figures: selectors.CampaignAttribution) -> str:
     if figures.revenue_per_cost_estimate is not None:
         return str(_("%(ratio)s (estimate)") % {"ratio": number(figures.revenue_per_cost_estimate, 2)})
     return "—"
+
+
+def preview_cost(preview: audience.AudiencePreview, campaign: Campaign) -> str:
+    """The preview's estimated cost in its currency (and in reais at the organization's rate)."""
+    if preview.cost is None:
+        return str(_("no per-message price"))
+    org = campaign.organization
+    return format_cost(
+        preview.cost,
+        preview.currency,
+        rate=org.cost_conversion_rate,
+        rate_currency=org.cost_conversion_currency,
+    )
+
+
+def audience_html(preview: audience.AudiencePreview, campaign: Campaign) -> str:
+    """The audience preview as the campaign page shows it."""
+    rows = format_html_join(
+        "",
+        '<tr><th>{}</th><td data-skip="{}">{}</td></tr>',
+        ((audience.SKIP_LABELS[key], key, number(n)) for key, n in preview.skipped.items()),
+    )
+    problem = format_html(
+        '<p class="errornote" id="audience-problem">{} {}</p>', _("It cannot start:"), preview.problem
+    )
+    return format_html(
+        '<div id="audience-preview"><p><strong data-field="receives">{}</strong> {} · {} '
+        '<strong data-field="estimated-cost">{}</strong></p>{}'
+        '<table id="audience-skips"><caption>{}</caption>{}</table></div>',
+        number(preview.receives),
+        _("will receive it"),
+        _("estimated cost:"),
+        preview_cost(preview, campaign),
+        problem if preview.problem else "",
+        _("Skipped, by reason"),
+        rows,
+    )
+
+
+# The campaign page's buttons: verb -> (label, service, what the message says when done).
+LIFECYCLE: dict[str, tuple[Any, Any, Any]] = {
+    "start": (_("Start"), services.campaign_start, _("started")),
+    "pause": (_("Pause"), services.campaign_pause, _("paused")),
+    "resume": (_("Resume"), services.campaign_resume, _("resumed")),
+    "cancel": (_("Cancel"), services.campaign_cancel, _("cancelled")),
+}
+_VERBS_BY_STATUS = {
+    Campaign.Status.DRAFT: ("start", "cancel"),
+    Campaign.Status.SCHEDULED: ("start", "cancel"),
+    Campaign.Status.SENDING: ("pause", "cancel"),
+    Campaign.Status.PAUSED: ("resume", "cancel"),
+}
+
+
+def lifecycle_verbs(campaign: Campaign) -> tuple[str, ...]:
+    """The buttons the campaign's page shows in its current status."""
+    if campaign.archived_at is not None:
+        return ()
+    return _VERBS_BY_STATUS.get(Campaign.Status(campaign.status), ())
+
+
+def lifecycle_summary(campaign: Campaign, verb: str) -> dict[str, Any]:
+    """What the confirmation repeats: before a start, the audience and its estimated cost (and why
+    it cannot start); after, what is left to send and the cost so far."""
+    if verb == "start":
+        preview = audience.audience_preview(campaign=campaign)
+        return {
+            "receives": number(preview.receives),
+            "cost": preview_cost(preview, campaign),
+            "problem": preview.problem,
+            "audience": audience_html(preview, campaign),
+        }
+    status = selectors.campaign_status(campaign=campaign)
+    left = status["counts"]["queued"] + status["counts"]["sending"]
+    return {"receives": number(left), "cost": status["cost_display"], "problem": "", "audience": ""}
 
 
 def _act(request: HttpRequest, queryset: QuerySet[Campaign], fn, done: str) -> None:
@@ -197,6 +279,10 @@ class CampaignAdmin(TenantAdmin):
                     "audience_store",
                     "audience_purchased_within_days",
                     "audience_segment",
+                    ("audience_last_purchase_from", "audience_last_purchase_to"),
+                    ("audience_purchases_min", "audience_purchases_max"),
+                    ("audience_spent_min", "audience_spent_max"),
+                    "audience_birthday_month",
                     "control_percent",
                     "audience_counts",
                 )
@@ -300,6 +386,20 @@ class CampaignAdmin(TenantAdmin):
                 self.admin_site.admin_view(self.test_send_view),
                 name="campaigns_campaign_test_send",
             ),
+            *(
+                path(
+                    f"<int:pk>/{verb}/",
+                    self.admin_site.admin_view(self.lifecycle_view),
+                    {"verb": verb},
+                    name=f"campaigns_campaign_{verb}",
+                )
+                for verb in LIFECYCLE
+            ),
+            path(
+                "audience-count/",
+                self.admin_site.admin_view(self.audience_count_view),
+                name="campaigns_campaign_audience_count",
+            ),
             path(
                 "<int:pk>/series/",
                 self.admin_site.admin_view(self.series_view),
@@ -328,8 +428,61 @@ class CampaignAdmin(TenantAdmin):
             raise PermissionDenied
         return test_send_post(request, campaign)
 
+    def audience_count_view(self, request: HttpRequest) -> JsonResponse:
+        """The form's audience as it is being edited (GET: the form's audience fields): who its
+        filters select and who of them may receive it — the live count (aggregates only; the
+        contact caps are counted on the saved campaign's page)."""
+        org_id = request.GET.get("organization", "")
+        if not org_id:
+            return JsonResponse({})  # no organization chosen yet: nothing to count
+        org = (
+            tenancy.scope(Organization.objects.all(), request.user, "pk").filter(pk=int(org_id)).first()
+            if org_id.isdigit() and len(org_id) < 19
+            else None
+        )
+        if org is None or not self.has_view_permission(request):
+            return JsonResponse({"error": "not found"}, status=404)
+        form = composer.AudienceCountForm(request.GET, organization=org)
+        if not form.is_valid():
+            return JsonResponse({"error": form.errors.get_json_data()}, status=400)
+        counts = selectors.campaign_audience_counts(campaign=form.campaign())
+        return JsonResponse({**counts, "receives_display": number(counts["receives"])})
+
+    def lifecycle_view(self, request: HttpRequest, pk: int, verb: str) -> HttpResponse:
+        """GET: the confirmation of start, pause, resume or cancel, repeating the audience's size
+        and cost (or what is left to send); POST: do it through the service, back to the page."""
+        campaign = self.scoped(request, Campaign.objects.select_related("organization")).filter(pk=pk).first()
+        if campaign is None or verb not in LIFECYCLE or not self.has_view_permission(request, campaign):
+            raise Http404
+        label, service, done = LIFECYCLE[verb]
+        if request.method == "POST":
+            if not self.has_change_permission(request, campaign):
+                raise PermissionDenied
+            _act(request, Campaign.objects.filter(pk=campaign.pk), service, str(done))
+            return HttpResponseRedirect(reverse("admin:campaigns_campaign_change", args=[campaign.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "opts": self.model._meta,
+            "original": campaign,
+            "title": _("%(action)s: %(campaign)s") % {"action": label, "campaign": campaign},
+            "verb": verb,
+            "label": label,
+            "may_change": self.has_change_permission(request, campaign),
+            **lifecycle_summary(campaign, verb),
+        }
+        return TemplateResponse(request, "admin/campaigns/campaign/lifecycle_confirm.html", context)
+
     def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
-        if obj is not None and obj.pk and obj.channel == Channel.WHATSAPP:
+        context["live_count_label"] = _(
+            "Live count: %(receives)s may receive it (%(selected)s selected by the filters)."
+        )
+        if obj is not None and obj.pk:
+            context["lifecycle"] = [
+                (verb, LIFECYCLE[verb][0])
+                for verb in lifecycle_verbs(obj)
+                if self.has_change_permission(request, obj)
+            ]
+        if obj is not None and obj.pk:
             from campaigns.test_sends import test_send_context
 
             context["test_send"] = test_send_context(obj)
@@ -406,12 +559,12 @@ class CampaignAdmin(TenantAdmin):
         now_rows = format_html_join(
             "",
             '<tr><th>{}</th><td data-count="{}">{}</td></tr>',
-            ((labels.get(k, k), k, v) for k, v in data["counts"].items() if k not in engagement),
+            ((labels.get(k, k), k, number(v)) for k, v in data["counts"].items() if k not in engagement),
         )
         engagement_rows = format_html_join(
             "",
             '<tr><th>{}</th><td data-count="{}">{}</td></tr>',
-            ((COUNT_LABELS[k], k, data["counts"][k]) for k in engagement),
+            ((COUNT_LABELS[k], k, number(data["counts"][k])) for k in engagement),
         )
         return format_html(
             '<div id="live-status" data-url="{}">'
@@ -434,11 +587,11 @@ class CampaignAdmin(TenantAdmin):
             data["sending_paused"],
             data["progress"],
             _("Processed:"),
-            round(100 * data["progress"], 1),
-            data["processed"],
-            data["total"],
+            number(round(100 * data["progress"], 1), 1),
+            number(data["processed"]),
+            number(data["total"]),
             _("sent:"),
-            data["reached"],
+            number(data["reached"]),
             data["status_label"],
             _("Now: each message once, in its current state"),
             now_rows,
@@ -447,28 +600,21 @@ class CampaignAdmin(TenantAdmin):
             _("cost"),
             data["cost_display"],
             _("rate"),
-            data["rate"],
+            number(data["rate"], 2),
             _("ETA"),
             data["eta_seconds"] or "—",
         )
 
     @admin.display(description=_("audience now"))
     def audience_counts(self, obj: Campaign) -> str:
-        """Before the start, who would receive it and who is left out, by reason (no consent first:
-        marketing needs a recorded consent). Once started, the messages' counts tell it."""
+        """Before the start: who will receive it, who is skipped by reason (no consent first:
+        marketing needs a recorded consent) and the estimated cost, by the fan-out's own rules; and
+        why it cannot start when nobody would. Once started, the messages' counts tell it."""
         if not obj.pk or obj.content_locked:
             return "—"
-        counts = selectors.campaign_audience_counts(campaign=obj)
-        text = str(
-            _(
-                "%(receives)s will receive it · left out: %(no_consent)s without consent, %(opted_out)s "
-                "opted out, %(no_contact)s without a phone or address"
-            )
-            % {key: number(value) for key, value in counts.items()}
-        )
-        if counts["global_holdout"]:
-            text += str(_(", %(n)s in the global holdout") % {"n": number(counts["global_holdout"])})
-        return text + lift_pages.detectable(obj, counts["receives"])
+        preview = audience.audience_preview(campaign=obj)
+        split = preview.receives + preview.skipped.get("control_group", 0)
+        return format_html("{}{}", audience_html(preview, obj), lift_pages.detectable(obj, split))
 
     @admin.display(description=_("incremental (against the control group)"))
     def incrementality(self, obj: Campaign) -> str:
@@ -806,7 +952,7 @@ class WhatsappMessageAdmin(BigTableAdmin):
         "phone",
         "status",
         "error_code",
-        "error_reason",
+        "reason",
         short_datetime("sent_at", _("sent at")),
         "cost_display",
     )
@@ -833,6 +979,11 @@ class WhatsappMessageAdmin(BigTableAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    @admin.display(description=_("reason"))
+    def reason(self, obj: WhatsappMessage) -> str:
+        """Why it was skipped or failed, in the page's language when it is one of ours."""
+        return caps.skip_reason_label(obj.error_reason)
 
     @admin.display(description=_("cost"), ordering="cost")
     def cost_display(self, obj: WhatsappMessage) -> str:
@@ -878,7 +1029,7 @@ class EmailMessageAdmin(BigTableAdmin):
     @admin.display(description=_("reason"))
     def reason(self, obj: EmailMessage) -> str:
         """Why it was not delivered: the server's bounce, or why it was skipped or failed."""
-        return obj.bounce_message or obj.error_reason
+        return obj.bounce_message or caps.skip_reason_label(obj.error_reason)
 
 
 @admin.register(CampaignMetric)
@@ -1009,19 +1160,54 @@ class CustomerSegmentAdmin(TenantAdmin):
                 self.admin_site.admin_view(self.overview_view),
                 name="campaigns_customersegment_overview",
             ),
+            path(
+                "snapshot/",
+                self.admin_site.admin_view(self.snapshot_view),
+                name="campaigns_customersegment_snapshot",
+            ),
             *super().get_urls(),
         ]
+
+    def snapshot_view(self, request: HttpRequest) -> HttpResponse:
+        """POST: enqueue a snapshot of the chosen organization's last complete day (a manager's)."""
+        from campaigns.tasks import segments_snapshot_enqueue
+
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        chosen = request.POST.get("organization", "")
+        org = (
+            tenancy.scope(Organization.objects.all(), request.user, "pk", managed=True)
+            .filter(pk=int(chosen))
+            .first()
+            if chosen.isdigit()
+            else None
+        )
+        if org is None:
+            raise PermissionDenied
+        day = segments.default_day(org.timezone)
+        if segments_snapshot_enqueue(organization_id=org.pk, day=day):
+            messages.success(request, _("Segment snapshot of %(day)s enqueued.") % {"day": date_format(day)})
+        else:
+            messages.info(request, _("The snapshot of %(day)s is already taken.") % {"day": date_format(day)})
+        url = reverse("admin:campaigns_customersegment_overview")
+        return HttpResponseRedirect(f"{url}?organization={org.pk}")
 
     def overview_view(self, request: HttpRequest) -> TemplateResponse:
         """Customers per segment on a day and the movement from the snapshot before (three queries)."""
         if not self.has_view_permission(request):
             raise PermissionDenied
-        organizations = list(
+        # One query: the organizations the user sees, whether each has a snapshot (the ones shown)
+        # and may take one (the ones the user manages: the "Take a snapshot now" form).
+        visible = (
             tenancy.scope(Organization.objects.all(), request.user, "pk")
-            .filter(pk__in=SegmentMovement.objects.values("organization_id"))
+            .annotate(snapshots=Exists(SegmentMovement.objects.filter(organization_id=OuterRef("pk"))))
             .order_by("name")
-            .values_list("pk", "name")
+            .values_list("pk", "name", "snapshots")
         )
+        managed = tenancy.managed_ids(request.user)
+        rows = list(visible)
+        organizations = [(pk, name) for pk, name, snapshots in rows if snapshots]
+        snapshot_organizations = [(pk, name) for pk, name, _s in rows if managed is None or pk in managed]
         chosen = request.GET.get("organization", "")
         org_id = int(chosen) if chosen.isdigit() else (organizations[0][0] if organizations else None)
         if org_id not in dict(organizations):
@@ -1038,6 +1224,7 @@ class CustomerSegmentAdmin(TenantAdmin):
             "days": days,
             "day": day,
             "rules": segments.RULES,
+            "snapshot_organizations": snapshot_organizations,
         }
         if org_id and day:
             movement = segments.segment_movement(organization_id=org_id, day=day)

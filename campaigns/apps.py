@@ -8,15 +8,24 @@ class CampaignsConfig(AppConfig):
 
     def ready(self) -> None:
         """What campaigns plug into the platform, listed here, but for the recoverers and give-ups that
-        campaigns/services.py still registers as it is imported (until the campaigns split) and the
-        organization dashboard page (campaigns/admin_dashboard.py, moving above the apps)."""
+        campaigns/services.py still registers as it is imported (until the campaigns split)."""
         from django.db.models.signals import pre_delete
 
-        from campaigns import admin_dashboard, attribution, customer_page, inbox, lift, metrics, services  # noqa: F401
+        from campaigns import (  # noqa: F401
+            attribution,
+            customer_page,
+            inbox,
+            lift,
+            metrics,
+            selectors,
+            services,
+        )
         from campaigns.models import Campaign
-        from crm import hooks, prometheus
+        from campaigns.segments import Segment
+        from crm import customer_filters, hooks, prometheus
         from crm import inbox as platform_inbox
 
+        customer_filters.segment_lookup_register(selectors.segment_customers, list(Segment.choices))
         platform_inbox.register(inbox.KIND)(inbox.webhooks_apply)
         platform_inbox.register(inbox.ESP)(inbox.esp_events_apply)
         prometheus.register_collector("campaigns.messages", metrics.collect_messages)

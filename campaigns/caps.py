@@ -24,11 +24,14 @@ whole other index, once per page or batch (docs/benchmarks.md, "Contact caps").
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.db import connection
+from django.db.models import Exists, OuterRef, Q, QuerySet
+from django.utils.translation import gettext, gettext_noop
 
 from campaigns.models import Campaign, Channel, EmailMessage, WhatsappMessage
 from crm.models import Organization
@@ -48,6 +51,10 @@ _TABLES: dict[str, str] = {
     Channel.WHATSAPP: WhatsappMessage._meta.db_table,
     Channel.EMAIL: EmailMessage._meta.db_table,
 }
+_MODELS: dict[str, type[WhatsappMessage] | type[EmailMessage]] = {
+    Channel.WHATSAPP: WhatsappMessage,
+    Channel.EMAIL: EmailMessage,
+}
 _LABELS: dict[str, str] = {Channel.WHATSAPP: "WhatsApp", Channel.EMAIL: "email"}
 # The caps' statement reads the message tables with index probes of their (customer, sent_at)
 # index only: set for it alone, in the same round trip (several statements in one; PostgreSQL runs
@@ -58,10 +65,36 @@ PLAN_STABLE = "".join(f"SET LOCAL {name} = off; " for name in _PLANNER)
 PLAN_RESET = "".join(f"; RESET {name}" for name in _PLANNER)
 
 # Skip reason of a customer without a recorded marketing consent (crm.models.ConsentSource).
-NO_CONSENT = "no consent"
-SENT_WITHIN_24H = "sent another campaign within 24 h"
-BEING_SENT = "another campaign is being sent to this customer right now"
-QUEUED_EARLIER = "waiting in a campaign that started earlier"
+# Stored in English (the message's error_reason); shown translated by skip_reason_label.
+NO_CONSENT = gettext_noop("no consent")
+SENT_WITHIN_24H = gettext_noop("sent another campaign within 24 h")
+BEING_SENT = gettext_noop("another campaign is being sent to this customer right now")
+QUEUED_EARLIER = gettext_noop("waiting in a campaign that started earlier")
+_LIMIT_RE = re.compile(r"^message limit: (\d+) (.+) messages in the last (\d+) days \(at most (\d+)\)$")
+
+
+def skip_reason_label(reason: str) -> str:
+    """A stored skip reason in the active language (an unknown one as stored)."""
+    limit = _LIMIT_RE.match(reason or "")
+    if limit:
+        recent, what, days, most = limit.groups()
+        return gettext(
+            "message limit: %(recent)s %(what)s messages in the last %(days)s days (at most %(most)s)"
+        ) % {
+            "recent": recent,
+            "what": what.replace(" and ", gettext(" and ")),
+            "days": days,
+            "most": most,
+        }
+    if reason in (NO_CONSENT, SENT_WITHIN_24H, BEING_SENT, QUEUED_EARLIER):
+        return gettext(reason)
+    return reason
+
+
+def reason_kind(reason: str) -> str:
+    """What kind of cap a skip_reasons reason is: "another_campaign" (the 24-hour block between
+    campaigns) or "contact_cap" (the message limit)."""
+    return "another_campaign" if reason in (SENT_WITHIN_24H, BEING_SENT, QUEUED_EARLIER) else "contact_cap"
 
 
 def channels_counted(*, organization: Organization, channel: str) -> tuple[str, ...]:
@@ -69,6 +102,24 @@ def channels_counted(*, organization: Organization, channel: str) -> tuple[str, 
     if organization.contact_caps_scope == Organization.ContactCapsScope.PER_CHANNEL:
         return (channel,)
     return (Channel.WHATSAPP, Channel.EMAIL)
+
+
+def with_history(*, campaign: Campaign, customers: QuerySet, now: datetime) -> QuerySet:
+    """`customers` narrowed to those the caps could skip: with a message of another campaign counted
+    in the window (or, with the block, not sent yet). One semi-join per message table, in SQL; the
+    others have no history, so skip_reasons would pass them."""
+    org = campaign.organization
+    since = now - timedelta(days=org.message_limit_days)
+    if org.block_multiple_campaigns:
+        since = min(since, now - BLOCK_WINDOW)
+    history = Q()
+    for c in channels_counted(organization=org, channel=campaign.channel):
+        model = _MODELS[c]
+        mine = model.objects.filter(customer_id=OuterRef("pk")).exclude(campaign_id=campaign.pk)
+        history |= Q(Exists(mine.filter(sent_at__gte=since)))
+        if org.block_multiple_campaigns:
+            history |= Q(Exists(mine.filter(sent_at__isnull=True, status__in=("queued", "sending"))))
+    return customers.filter(history)
 
 
 def history_sql(*, campaign: Campaign, customer_ids: list[int], now: datetime) -> tuple[str, list[Any]]:

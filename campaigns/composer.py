@@ -21,9 +21,11 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from campaigns.models import Campaign, Sender
+from campaigns.models import AUDIENCE_MAX_DAYS, Campaign, Channel, Sender
+from campaigns.segments import Segment
 from campaigns.variables import VARIABLE_SOURCES
-from crm.models import Customer, Sale
+from crm.customer_filters import TERMS, CustomerFilter, form_fields, from_cleaned
+from crm.models import Customer, Organization, Sale
 from integrations.models import WhatsappNumber, WhatsappTemplate
 
 MAX_VARIABLES = 10
@@ -222,6 +224,7 @@ class CampaignForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if "control_percent" in self.fields:  # left out (a script's form, an old page): no control group
             self.fields["control_percent"].required = False
+        self._audience_filter_init()
         field = self.fields.get("whatsapp_template")
         if field is None:
             return
@@ -247,8 +250,25 @@ class CampaignForm(forms.ModelForm):
             raise forms.ValidationError(problem)
         return value
 
+    def _audience_filter_init(self) -> None:
+        """The audience's filter terms shown from the campaign's audience_filter; fixed once it started."""
+        stored = CustomerFilter.from_json(self.instance.audience_filter or {}).to_json()
+        for term in AUDIENCE_TERMS:
+            field = self.fields.get(AUDIENCE_PREFIX + term)
+            if field is None:
+                continue
+            field.initial = stored.get(term)
+            field.disabled = self.instance.pk is not None and self.instance.content_locked
+
+    def _audience_filter_clean(self, data: dict[str, Any]) -> None:
+        if AUDIENCE_PREFIX + AUDIENCE_TERMS[0] not in self.fields:
+            return
+        base = CustomerFilter.from_json(self.instance.audience_filter or {})
+        self.instance.audience_filter = from_cleaned(data, prefix=AUDIENCE_PREFIX, base=base).to_json()
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
+        self._audience_filter_clean(data)
         template = data.get("whatsapp_template")
         if template is None or "template_name" not in self.fields:  # none picked, or content locked
             return data
@@ -269,6 +289,44 @@ class CampaignForm(forms.ModelForm):
                 % {"n": template.variable_count},
             )
         return data
+
+
+# The audience's customer-filter terms on the campaign's form (store and RFM segment are the
+# campaign's own fields; the channel's consent is always required).
+AUDIENCE_PREFIX = "audience_"
+AUDIENCE_TERMS = tuple(t for t in TERMS if t not in ("store_id", "segment", "consent_channel"))
+AUDIENCE_FIELDS = tuple(AUDIENCE_PREFIX + term for term in AUDIENCE_TERMS)
+for _name, _field in form_fields(terms=AUDIENCE_TERMS, prefix=AUDIENCE_PREFIX).items():
+    CampaignForm.base_fields[_name] = _field
+    CampaignForm.declared_fields[_name] = _field
+
+
+class AudienceCountForm(forms.Form):
+    """The campaign form's audience fields, read for the live count (an unsaved campaign)."""
+
+    channel = forms.ChoiceField(choices=Channel.choices, required=False)
+    audience_store = forms.IntegerField(required=False, min_value=1)
+    audience_purchased_within_days = forms.IntegerField(
+        required=False, min_value=0, max_value=AUDIENCE_MAX_DAYS
+    )
+    audience_segment = forms.ChoiceField(choices=[("", "—"), *Segment.choices], required=False)
+
+    def __init__(self, *args: Any, organization: Organization, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.organization = organization
+        self.fields.update(form_fields(terms=AUDIENCE_TERMS, prefix=AUDIENCE_PREFIX))
+
+    def campaign(self) -> Campaign:
+        data = self.cleaned_data
+        store = data.get("audience_store")
+        return Campaign(
+            organization=self.organization,
+            channel=data.get("channel") or Channel.WHATSAPP,
+            audience_store_id=store if store and self.organization.stores.filter(pk=store).exists() else None,
+            audience_purchased_within_days=data.get("audience_purchased_within_days"),
+            audience_segment=data.get("audience_segment") or "",
+            audience_filter=from_cleaned(data, prefix=AUDIENCE_PREFIX).to_json(),
+        )
 
 
 def sender_for(campaign: Campaign, customer: Customer) -> WhatsappNumber | None:

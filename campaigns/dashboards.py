@@ -5,14 +5,13 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-from dataclasses import dataclass, field
-from datetime import UTC, date, datetime, timedelta
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.db.models import Count, DateTimeField, DurationField, Func, Max, Q, QuerySet, Sum, Value
-from django.db.models.functions import TruncDate
 from django.utils import timezone
 from django.utils.translation import get_language
 from django.utils.translation import gettext_lazy as _
@@ -20,10 +19,9 @@ from redis.exceptions import RedisError
 
 from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, SaleAttribution, WhatsappMessage
 from crm import jobs
-from crm.models import Organization, Store
+from crm.models import Store
 from crm.money import DEFAULT_CURRENCY
 from messaging.models import ConversationMessage
-from surveys.selectors import NpsRow, nps_by_store_and_month
 
 # Bucket widths in seconds, smallest first; each is a multiple of a minute.
 BUCKET_STEPS = (
@@ -47,8 +45,6 @@ MAX_POINTS = 300
 MIN_POINTS = 10
 # While these last, "now" is the end of the chart (and the page keeps refreshing it).
 LIVE_STATUSES = (Campaign.Status.SENDING, Campaign.Status.PAUSED, Campaign.Status.SCHEDULED)
-DASHBOARD_DAYS = 30
-DASHBOARD_MAX_CAMPAIGNS = 200
 
 
 @dataclass(frozen=True)
@@ -163,16 +159,25 @@ def campaign_series(*, campaign: Campaign) -> dict[str, Any]:
     if start is None:
         return result
     origin = _local_midnight(start, zone)
-    step, first, count = buckets(start, _series_end(campaign, messages, kinds, start, live=live), origin)
+    now = timezone.now()
+    end = min(_series_end(campaign, messages, kinds, start, live=live), now)
+    step, first, count = buckets(start, max(end, start), origin)
     if not live:
         # A finished campaign of a few minutes still gets a readable time axis (its minutes and the
         # quiet after them) instead of a lone point.
         count = max(count, MIN_POINTS)
+    # The chart stops at now: no bucket, and no axis, in the future (a stamp ahead of the clock too);
+    # a campaign that finished a moment ago gets its readable axis from the quiet before it instead.
+    count = max(1, min(count, int((now - first).total_seconds()) // step + 1))
+    if not live and count < MIN_POINTS:
+        first -= timedelta(seconds=step * (MIN_POINTS - count))
+        count = MIN_POINTS
     counts, costs = _bucket_counts(campaign, messages, kinds, timedelta(seconds=step), origin)
     stamps = [first + timedelta(seconds=step * i) for i in range(count)]
     result["bucket_seconds"] = step
     result["timestamps"] = [int(t.timestamp()) for t in stamps]
-    result["x_range"] = [int(first.timestamp()), int(first.timestamp()) + step * max(count, MIN_POINTS)]
+    axis_end = min(int(first.timestamp()) + step * max(count, MIN_POINTS), int(now.timestamp()))
+    result["x_range"] = [int(first.timestamp()), max(axis_end, result["timestamps"][-1])]
     for s in kinds:
         by_bucket = counts.get(s.key, {})
         result["series"][s.key] = [by_bucket.get(t, 0) for t in stamps]
@@ -328,19 +333,6 @@ def revenue_by_store(*, organization_id: int, since: datetime, until: datetime) 
 
 
 @dataclass(frozen=True)
-class OrganizationDashboard:
-    since: datetime  # local midnight, DASHBOARD_DAYS - 1 days before today
-    until: datetime
-    campaigns: list[CampaignRow]  # started in the window, newest first
-    more_campaigns: bool  # more than DASHBOARD_MAX_CAMPAIGNS started in the window
-    days: list[dict[str, Any]]  # per local day: whatsapp_sent, email_sent, cost by currency
-    nps: NpsRow  # every store together (month: the window's first day)
-    nps_stores: list[NpsRow]
-    stores: list[StoreRevenue]  # attributed sales sold in the window, per store
-    replies: list[StoreReplies] = field(default_factory=list)  # WhatsApp replies in the window, per store
-
-
-@dataclass(frozen=True)
 class StoreReplies:
     store_id: int | None
     store_name: str
@@ -363,106 +355,3 @@ def replies_by_store(*, organization_id: int, since: datetime, until: datetime) 
         .order_by("-replies", "store_id")
     )
     return [StoreReplies(r["store_id"], r["store__name"] or "", r["replies"], r["customers"]) for r in rows]
-
-
-def _window(organization: Organization, now: datetime) -> tuple[datetime, datetime]:
-    zone = ZoneInfo(organization.timezone)
-    today = now.astimezone(zone).replace(hour=0, minute=0, second=0, microsecond=0)
-    return today - timedelta(days=DASHBOARD_DAYS - 1), now  # local midnights, whatever the offsets
-
-
-def nps_window(
-    *, organization: Organization, since: datetime, until: datetime
-) -> tuple[NpsRow, list[NpsRow]]:
-    """NPS of the answers in [since, until), every store together and per store (one GROUP BY).
-
-    The per-store-and-month counts are added up per store: never an average of NPSs.
-    """
-    rows = nps_by_store_and_month(organization=organization, since=since, until=until)
-    first_day = since.astimezone(ZoneInfo(organization.timezone)).date()
-    per_store: dict[int | None, list[Any]] = {}
-    for row in rows:
-        entry = per_store.setdefault(row.store_id, [row.store_name, 0, 0, 0])
-        entry[1] += row.responses
-        entry[2] += row.promoters
-        entry[3] += row.detractors
-    stores = sorted(
-        (
-            NpsRow.of(
-                month=first_day, store_id=store_id, store_name=name, responses=r, promoters=p, detractors=d
-            )
-            for store_id, (name, r, p, d) in per_store.items()
-        ),
-        key=lambda row: (row.store_name, row.store_id or 0),
-    )
-    total = NpsRow.of(
-        month=first_day,
-        store_id=None,
-        store_name="",
-        responses=sum(s.responses for s in stores),
-        promoters=sum(s.promoters for s in stores),
-        detractors=sum(s.detractors for s in stores),
-    )
-    return total, stores
-
-
-def organization_dashboard(
-    *, organization: Organization, now: datetime | None = None
-) -> OrganizationDashboard:
-    """The organization's last DASHBOARD_DAYS days in its time zone: five queries, none over messages
-    or sales."""
-    since, until = _window(organization, now or timezone.now())
-    zone = ZoneInfo(organization.timezone)
-    started = Campaign.objects.filter(
-        organization_id=organization.pk, started_at__gte=since, started_at__lt=until
-    )
-    campaigns = list(
-        started.select_related("metric", "attributed").order_by("-started_at", "-pk")[
-            : DASHBOARD_MAX_CAMPAIGNS + 1
-        ]
-    )
-    # Sends are counted on the day their campaign started (its metric): bounded by the number of
-    # campaigns, where the messages' own timestamps would mean scanning every message of the month.
-    per_day: dict[date, dict[str, Any]] = {}
-    # Grouped by currency too: a day's costs in two currencies are two amounts, never one sum.
-    for row in (
-        CampaignMetric.objects.filter(campaign__in=started)
-        .annotate(day=TruncDate("campaign__started_at", tzinfo=zone))
-        .values("day", "cost_currency")
-        .annotate(
-            whatsapp_sent=Sum("sent", filter=Q(campaign__channel=Channel.WHATSAPP)),
-            email_sent=Sum("sent", filter=Q(campaign__channel=Channel.EMAIL)),
-            cost=Sum("cost"),
-        )
-        .order_by()
-    ):
-        day_row = per_day.setdefault(row["day"], {"whatsapp_sent": 0, "email_sent": 0, "cost": {}})
-        day_row["whatsapp_sent"] += row["whatsapp_sent"] or 0
-        day_row["email_sent"] += row["email_sent"] or 0
-        if row["cost"]:
-            day_row["cost"][row["cost_currency"]] = row["cost"]
-    first_day: date = since.astimezone(zone).date()
-    days = []
-    for i in range(DASHBOARD_DAYS):
-        day = first_day + timedelta(days=i)
-        row = per_day.get(day, {})
-        days.append(
-            {
-                "day": day,
-                "whatsapp_sent": row.get("whatsapp_sent") or 0,
-                "email_sent": row.get("email_sent") or 0,
-                "cost": row.get("cost") or {},  # by currency (ISO 4217)
-            }
-        )
-    nps, nps_stores = nps_window(organization=organization, since=since, until=until)
-    return OrganizationDashboard(
-        since=since,
-        until=until,
-        campaigns=[CampaignRow.of(c) for c in campaigns[:DASHBOARD_MAX_CAMPAIGNS]],
-        more_campaigns=len(campaigns) > DASHBOARD_MAX_CAMPAIGNS,
-        days=days,
-        nps=nps,
-        nps_stores=nps_stores,
-        stores=revenue_by_store(organization_id=organization.pk, since=since, until=until),
-        replies=replies_by_store(organization_id=organization.pk, since=since, until=until),
-    )

@@ -56,6 +56,7 @@ CONTENT_FIELDS = (
     "audience_purchased_within_days",
     "audience_segment",
     "control_percent",
+    "audience_filter",
 )
 
 # The audience's purchase window: a hundred years covers any real one; more would overflow the date
@@ -229,6 +230,8 @@ class Campaign(models.Model):
     # the contact caps (never from consent or opt-outs).
     kind = models.CharField(_("kind"), max_length=10, choices=Kind.choices, default=Kind.CAMPAIGN)
     caps_exempt = models.BooleanField(_("exempt from contact caps"), default=False, editable=False)
+    # The audience's customer filter (crm.customer_filters.CustomerFilter.to_json), with the fields above.
+    audience_filter = models.JSONField(_("audience filter"), default=dict, blank=True)
 
     class Meta:
         verbose_name = _("campaign")

@@ -24,6 +24,7 @@ from campaigns.models import (
     WhatsappMessage,
 )
 from crm.holdout import holdout_sql
+from crm.customer_filters import CustomerFilter
 from crm.models import Customer, Sale
 from crm.money import DEFAULT_CURRENCY, cost_estimate, format_cost
 from integrations.models import WhatsappNumber
@@ -110,7 +111,8 @@ def campaign_audience_counts(*, campaign: Campaign) -> dict[str, int]:
 
 
 def _narrowed(campaign: Campaign, qs: QuerySet[Customer]) -> QuerySet[Customer]:
-    """`qs` narrowed by the campaign's audience filters: store, recent purchase, RFM segment."""
+    """`qs` narrowed by the campaign's audience filters: store, recent purchase, RFM segment, and its
+    customer filter (crm.customer_filters)."""
     sales = Sale.objects.filter(customer_id=OuterRef("pk"))
     if campaign.audience_store_id:
         sales = sales.filter(store_id=campaign.audience_store_id)
@@ -122,7 +124,19 @@ def _narrowed(campaign: Campaign, qs: QuerySet[Customer]) -> QuerySet[Customer]:
         qs = qs.filter(Exists(sales))
     if campaign.audience_segment:
         qs = qs.filter(Exists(_in_latest_segment(campaign.organization_id, campaign.audience_segment)))
+    if campaign.audience_filter:
+        terms = CustomerFilter.from_json(campaign.audience_filter)
+        qs = terms.apply(qs, organization_id=campaign.organization_id)
     return qs
+
+
+def segment_customers(organization_id: int, segment: str) -> QuerySet:
+    """The ids of the organization's customers in `segment` in its newest snapshot (none before one):
+    the customer filter's RFM segment term (crm.customer_filters)."""
+    newest = CustomerSegment.objects.filter(organization_id=organization_id).order_by("-day").values("day")
+    return CustomerSegment.objects.filter(
+        organization_id=organization_id, day=Subquery(newest[:1]), segment=segment
+    ).values("customer_id")
 
 
 def _in_latest_segment(organization_id: int, segment: str) -> QuerySet[CustomerSegment]:

@@ -14,7 +14,7 @@ from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from campaigns import caps, lift, links, selectors
+from campaigns import audience, caps, lift, links, selectors
 from campaigns.models import (
     CONTENT_COLUMNS,
     OUTCOME_UNKNOWN,
@@ -40,6 +40,10 @@ MsgStatus = WhatsappMessage.Status
 
 class CampaignError(ValueError):
     """An operator action that does not apply to the campaign as it is."""
+
+
+class EmptyAudience(CampaignError):
+    """Nobody would receive the campaign (the message says why): it does not start."""
 
 
 Message = WhatsappMessage | EmailMessage
@@ -135,8 +139,12 @@ def _validate_email(campaign: Campaign) -> None:
 
 
 def campaign_start(*, campaign: Campaign) -> Campaign:
-    """Move a draft or scheduled campaign to sending and enqueue its fan-out; returns at once."""
+    """Move a draft or scheduled campaign to sending and enqueue its fan-out; returns at once.
+    EmptyAudience when nobody would receive it (never "sent" to nobody)."""
     campaign_validate(campaign=campaign)
+    problem = audience.audience_problem(campaign=campaign)
+    if problem:
+        raise EmptyAudience(problem)
     with transaction.atomic():
         now = timezone.now()
         # The row locked, its content read fresh: the links frozen are those of what is sent.
@@ -629,6 +637,20 @@ def campaign_stop(*, campaign_id: int, reason: str) -> None:
             logger.warning("campaign %s stopped: %s", campaign_id, reason, extra={"campaign_id": campaign_id})
 
 
+def campaign_start_or_stop(*, campaign: Campaign) -> Campaign:
+    """Start a campaign no one is watching (its schedule, a recurrence): when nobody would receive
+    it, it is stopped with the reason instead, never left waiting nor "sent" to nobody."""
+    try:
+        return campaign_start(campaign=campaign)
+    except EmptyAudience as exc:
+        Campaign.objects.filter(pk=campaign.pk, status__in=[Status.DRAFT, Status.SCHEDULED]).update(
+            status=Status.STOPPED, stop_reason=str(exc), finished_at=timezone.now()
+        )
+        logger.warning("campaign %s not started: %s", campaign.pk, exc, extra={"campaign_id": campaign.pk})
+        campaign.refresh_from_db()
+        return campaign
+
+
 def campaign_pause(*, campaign: Campaign) -> None:
     if not Campaign.objects.filter(pk=campaign.pk, status=Status.SENDING).update(status=Status.PAUSED):
         campaign.refresh_from_db()
@@ -948,4 +970,4 @@ def campaign_occurrence(*, campaign_id: int, occurrence: datetime) -> Campaign |
         )
         if child.status != Status.DRAFT:
             return child  # started before (a re-run of the job)
-        return campaign_start(campaign=child)
+        return campaign_start_or_stop(campaign=child)

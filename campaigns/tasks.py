@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
+from datetime import date
 
 from campaigns import sending, services
 from campaigns.models import Campaign
@@ -25,7 +26,7 @@ def campaign_trigger(campaign_id: int) -> str:
         extra={"campaign_id": campaign_id, "organization_id": campaign.organization_id},
     )
     try:
-        campaign = services.campaign_start(campaign=campaign)
+        campaign = services.campaign_start_or_stop(campaign=campaign)
     except services.CampaignError as exc:
         logger.info(
             "campaign %s trigger: not started: %s", campaign_id, exc, extra={"campaign_id": campaign_id}
@@ -106,30 +107,34 @@ def segments_snapshot_all() -> int:
     """Daily: record and enqueue one snapshot run per organization with sales, for its last complete
     day in its own time zone; returns how many were enqueued (a day already computed is skipped)."""
     from campaigns import segments  # here, so this addition stays an append to a shared file
+
+    enqueued = 0
+    for org_id, tz in segments.organizations_with_sales().values_list("pk", "timezone"):
+        enqueued += segments_snapshot_enqueue(organization_id=org_id, day=segments.default_day(tz))
+    return enqueued
+
+
+def segments_snapshot_enqueue(*, organization_id: int, day: date) -> bool:
+    """Record and enqueue one organization's snapshot of `day`; False when that day is done already
+    (the daily schedule and the segments page's button: one checkpoint per organization and day)."""
     from crm import queues
     from crm.checkpoints import jobrun_enqueue
     from crm.models import JobRun
 
-    enqueued = 0
-    for org_id, tz in segments.organizations_with_sales().values_list("pk", "timezone"):
-        day = segments.default_day(tz).isoformat()
-        run = jobrun_enqueue(
-            kind=SEGMENTS_KIND,
-            key=f"{org_id}:{day}",
-            func=segments_snapshot_organization,
-            queue=queues.ERP_SYNC,
-            kwargs={"organization_id": org_id, "day": day},
-            organization_id=org_id,
-        )
-        enqueued += run.status != JobRun.Status.COMPLETED
-    return enqueued
+    run = jobrun_enqueue(
+        kind=SEGMENTS_KIND,
+        key=f"{organization_id}:{day.isoformat()}",
+        func=segments_snapshot_organization,
+        queue=queues.ERP_SYNC,
+        kwargs={"organization_id": organization_id, "day": day.isoformat()},
+        organization_id=organization_id,
+    )
+    return run.status != JobRun.Status.COMPLETED
 
 
 def segments_snapshot_organization(organization_id: int, day: str) -> dict[str, int]:
     """One organization's snapshot of `day` (ISO date), then pruning to SEGMENT_KEEP_DAYS; returns
     customers per segment. Under a checkpoint: a completed day is not computed again ({})."""
-    from datetime import date
-
     from campaigns import segments
     from crm import queues
     from crm.checkpoints import AlreadyDone

@@ -1,12 +1,16 @@
-""" "Send this campaign to me": the campaign's WhatsApp message to the manager's own phone, with a
-chosen customer's variables, before it starts.
+""" "Send this campaign to me": the campaign's WhatsApp message to the manager's own phone (or its
+email to the manager's own address), with a chosen customer's variables, before it starts.
 
 The message is built by the campaign send's own steps (`composer.sender_for`: the number the
 customer's message would go from; `sending.template_values` and `sending.template_message`: the
 same values, template and buttons) and handed to the same Graph client, in a job on the
 whatsapp-send queue. It is recorded as a `TestSend`, never as a campaign message: nothing is
 counted, priced or capped, and the customer receives nothing. Its URL buttons lead to the
-deployment's "test" path (no tracked link exists for a message that is not the campaign's)."""
+deployment's "test" path (no tracked link exists for a message that is not the campaign's).
+
+An email campaign's test is rendered by the campaign's own compiled email with the customer's
+variables (links not tracked, no open pixel) and handed to the organization's mail server or
+ESP through messaging.email_transport.deliver, as a one-off message on the email-send queue."""
 
 from __future__ import annotations
 
@@ -15,6 +19,8 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
 from django.db import transaction
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed, HttpResponseRedirect
 from django.urls import reverse
@@ -22,12 +28,16 @@ from django.utils import timezone
 from django.utils.translation import gettext as _
 
 from campaigns import composer, services
+from campaigns.email_sending import compiled_email, variables_for
 from campaigns.models import Campaign, Channel, TestSend
 from campaigns.sending import store_names, template_message, template_values
 from crm import aio, jobs, queues
 from crm.models import Customer
 from integrations.clients import graph_client
+from integrations.models import EmailSettings
 from integrations.whatsapp.phones import normalize_phone
+from messaging import email_render
+from messaging.email_transport import build_message, deliver, email_transport
 
 logger = logging.getLogger(__name__)
 
@@ -37,28 +47,68 @@ TEST_LINK = "t/test-send"
 def test_send_request(*, campaign: Campaign, customer: Customer, to: str, user_id: int | None) -> TestSend:
     """Record a test send of a draft or scheduled WhatsApp campaign to `to` (a phone, any way it is
     typed) with `customer`'s variables and enqueue it. Raises services.CampaignError."""
-    if campaign.channel != Channel.WHATSAPP:
-        raise services.CampaignError(_("a test send is for a WhatsApp campaign"))
     if campaign.status not in (Campaign.Status.DRAFT, Campaign.Status.SCHEDULED):
         raise services.CampaignError(_("a test send is made before the campaign starts"))
     if customer.organization_id != campaign.organization_id:
         raise services.CampaignError(_("the customer belongs to another organization"))
-    phone = normalize_phone(to)
-    if phone is None:
-        raise services.CampaignError(_("%(to)r is not a phone number") % {"to": to})
+    address = _test_address(campaign, to)
     services.campaign_validate(campaign=campaign)
     with transaction.atomic():
         test = TestSend.objects.create(
-            campaign=campaign, customer=customer, to=phone, requested_by_id=user_id
+            campaign=campaign, customer=customer, to=address, requested_by_id=user_id
         )
         jobs.enqueue(
             "campaigns.tasks.test_send",
-            queue=queues.WHATSAPP_SEND,
+            queue=queues.EMAIL_SEND if campaign.channel == Channel.EMAIL else queues.WHATSAPP_SEND,
             kwargs={"test_send_id": test.pk},
             organization_id=campaign.organization_id,
             attempts=1,  # a send is not retried blindly (it may have reached Meta): the manager asks again
         )
     return test
+
+
+def _test_address(campaign: Campaign, to: str) -> str:
+    """The manager's phone (E.164) or email address for the campaign's channel; CampaignError when
+    it is not one."""
+    if campaign.channel == Channel.EMAIL:
+        address = to.strip()
+        try:
+            validate_email(address)
+        except ValidationError:
+            raise services.CampaignError(_("%(to)r is not an email address") % {"to": to}) from None
+        return address
+    phone = normalize_phone(to)
+    if phone is None:
+        raise services.CampaignError(_("%(to)r is not a phone number") % {"to": to})
+    return phone
+
+
+def _email_test_run(test: TestSend) -> str:
+    """Render the campaign's email with the customer's variables and hand it over, once."""
+    campaign, customer = test.campaign, test.customer
+    email_settings = EmailSettings.objects.filter(organization_id=campaign.organization_id).first()
+    if email_settings is None or customer is None:
+        return _finish(test, error=_("no email settings, or the customer is gone"))
+    store = campaign.audience_store.name if campaign.audience_store else campaign.organization.name
+    rendered = email_render.render_email(
+        compiled_email(campaign),
+        variables=variables_for(customer, store_name=store, unsubscribe_url=TEST_LINK),
+        click_url="",
+        open_pixel_url=None,
+    )
+    message = build_message(
+        email_settings=email_settings, to_name=customer.name, to_address=test.to, rendered=rendered
+    )
+    outcome = deliver(email_transport(email_settings), lambda: message, bulk=False)
+    if outcome is None or outcome.failure or outcome.unknown or outcome.transient:
+        failure = outcome.failure if outcome else None
+        reason = (
+            f"{failure.kind} — {failure.code or ''} {failure.message}".strip()
+            if failure
+            else (outcome.unknown or outcome.transient if outcome else _("not handed over"))
+        )
+        return _finish(test, error=reason)
+    return _finish(test, wamid=outcome.message_id or outcome.reply[:128] or "sent")
 
 
 def test_send_run(*, test_send_id: int) -> str:
@@ -67,9 +117,11 @@ def test_send_run(*, test_send_id: int) -> str:
         status=TestSend.Status.SENDING
     ):
         return "claimed elsewhere"
-    test = TestSend.objects.select_related("campaign__whatsapp_number__store", "customer").get(
-        pk=test_send_id
-    )
+    test = TestSend.objects.select_related(
+        "campaign__whatsapp_number__store", "campaign__organization", "campaign__audience_store", "customer"
+    ).get(pk=test_send_id)
+    if test.campaign.channel == Channel.EMAIL:
+        return _email_test_run(test)
     campaign, customer = test.campaign, test.customer
     number = composer.sender_for(campaign, customer) if customer else campaign.whatsapp_number
     if number is None or customer is None:

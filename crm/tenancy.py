@@ -33,6 +33,7 @@ from django.utils.translation import gettext_lazy as _
 
 from crm import intake
 from crm.models import Membership
+from crm.ptbr import gender_agree
 
 OPERATE_PLATFORM = "crm.operate_platform"
 MANAGER = "manager"
@@ -271,6 +272,10 @@ class TenantAdmin(admin.ModelAdmin):
     tenant_path: str | None = "organization"
 
     # --- rows -------------------------------------------------------------------------------------
+    def message_user(self, request: HttpRequest, message: Any, *args: Any, **kwargs: Any) -> None:
+        """Django's generic messages agree with a feminine model name in pt-BR (crm.ptbr)."""
+        super().message_user(request, gender_agree(message, self.model._meta.verbose_name), *args, **kwargs)
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return scope(super().get_queryset(request), request.user, self.tenant_path)
 

@@ -63,7 +63,7 @@ class ErpConnectionAdmin(TenantAdmin):
             },
         ),
     )
-    actions = ["check_connection", "sync_customers_now"]
+    actions = ["check_connection", "sync_customers_now", "sync_sales_today"]
 
     @admin.action(
         description=_("Check the connection (ask the ERP for one customer)"), permissions=["change"]
@@ -78,6 +78,16 @@ class ErpConnectionAdmin(TenantAdmin):
                 )
             else:
                 messages.success(request, _("%(org)s: the ERP answered.") % {"org": connection.organization})
+
+    @admin.action(description=_("Sync today's sales now (every store)"), permissions=["change"])
+    def sync_sales_today(self, request, queryset):
+        for connection in queryset.select_related("organization"):
+            jobs = services.sales_sync_today(connection=connection)
+            messages.info(
+                request,
+                _("%(org)s: sales sync of today enqueued for %(n)s store(s).")
+                % {"org": connection.organization, "n": len(jobs)},
+            )
 
     @admin.action(description=_("Enqueue today's full customer sync"), permissions=["change"])
     def sync_customers_now(self, request, queryset):

@@ -456,6 +456,16 @@ def sales_sync_enqueue(
     return _sales_enqueue(store=store, start=start, end=end, frequency=frequency, delay=delay)[0]
 
 
+def sales_sync_today(*, connection: ErpConnection, now: datetime | None = None) -> list[str]:
+    """Enqueue a manual sales sync of today so far (the organization's day) for each of its stores;
+    returns the jobs' ids. The sync's own rules apply (a sale from the future is refused)."""
+    now = now or timezone.now()
+    zone = organization_zone(connection.organization)
+    start = now.astimezone(zone).replace(hour=0, minute=0, second=0, microsecond=0)
+    stores = Store.objects.filter(organization_id=connection.organization_id).order_by("erp_code", "pk")
+    return [sales_sync_enqueue(store=store, start=start, end=now, frequency=MANUAL) for store in stores]
+
+
 def sales_sync_fanout(*, frequency: str, at: datetime | None = None) -> int:
     """One sales sync per store of every enabled connection, for the window the `at` firing
     covers; store i of an organization starts i * 2 min + 0-30 s later. Returns how many jobs were

@@ -12,6 +12,9 @@ from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, 
 
 DEMO_PHONE_NUMBER_ID = "100000000000001"
 DEMO_ACCESS_TOKEN = "demo-access-token"  # noqa: S105 - the sandbox's token, not a real credential
+# The business account the sandbox serves its templates under (sandbox.SandboxConfig.waba_id): the
+# demo's numbers carry it, so `demo` syncs the demo's templates as a real account's are.
+DEMO_WABA_ID = "102290129340398"
 
 
 def demo_store_phone_number_id(index: int) -> str:
@@ -47,6 +50,7 @@ def _demo_number(organization: Organization, store: Store, index: int, graph_url
     number.organization = organization
     number.store = store
     number.display_phone_number = f"+55119400000{index:02d}"
+    number.business_account_id = DEMO_WABA_ID
     number.graph_url = graph_url
     number.paused_at, number.paused_reason = None, ""
     number.set_access_token(DEMO_ACCESS_TOKEN)

@@ -175,8 +175,9 @@ def whatsapp_templates_sync_all(*, organization_id: int | None = None) -> dict[s
     return totals
 
 
-def whatsapp_templates_sync_enqueue(*, organization_id: int) -> str:
-    """Sync one organization's templates in a job (the admin's button); one at a time per organization."""
+def whatsapp_templates_sync_enqueue(*, organization_id: int, delay: float | None = None) -> str:
+    """Sync one organization's templates in a job (the admin's button; the demo, `delay` seconds
+    later, once its sandbox listens); one at a time per organization."""
     return jobs.enqueue(
         "integrations.tasks.whatsapp_templates_sync_organization",
         queue=queues.MAINTENANCE,
@@ -185,4 +186,5 @@ def whatsapp_templates_sync_enqueue(*, organization_id: int) -> str:
         unique=True,
         result_ttl=0,
         organization_id=organization_id,
+        delay=delay,
     )

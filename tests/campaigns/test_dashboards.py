@@ -21,6 +21,7 @@ from campaigns import dashboards, links, services, statuses
 from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage
 from crm.models import Customer, Membership, Organization
 from integrations.whatsapp.webhooks import StatusEvent
+from project import dashboards as org_dashboards
 from surveys.models import Survey
 from tests.surveys.conftest import Shop
 
@@ -328,7 +329,7 @@ def board(shop: Shop) -> dict:
 
 def test_nps_of_a_window_adds_up_the_answers_per_store(shop: Shop, board: dict):
     since = timezone.now() - timedelta(days=30)
-    total, stores = dashboards.nps_window(organization=shop.org, since=since, until=timezone.now())
+    total, stores = org_dashboards.nps_window(organization=shop.org, since=since, until=timezone.now())
     centro = next(s for s in stores if s.store_name == "Centro")
     assert (centro.responses, centro.promoters, centro.passives, centro.detractors) == (5, 3, 1, 1)
     assert centro.nps == 40.0
@@ -411,3 +412,30 @@ def test_the_chart_library_is_vendored_and_served_by_whitenoise(db, settings, tm
     assert response.status_code == 200
     assert b"uPlot" in b"".join(response.streaming_content)  # type: ignore[attr-defined]
     assert response["Content-Type"].startswith(("application/javascript", "text/javascript"))
+
+
+def test_the_dashboard_is_a_managers_home_page_and_an_operators_index_stays_the_apps(
+    shop: Shop, board: dict, admin_client, english
+):
+    manager = User.objects.create_user("gerente-home", password="pw-gerente-1234", is_staff=True)
+    Membership.objects.create(user=manager, organization=shop.org, role=Membership.Role.MANAGER)
+    client = Client()
+    client.force_login(manager)
+    home = client.get("/admin/").content.decode()
+    assert 'id="home-dashboard"' in home and "Liquidação de Inverno" in home
+    assert re.search(r'<tr data-store="all".*?data-nps="16.7"', home, re.S)
+    assert "/admin/campaigns/campaign/" in home  # the apps stay below it
+    operator = admin_client.get("/admin/").content.decode()
+    assert 'id="home-dashboard"' not in operator and "/admin/queues/" in operator
+
+
+def test_a_finished_campaigns_chart_stops_at_now_even_with_a_late_stamp_ahead(shop: Shop):
+    campaign = _campaign(shop.org, timezone.now() - timedelta(hours=2), name="Relógio")
+    Campaign.objects.filter(pk=campaign.pk).update(
+        status=Campaign.Status.SENT, finished_at=timezone.now() + timedelta(hours=3)
+    )
+    campaign.refresh_from_db()
+    data = dashboards.campaign_series(campaign=campaign)
+    if data["timestamps"]:
+        assert data["timestamps"][-1] <= timezone.now().timestamp()
+    assert not data.get("x_range") or data["x_range"][1] <= timezone.now().timestamp() + 1

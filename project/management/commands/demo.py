@@ -18,6 +18,9 @@ from erp.upserts import customers_upsert
 from flows.demo import flows_demo
 from integrations import outbound
 from integrations.demo import chatwoot_account_demo, email_settings_demo, whatsapp_number_demo
+from integrations.errors import IntegrationError
+from integrations.models import WhatsappNumber
+from integrations.services import whatsapp_templates_sync, whatsapp_templates_sync_enqueue
 from runner import demo
 
 
@@ -77,6 +80,7 @@ class Command(cli.CrmCommand):
                 _("demo WhatsApp number %(number)s -> %(url)s")
                 % {"number": number.phone_number_id, "url": options["graph_url"]}
             )
+            self._sync_templates(number)
         if options["smtp"]:
             host, port = options["smtp"]
             outbound.trust_origin(f"smtp://[{host}]:{port}" if ":" in host else f"smtp://{host}:{port}")
@@ -158,3 +162,15 @@ class Command(cli.CrmCommand):
             % {"command": f".venv/bin/python manage.py runner_run {keys} --org {org.slug}"}
         )
         self.stdout.write(_("  webhook:  %(curl)s") % {"curl": curl})
+
+    def _sync_templates(self, number: WhatsappNumber) -> None:
+        """The demo's templates, synced from the sandbox as a real account's are from Meta (the
+        composer's list): now when the sandbox answers, else in a job a few seconds later (`up`
+        starts the sandbox after the demo is loaded)."""
+        try:
+            counts = whatsapp_templates_sync(number=number)
+        except IntegrationError:
+            whatsapp_templates_sync_enqueue(organization_id=number.organization_id, delay=10)
+            self.stdout.write(_("demo WhatsApp templates: synced by a job once the sandbox answers"))
+            return
+        self.stdout.write(_("demo WhatsApp templates synced: %(counts)s") % {"counts": counts})

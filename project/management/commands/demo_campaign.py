@@ -94,9 +94,12 @@ class Command(cli.CrmCommand):
             channel=Channel.WHATSAPP,
             whatsapp_number=number,
             sender=options["sender"],
+            # The sandbox's synced "promo_demo": {{1}} the first name, {{2}} the store.
             template_name="promo_demo",
             template_language="pt_BR",
-            template_variables=["first_name"],
+            template_category="marketing",
+            template_variables=["first_name", "store_name"],
+            header_image_url="https://example.com.br/ofertas.jpg",
             redirect_url="https://example.com.br/ofertas",
             redirect_button_index=0,
             unsubscribe_button_index=1,

@@ -1,0 +1,58 @@
+"""pt-BR admin messages agree in gender: "A campanha “Natal” foi adicionada com sucesso."."""
+
+from __future__ import annotations
+
+import re
+
+from django.contrib.auth import get_user_model
+from django.test import Client
+from django.utils import translation
+
+from campaigns.models import Campaign
+from crm.models import Membership, Organization
+from crm.ptbr import gender_agree
+
+
+def test_a_feminine_model_name_gets_a_feminine_article_and_participle():
+    with translation.override("pt-br"):
+        assert gender_agree("O campanha “Natal” foi adicionado com sucesso.", "campanha") == (
+            "A campanha “Natal” foi adicionada com sucesso."
+        )
+        assert gender_agree("O cliente “Ana” foi alterado com sucesso.", "cliente") == (
+            "O cliente “Ana” foi alterado com sucesso."
+        )
+    with translation.override("en"):
+        assert gender_agree("The campaign “Natal” was added successfully.", "campaign").startswith("The ")
+
+
+def test_adding_a_campaign_in_portuguese_says_foi_adicionada(db):
+    org = Organization.objects.create(name="Loja", slug="loja")
+    user = get_user_model().objects.create_user("gerente", password="pw-gerente-1234", is_staff=True)
+    Membership.objects.create(user=user, organization=org, role=Membership.Role.MANAGER)
+    client = Client(HTTP_ACCEPT_LANGUAGE="pt-br")
+    client.force_login(user)
+    page = client.post(
+        "/admin/campaigns/campaign/add/",
+        {
+            "organization": org.pk,
+            "name": "Natal",
+            "channel": "email",
+            "email_body_format": "html",
+            "sender": "campaign",
+            "recurrence_misfire": "once",
+            "template_language": "pt_BR",
+            "template_category": "marketing",
+        },
+        follow=True,
+    )
+    assert Campaign.objects.filter(name="Natal").exists(), page.content.decode()[:3000]
+    html = page.content.decode()
+    assert re.search(r"A campanha “<a [^>]*>Natal</a>” foi adicionada com sucesso", html), html[:2000]
+
+
+def test_the_404_and_403_pages_speak_the_visitors_language(db):
+    client = Client(HTTP_ACCEPT_LANGUAGE="pt-br")
+    page = client.get("/nada-aqui/")
+    assert page.status_code == 404 and "Página não encontrada" in page.content.decode()
+    english = Client(HTTP_ACCEPT_LANGUAGE="en").get("/nothing-here/")
+    assert english.status_code == 404 and "Page not found" in english.content.decode()
