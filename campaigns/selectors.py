@@ -23,8 +23,8 @@ from campaigns.models import (
     SaleAttribution,
     WhatsappMessage,
 )
-from crm.holdout import holdout_sql
 from crm.customer_filters import CustomerFilter
+from crm.holdout import holdout_sql
 from crm.models import Customer, Sale
 from crm.money import DEFAULT_CURRENCY, cost_estimate, format_cost
 from integrations.models import WhatsappNumber
