@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 
 import pytest
+from django.utils import translation
 from playwright.sync_api import Page, expect
 
 from tests.browser.conftest import (
@@ -47,19 +48,26 @@ def _two_campaigns(stack: Stack) -> tuple[int, int]:
     from campaigns import services
     from campaigns.models import BodyFormat, Campaign, Channel
     from crm.models import Organization
-    from integrations.models import WhatsappNumber
+    from integrations.models import WhatsappNumber, WhatsappTemplate
 
     org_id = stack.ids["organization"]
     Organization.objects.filter(pk=org_id).update(
         block_multiple_campaigns=True, contact_caps_scope=Organization.ContactCapsScope.SHARED
+    )
+    # The demo's templates are synced from the Meta sandbox (a job once it answers): one of them.
+    wait_for(
+        lambda: WhatsappTemplate.objects.filter(organization_id=org_id, name="promo_demo").exists(),
+        timeout=180,
+        what="the demo's templates synced",
     )
     whatsapp = services.campaign_start(
         campaign=Campaign.objects.create(
             organization_id=org_id,
             name="Liquidação de verão",
             whatsapp_number=WhatsappNumber.objects.filter(organization_id=org_id).order_by("pk").first(),
-            template_name="promo_verao",
-            template_variables=["first_name"],
+            template_name="promo_demo",
+            template_variables=["first_name", "store_name"],
+            header_image_url="https://loja.example.com.br/verao.jpg",
         )
     )
     wait_for(
@@ -141,7 +149,7 @@ def test_a_new_operator_reads_the_pages_right(stack: Stack, new_page: Callable[.
 
     # The email campaign that skipped everyone: processed 100 %, sent 0, and why.
     page.goto(f"/admin/campaigns/campaign/{email_id}/change/")
-    expect(page.locator("#live-status [data-field=progress]")).to_have_text(re.compile(r"^100(\.0)?%$"))
+    expect(page.locator("#live-status [data-field=progress]")).to_have_text(re.compile(r"^100([.,]0)?%$"))
     expect(page.locator("#live-status [data-field=reached]")).to_have_text("0")
     expect(page.locator("#live-now caption")).to_be_visible()
     expect(page.locator("#live-now [data-count=skipped]")).to_have_text(str(DEMO_CUSTOMERS))
@@ -150,7 +158,10 @@ def test_a_new_operator_reads_the_pages_right(stack: Stack, new_page: Callable[.
     screenshot(page, "ui-campaign-skipped-everyone")
 
     page.goto(f"/admin/campaigns/emailmessage/?campaign={email_id}")
-    expect(page.locator("#result_list tbody")).to_contain_text(caps.SENT_WITHIN_24H)
+    # The stored reason, shown in the page's language (caps.skip_reason_label).
+    with translation.override(page.evaluate("document.documentElement.lang")):
+        shown = caps.skip_reason_label(caps.SENT_WITHIN_24H)
+    expect(page.locator("#result_list tbody")).to_contain_text(shown)
     _no_horizontal_scroll(page)
     screenshot(page, "ui-skip-reasons")
 
