@@ -45,7 +45,7 @@ from integrations.models import (
     WhatsappPrice,
     WhatsappTemplate,
 )
-from messaging.models import EmailSuppression
+from messaging.models import ConversationMessage, ConversationSettings, EmailSuppression
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType, RunnerSettings
 from surveys.models import Survey
 
@@ -61,7 +61,11 @@ OPERATOR_ONLY = {("add", Organization), ("delete", Organization), ("add", Handle
 # list's delete action stays offered, for campaigns without messages, and deletes none of those).
 HISTORY = {("delete", Campaign)}
 # Custom views whose <pk> is another model's than their admin's.
-PK_MODEL = {"runner_dashboard_pause": Handler, "runner_dashboard_resume": Handler}
+PK_MODEL = {
+    "runner_dashboard_pause": Handler,
+    "runner_dashboard_resume": Handler,
+    "messaging_conversation": Customer,
+}
 # Sample values for the platform pages' path parameters (an operator may get a 404 for some).
 SAMPLE_ARGS = {
     "queue": "maintenance",
@@ -161,6 +165,10 @@ def _objects(org: Organization, tag: str) -> dict[type, Any]:
         ExecutionItem: ExecutionItem.objects.create(execution=execution, external_id=f"{tag}-item"),
         RunnerSettings: RunnerSettings.objects.create(organization=org),
         **_flow_objects(org, tag, customer),
+        ConversationMessage: ConversationMessage.objects.create(
+            organization=org, customer=customer, direction="in", text=f"{tag} reply", wamid=f"{tag}-wamid"
+        ),
+        ConversationSettings: ConversationSettings.objects.create(organization=org),
     }
 
 
