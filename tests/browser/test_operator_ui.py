@@ -103,8 +103,12 @@ def _sales_after(stack: Stack, campaign_id: int) -> int:
     from campaigns.models import WhatsappMessage
     from crm.models import Sale, Store
 
+    from flows.models import Flow
+
     store = Store.objects.filter(organization_id=stack.ids["organization"]).first()
     assert store is not None
+    # The demo's post-purchase flow would thank these buyers: its sends would join today's bars.
+    Flow.objects.filter(organization_id=stack.ids["organization"]).update(paused=True)
     messages = WhatsappMessage.objects.filter(campaign_id=campaign_id, sent_at__isnull=False)[:2]
     for i, message in enumerate(messages):
         assert message.sent_at is not None
