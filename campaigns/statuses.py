@@ -145,6 +145,7 @@ class _Tracked:
     changed: bool = False
     cost: Decimal = Decimal("0")  # taken from a status's pricing block in this call
     refund: Decimal = Decimal("0")  # a recorded cost Meta says it does not charge
+    free: bool = False  # Meta said so in this call: no later status of the call prices it again
 
 
 def _prices(events: list[StatusEvent]) -> dict[tuple[str, str], Decimal]:
@@ -243,10 +244,14 @@ def _track(
         if message.pk not in tracked:
             tracked[message.pk] = _Tracked(message, _counted(message), _rank(message) == 0)
         if _free(message, event):
-            # Meta charges nothing for it (not billable, or it failed): the cost the send recorded
-            # is taken back from the message and its campaign, once.
+            # Meta charges nothing for it (not billable, or it failed): the cost recorded is taken
+            # back from the message and its campaign, once (a cost priced earlier in this same call
+            # never reached the campaign's total: it is dropped, not refunded).
             t = tracked[message.pk]
-            t.changed, t.refund = True, t.refund + message.cost
+            taken = min(t.cost, message.cost)
+            t.cost -= taken
+            t.refund += message.cost - taken
+            t.changed = t.free = True
             message.cost = Decimal("0")
         if not _apply(message, event):
             counts["ignored"] += 1
@@ -254,7 +259,7 @@ def _track(
         counts["applied"] += 1
         t = tracked[message.pk]
         t.changed = True
-        if t.settled and not message.cost:
+        if t.settled and not message.cost and not t.free:
             # The send never recorded what Meta charged (its worker died, or it is still
             # recording: it then keeps this cost, sending.BatchPlan.reconciled).
             t.cost = message.cost = _priced(message, event, prices)

@@ -63,9 +63,22 @@ def test_the_preview_counts_receivers_and_skips_by_reason_with_the_cost_in_its_c
         "suppressed": 0,
         "contact_cap": 0,
         "another_campaign": 1,
+        "global_holdout": 0,
+        "control_group": 0,
     }
     assert (preview.cost, preview.currency) == (4 * Decimal("0.0625"), "USD")
     assert preview.problem == ""
+
+
+def test_the_preview_leaves_out_the_expected_control_group(wa):
+    campaign = wa["campaign"]()
+    before = audience.audience_preview(campaign=campaign)
+    Campaign.objects.filter(pk=campaign.pk).update(control_percent=50)
+    campaign.refresh_from_db()
+    preview = audience.audience_preview(campaign=campaign)
+    held = round(before.receives * 50 / 100)
+    assert preview.skipped["control_group"] == held
+    assert preview.receives == before.receives - held
 
 
 def test_the_page_shows_the_audience_and_its_cost_and_the_fan_out_agrees(wa, sandbox, run_jobs):
