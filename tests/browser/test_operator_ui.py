@@ -102,7 +102,6 @@ def _sales_after(stack: Stack, campaign_id: int) -> int:
 
     from campaigns.models import WhatsappMessage
     from crm.models import Sale, Store
-
     from flows.models import Flow
 
     store = Store.objects.filter(organization_id=stack.ids["organization"]).first()
