@@ -47,7 +47,7 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
-from crm import bulk
+from crm import bulk, hooks
 from crm.cli import number
 
 ACTIVE_DAYS = 365
@@ -238,6 +238,8 @@ def segments_snapshot(*, organization_id: int, day: date) -> dict[str, int]:
         )
         if later is not None:
             _movement_store(cursor, organization_id=organization_id, day=later)
+        else:  # the newest snapshot: who entered a segment since the one before acts now (flows)
+            _entered_announce(organization_id=organization_id, day=day)
     bulk.analyze_if_grown(CustomerSegment, inserted)  # today's audience queries, on today's numbers
     return segment_counts(organization_id=organization_id, day=day)
 
@@ -259,6 +261,64 @@ def _movement_store(cursor: Any, *, organization_id: int, day: date) -> None:
     }
     cursor.execute(_DELETE_DAY_SQL.format(table=tables["movement"]), params)
     cursor.execute((_FIRST_MOVEMENT_SQL if previous is None else _MOVEMENT_SQL).format(**tables), params)
+
+
+# The customers of the snapshot `day` whose segment is not the one they had in the snapshot before,
+# after `after` (keyset pages over the (organization, day, customer) key).
+_ENTERED_SQL = """
+SELECT c.customer_id, c.segment FROM {segment} c
+LEFT JOIN {segment} p
+  ON p.organization_id = c.organization_id AND p.day = %(previous)s AND p.customer_id = c.customer_id
+WHERE c.organization_id = %(org)s AND c.day = %(day)s AND c.customer_id > %(after)s
+  AND p.segment IS DISTINCT FROM c.segment
+ORDER BY c.customer_id LIMIT %(page)s
+"""
+ENTERED_PAGE = 5_000
+
+
+def _entered_announce(*, organization_id: int, day: date) -> int:
+    """Tell the customer-events consumers (flows' `segment_entered`) who entered a segment in the
+    snapshot `day`, a page at a time inside the snapshot's transaction; returns how many. The first
+    snapshot of an organization announces nobody (nobody moved: everyone is new to the snapshots). The
+    event's key names the day and the segment, so a snapshot taken again enrolls nobody twice."""
+    from campaigns.models import CustomerSegment
+
+    previous = (
+        CustomerSegment.objects.filter(organization_id=organization_id, day__lt=day)
+        .aggregate(d=Max("day"))
+        .get("d")
+    )
+    if previous is None:
+        return 0
+    params: dict[str, Any] = {
+        "org": organization_id,
+        "day": connection.ops.adapt_datefield_value(day),
+        "previous": connection.ops.adapt_datefield_value(previous),
+        "after": 0,
+        "page": ENTERED_PAGE,
+    }
+    sql, at, announced = _ENTERED_SQL.format(**_tables()), timezone.now(), 0
+    while True:
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            rows = cursor.fetchall()
+        if not rows:
+            return announced
+        hooks.customer_events(
+            [
+                hooks.CustomerEvent(
+                    "segment_entered",
+                    organization_id,
+                    customer_id,
+                    at,
+                    key=f"{day}:{segment}",
+                    data={"segment": segment},
+                )
+                for customer_id, segment in rows
+            ]
+        )
+        announced += len(rows)
+        params["after"] = rows[-1][0]
 
 
 def segments_prune(*, organization_id: int, keep_days: int | None = None) -> int:
