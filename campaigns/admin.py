@@ -42,6 +42,7 @@ from campaigns.models import (
 )
 from crm import tenancy
 from crm.admin_columns import short_datetime
+from crm.admin_lists import CheckedChangeList
 from crm.cli import number
 from crm.models import Organization
 from crm.money import format_cost, format_money
@@ -861,7 +862,7 @@ class CappedCountPaginator(Paginator):
         return not self.estimated and self.count > self.cap
 
 
-class BigTableChangeList(ChangeList):
+class BigTableChangeList(CheckedChangeList):
     """The search bar shows no "N results" when N is an estimate or the cap: the paginator says which."""
 
     def get_results(self, request: HttpRequest) -> None:

@@ -12,11 +12,12 @@ class CrmConfig(AppConfig):
         from django.core import checks as django_checks
         from django.db.models.signals import post_delete, post_save
 
-        from crm import checks, hooks, inbox, recovery
+        from crm import admin_thirdparty, checks, hooks, inbox, recovery
         from crm import services as crm_services
         from crm.models import Customer, Membership, Organization, Sale
 
         django_checks.register(checks.check_public_url, django_checks.Tags.security)
+        admin_thirdparty.register()  # after the admin's autodiscovery registered them
         recovery.register("inbox")(inbox.stranded)
 
         saved, deleted = crm_services.membership_saved, crm_services.membership_deleted

@@ -32,6 +32,7 @@ from django.urls import URLPattern, URLResolver
 from django.utils.translation import gettext_lazy as _
 
 from crm import intake
+from crm.admin_lists import CheckedLists
 from crm.models import Membership
 from crm.ptbr import gender_agree
 
@@ -263,7 +264,7 @@ class TenantFormMixin:
         return self.tenant_field is None or self.tenant_field not in checked
 
 
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(CheckedLists):
     """The base of every ModelAdmin: rows, objects, choices, filters, autocomplete, search and
     actions limited to the user's organizations; permissions from the membership role."""
 

@@ -7,6 +7,8 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.test import Client
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.django_db
 
@@ -52,3 +54,52 @@ def test_a_success_clears_the_count():
     assert [_login(name, "wrong", "203.0.113.9") for _ in range(2)] == [200, 200]
     assert _login(name, "Senha-Certa-123", "203.0.113.9") == 302
     assert [_login(name, "wrong", "203.0.113.9") for _ in range(2)] == [200, 200]  # not locked
+
+
+LOCKOUT_LISTS = ["/admin/axes/accessattempt/", "/admin/axes/accesslog/", "/admin/axes/accessfailurelog/"]
+
+
+def _superuser_client() -> Client:
+    user = get_user_model().objects.create_superuser("raiz", password="Senha-Certa-123")
+    client = Client()
+    client.force_login(user)  # axes: force_login, no authenticate
+    return client
+
+
+def test_the_lockout_lists_filter_by_a_real_address_and_refuse_one_that_is_not():
+    name = _operator()
+    assert [_login(name, "wrong", address) for address in ("203.0.113.70", "2001:db8::7")] == [200, 200]
+    client = _superuser_client()
+    for address in ("203.0.113.70", "2001:db8::7"):
+        page = client.get("/admin/axes/accessattempt/", {"ip_address": address})
+        assert page.status_code == 200 and page.context["cl"].result_count == 1
+    both = client.get("/admin/axes/accessattempt/", {"ip_address__in": "203.0.113.70,2001:db8::7"})
+    assert both.status_code == 200, (both.status_code, both.get("Location"))
+    assert both.context["cl"].result_count == 2
+    refused = client.get("/admin/axes/accessattempt/", {"ip_address": "0"})
+    assert refused.status_code == 302 and refused["Location"].endswith("?e=1")  # was a 500
+    assert client.get("/admin/axes/accessattempt/", {"ip_address__contains": "0"}).status_code == 200
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    url=st.sampled_from(LOCKOUT_LISTS),
+    lookup=st.sampled_from(
+        ["ip_address", "ip_address__exact", "ip_address__in", "ip_address__gt", "ip_address__range"]
+    ),
+    value=st.one_of(
+        st.text(max_size=40), st.sampled_from(["0", "abc", "1.2.3", "::g", "1.2.3.4,x", "999.1.1.1"])
+    ),
+)
+def test_no_address_in_a_query_string_makes_a_lockout_list_fail(url: str, lookup: str, value: str):
+    client = _lockout_client()
+    assert client.get(url, {lookup: value}).status_code < 500
+
+
+def _lockout_client() -> Client:
+    user = get_user_model().objects.filter(username="raiz").first()
+    if user is None:
+        return _superuser_client()
+    client = Client()
+    client.force_login(user)
+    return client
