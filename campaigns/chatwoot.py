@@ -1,42 +1,41 @@
-"""Mirroring sent campaign messages to the organization's Chatwoot, as a job of its own.
+"""Mirroring sent campaign messages to the organization's Chatwoot, through the conversations' push.
 
-The seed's step 11 ("syncToChatwoot, fire-and-forget"): the send only enqueues the mirror and a
-Chatwoot that is down, slow or misconfigured never touches a send, its status or the metrics.
-Each message is marked `chatwoot_mirrored_at` right after Chatwoot accepted it, so a retried job
-skips what an earlier attempt already mirrored.
+The seed's step 11 ("syncToChatwoot, fire-and-forget"): a sent message gets a copy in its
+customer's conversation (`ConversationMessage`, source "campaign", waiting for Chatwoot), written in
+one statement per batch, and messaging.chatwoot_inbound's push delivers it with the customer's own
+messages, in order per conversation. So a mirror waits in PostgreSQL, never in Redis: Chatwoot down,
+its token wrong, a worker killed or Redis flushed, the copy is delivered when Chatwoot answers again
+(the push defers itself while Chatwoot is down; saving the account with a fixed token pushes at
+once; `recover` pushes every organization with messages waiting). Chatwoot never touches a send,
+its status or the metrics. `WhatsappMessage.chatwoot_mirrored_at` is when the copy was made (the
+message is handed to the conversation once); whether Chatwoot took it is the copy's
+`chatwoot_pending`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 
-from django.core.exceptions import ObjectDoesNotExist
+from django.db import transaction
 from django.utils import timezone
 
 from campaigns import sending
 from campaigns.models import Campaign, WhatsappMessage
-from crm import jobs, queues
-from integrations.chatwoot.client import ChatwootClient
-from integrations.errors import IntegrationError
-from integrations.models import ChatwootAccount
+from integrations.models import ChatwootAccount, WhatsappNumber
+from messaging import chatwoot_inbound
+from messaging.models import ConversationMessage
 
 logger = logging.getLogger(__name__)
 
 Status = WhatsappMessage.Status
 MIRRORED_STATUSES = (Status.SENT, Status.DELIVERED, Status.READ)
+# Kept for the chatwoot_mirror jobs enqueued before the mirror went through the conversations.
 MIRROR_TASK = "campaigns.tasks.chatwoot_mirror"
-# No queue of its own (crm/queues.py is the registry): housekeeping-grade work, served last.
-MIRROR_QUEUE = queues.CHATWOOT_MIRROR
-MIRROR_CHUNK = 50
-MIRROR_ATTEMPTS = 3
-MIRROR_BACKOFF = 30  # seconds before the first retry, doubled after; module-level so tests shorten it
-# A token Chatwoot refuses is refused for every message: stop asking for the rest of the batch.
-_ACCOUNT_LEVEL_STATUSES = (401, 403)
 
 
 def chatwoot_enqueue_mirror(*, campaign_id: int, message_ids: list[int]) -> None:
-    """Enqueue one mirror job for these messages if the campaign's organization has Chatwoot enabled."""
+    """Hand these sent messages to the organization's Chatwoot if it has one enabled: each gets its
+    copy waiting in the conversation, and a push is enqueued (after commit)."""
     if not message_ids:
         return
     organization_id = (
@@ -44,18 +43,8 @@ def chatwoot_enqueue_mirror(*, campaign_id: int, message_ids: list[int]) -> None
         .values_list("organization_id", flat=True)
         .first()
     )
-    if organization_id is None:
-        return
-    ids = [int(pk) for pk in message_ids]
-    # Small jobs: each message costs up to three sequential Chatwoot calls.
-    jobs.enqueue_many(
-        MIRROR_TASK,
-        queue=MIRROR_QUEUE,
-        kwargs_list=[{"message_ids": ids[i : i + MIRROR_CHUNK]} for i in range(0, len(ids), MIRROR_CHUNK)],
-        attempts=MIRROR_ATTEMPTS,
-        backoff=MIRROR_BACKOFF,
-        organization_id=organization_id,
-    )
+    if organization_id is not None:
+        chatwoot_mirror_batch(message_ids=message_ids)
 
 
 def chatwoot_message_content(message: WhatsappMessage) -> str:
@@ -71,104 +60,59 @@ def chatwoot_message_content(message: WhatsappMessage) -> str:
     return f"{text}: {', '.join(values)}" if values else text
 
 
-def _account_of(message: WhatsappMessage) -> ChatwootAccount | None:
-    try:
-        account: ChatwootAccount = message.organization.chatwoot
-    except ObjectDoesNotExist:
-        return None
-    return account if account.enabled else None
-
-
 def chatwoot_mirror_batch(*, message_ids: list[int]) -> int:
-    """Mirror each sent, not yet mirrored message once; returns how many were mirrored. Safe to run twice.
-
-    Raises the IntegrationError of a retryable failure (RQ retries the job); a non-retryable one
-    is logged and the message left unmirrored.
-    """
-    messages = list(
-        WhatsappMessage.objects.filter(
-            id__in=message_ids, status__in=MIRRORED_STATUSES, chatwoot_mirrored_at__isnull=True
+    """Make the conversation copy of each sent message not handed over yet, for organizations with
+    Chatwoot enabled, and enqueue their pushes (after commit); returns how many. Safe to run twice:
+    a message is claimed once (`chatwoot_mirrored_at`), in the transaction that writes its copy."""
+    with transaction.atomic():
+        claimed = list(
+            WhatsappMessage.objects.filter(
+                id__in=message_ids,
+                status__in=MIRRORED_STATUSES,
+                chatwoot_mirrored_at__isnull=True,
+                organization__chatwoot__enabled=True,
+            )
+            .exclude(phone="")
+            .select_for_update(skip_locked=True, of=("self",))
+            .select_related("customer", "campaign__whatsapp_number__store")
+            .order_by("id")
         )
-        .select_related("customer", "campaign__whatsapp_number__store", "organization__chatwoot")
-        .order_by("id")
-    )
-    mirrored = 0
-    clients: dict[int, ChatwootClient] = {}
-    refused: set[int] = set()  # accounts whose token Chatwoot refused in this run
-    # Per account and phone: (contact_id, conversation_id), so a batch asks Chatwoot once per phone.
-    threads: dict[tuple[int, str], tuple[int, int]] = {}
-    with contextlib.ExitStack() as stack:
-        for message in messages:
-            account = _account_of(message)
-            if account is None or account.pk in refused:
-                continue
-            log_extra = {"organization_id": message.organization_id, "campaign_id": message.campaign_id}
-            if not message.phone:
-                logger.warning(
-                    "chatwoot mirror: message %s has no phone; skipped", message.pk, extra=log_extra
-                )
-                continue
-            client = clients.get(account.pk)
-            if client is None:
-                client = stack.enter_context(
-                    ChatwootClient(
-                        base_url=account.base_url,
-                        account_id=account.account_id,
-                        api_token=account.get_api_token(),  # fresh from the database, in memory only
-                    )
-                )
-                clients[account.pk] = client
-            try:
-                _mirror_one(client, account, message, threads)
-            except IntegrationError as exc:
-                if exc.retryable:
-                    raise
-                if exc.status in _ACCOUNT_LEVEL_STATUSES:
-                    refused.add(account.pk)
-                    logger.error(
-                        "chatwoot mirror: account %s refused our token (%s %s); its messages stay unmirrored",
-                        account.pk,
-                        exc,
-                        exc.details,
-                        extra=log_extra,
-                    )
-                    continue
-                logger.warning(
-                    "chatwoot mirror: message %s not mirrored: %s %s",
-                    message.pk,
-                    exc,
-                    exc.details,
-                    extra=log_extra,
-                )
-                continue
-            # Compare-and-set: a concurrent run that got there first is not counted twice.
-            mirrored += WhatsappMessage.objects.filter(
-                pk=message.pk, chatwoot_mirrored_at__isnull=True
-            ).update(chatwoot_mirrored_at=timezone.now())
-    return mirrored
+        if not claimed:
+            return 0
+        WhatsappMessage.objects.filter(id__in=[m.pk for m in claimed]).update(
+            chatwoot_mirrored_at=timezone.now()
+        )
+        ConversationMessage.objects.bulk_create(_copies(claimed))
+        for organization_id in {m.organization_id for m in claimed}:
+            chatwoot_inbound.push_enqueue(organization_id=organization_id)
+    return len(claimed)
 
 
-def _mirror_one(
-    client: ChatwootClient,
-    account: ChatwootAccount,
-    message: WhatsappMessage,
-    threads: dict[tuple[int, str], tuple[int, int]],
-) -> int:
-    """Post one message to the contact's conversation in the account's inbox; returns Chatwoot's id."""
-    key = (account.pk, message.phone)
-    if key not in threads:
-        contact_id, source_id = client.contact_find_or_create(
-            phone_e164=message.phone, name=message.customer.name, inbox_id=account.inbox_id
+def _copies(messages: list[WhatsappMessage]) -> list[ConversationMessage]:
+    """Each message as an outgoing line of its customer's conversation, from the number it was sent
+    from (the campaign's when that one is gone) and that number's store, waiting for Chatwoot."""
+    wanted = {m.whatsapp_number_id or m.campaign.whatsapp_number_id for m in messages}
+    numbers = {n.pk: n for n in WhatsappNumber.objects.filter(pk__in=wanted - {None})}
+    copies = []
+    for message in messages:
+        number = numbers.get(message.whatsapp_number_id or 0) or numbers.get(
+            message.campaign.whatsapp_number_id or 0
         )
-        conversation_id = client.conversation_find_or_create(
-            contact_id=contact_id, source_id=source_id, inbox_id=account.inbox_id
+        copies.append(
+            ConversationMessage(
+                organization_id=message.organization_id,
+                customer_id=message.customer_id,
+                whatsapp_number=number,
+                store_id=number.store_id if number is not None else None,
+                direction=ConversationMessage.Direction.OUTBOUND,
+                kind="text",
+                text=chatwoot_message_content(message),
+                campaign_id=message.campaign_id,
+                campaign_message_id=message.pk,
+                at=message.sent_at or timezone.now(),
+                status=ConversationMessage.Status.SENT,
+                source=ConversationMessage.Source.CAMPAIGN,
+                chatwoot_pending=True,
+            )
         )
-        threads[key] = (contact_id, conversation_id)
-    return client.message_create(
-        conversation_id=threads[key][1],
-        content=chatwoot_message_content(message),
-        # An API-channel inbox never forwards an outgoing message to WhatsApp; a private note is
-        # for organizations that mirror into the WhatsApp inbox's own conversations.
-        private=account.mode == ChatwootAccount.Mode.PRIVATE_NOTE,
-        content_attributes={"campaign_message_id": message.pk},
-    )
+    return copies

@@ -65,7 +65,8 @@ def whatsapp_reconcile() -> int:
 
 
 def chatwoot_mirror(message_ids: list[int]) -> int:
-    """Mirror sent messages to Chatwoot; returns how many, and never mirrors one twice."""
+    """A mirror job enqueued before mirrors went through the conversations: the messages' copies
+    made (once) and pushed; returns how many."""
     from campaigns import chatwoot  # here, so this addition stays an append to a shared file
 
     return chatwoot.chatwoot_mirror_batch(message_ids=message_ids)

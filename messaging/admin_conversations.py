@@ -78,12 +78,18 @@ class ConversationMessageAdmin(TenantAdmin):
     def changelist_view(
         self, request: HttpRequest, extra_context: dict[str, Any] | None = None
     ) -> HttpResponse:
-        waiting = chatwoot_inbound.waiting()
         visible = tenancy.organization_ids(request.user)
-        count = sum(n for org, n in waiting.items() if visible is None or org in visible)
+
+        def count(campaign: bool | None = None) -> int:
+            waiting = chatwoot_inbound.waiting(campaign=campaign)
+            return sum(n for org, n in waiting.items() if visible is None or org in visible)
+
         extra_context = {
             **(extra_context or {}),
-            "title": _("Conversation messages (%(n)s waiting for Chatwoot)") % {"n": count},
+            "title": _(
+                "Conversation messages (%(n)s waiting for Chatwoot, %(campaign)s of them campaign messages)"
+            )
+            % {"n": count(), "campaign": count(campaign=True)},
         }
         return super().changelist_view(request, extra_context)
 

@@ -1,19 +1,23 @@
 """What customers write, delivered to the organization's Chatwoot: each inbound message as an
 incoming message of the contact's conversation (the store's inbox where one is set), and each reply
-sent from here as an outgoing one, in order per organization.
+sent from here and each campaign message sent (its copy, source "campaign") as an outgoing one, in
+order per conversation.
 
 A message waits in the database (`ConversationMessage.chatwoot_pending`) until Chatwoot took it, so
 nothing depends on Redis or on Chatwoot being up: a push job per organization delivers what waits,
 oldest first; one holds the organization's advisory lock (a second one defers itself for a moment,
 so nothing committed meanwhile is left behind). Chatwoot down: the job defers without spending an
 attempt and delivers in order when it is back. Token refused: the messages wait with the error (the
-admin's "waiting for Chatwoot"), and the recovery pass pushes again every minute, so what was
-refused meanwhile is delivered once the token is fixed.
+admin's "waiting for Chatwoot"); saving the organization's Chatwoot account pushes again at once,
+and the recovery pass every minute, so what was refused meanwhile is delivered once the token is
+fixed. The contact and conversation ids found for a customer are kept (`ChatwootThread`): a
+customer's later messages cost one call each, a new contact three (contact, conversation, message).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from collections import defaultdict
 from collections.abc import Iterator
@@ -22,8 +26,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 
 from django.core.exceptions import ObjectDoesNotExist
-from django.db import connection
-from django.db.models import Count
+from django.db import connection, transaction
+from django.db.models import Count, Q
 from django.utils import timezone
 from prometheus_client.core import GaugeMetricFamily, Metric
 from redis import Redis
@@ -32,7 +36,7 @@ from crm import jobs, queues, recovery
 from integrations.chatwoot.client import ChatwootClient
 from integrations.errors import IntegrationError
 from integrations.models import ChatwootAccount
-from messaging.models import ConversationMessage
+from messaging.models import ChatwootThread, ConversationMessage
 
 logger = logging.getLogger(__name__)
 
@@ -61,23 +65,43 @@ def push_enqueue(*, organization_id: int) -> None:
     )
 
 
-def waiting(organization_id: int | None = None) -> dict[int, int]:
-    """organization id -> how many messages wait for Chatwoot (the counter the admin shows)."""
+def account_saved(sender: type, instance: ChatwootAccount, **kwargs: object) -> None:
+    """post_save of a ChatwootAccount: a fixed token or address delivers what waits at once (after
+    commit; Redis failing here never fails the save, the recovery pass pushes within a minute)."""
+    organization_id = instance.organization_id
+    if instance.enabled and waiting(organization_id):
+        transaction.on_commit(functools.partial(push_enqueue, organization_id=organization_id), robust=True)
+
+
+def waiting(organization_id: int | None = None, *, campaign: bool | None = None) -> dict[int, int]:
+    """organization id -> how many messages wait for Chatwoot (the counter the admin shows); with
+    `campaign`, only the campaign messages' copies (True) or only the others (False)."""
     rows = ConversationMessage.objects.filter(chatwoot_pending=True)
     if organization_id is not None:
         rows = rows.filter(organization_id=organization_id)
+    if campaign is not None:
+        by_campaign = Q(source=ConversationMessage.Source.CAMPAIGN)
+        rows = rows.filter(by_campaign if campaign else ~by_campaign)
     return dict(
         rows.values_list("organization_id").annotate(n=Count("id")).values_list("organization_id", "n")
     )
 
 
 def collect_waiting(connection: Redis) -> Iterator[Metric]:
-    """`crm_chatwoot_waiting`: messages waiting for Chatwoot (one count over a partial index)."""
+    """`crm_chatwoot_waiting`: messages waiting for Chatwoot, and `crm_chatwoot_mirror_waiting`: the
+    campaign messages among them (counts over the partial index of what waits)."""
+    pending = ConversationMessage.objects.filter(chatwoot_pending=True)
     family = GaugeMetricFamily(
         "crm_chatwoot_waiting", "WhatsApp conversation messages waiting to be delivered to Chatwoot."
     )
-    family.add_metric([], ConversationMessage.objects.filter(chatwoot_pending=True).count())
+    family.add_metric([], pending.count())
     yield family
+    mirror = GaugeMetricFamily(
+        "crm_chatwoot_mirror_waiting",
+        "Of those, the campaign messages sent whose copy waits to be mirrored to Chatwoot.",
+    )
+    mirror.add_metric([], pending.filter(source=ConversationMessage.Source.CAMPAIGN).count())
+    yield mirror
 
 
 @contextlib.contextmanager
@@ -137,24 +161,31 @@ def _pending(organization_id: int, after_id: int) -> list[ConversationMessage]:
     )
 
 
+Thread = tuple[int, int]  # Chatwoot's (contact id, conversation id) of a customer in an inbox
+
+
 @dataclass
 class _Outcome:
-    """What one conversation's delivery did: the rows delivered in order (id, Chatwoot's id), and
-    the row that stopped it with its error."""
+    """What one conversation's delivery did: the rows delivered in order (id, Chatwoot's id), the
+    row that stopped it with its error, and the Chatwoot ids found or created on the way."""
 
     delivered: list[tuple[ConversationMessage, int]] = field(default_factory=list)
     stopped: tuple[ConversationMessage, IntegrationError] | None = None
+    threads: dict[tuple[int, int], Thread] = field(default_factory=dict)
 
 
 def _conversation(
-    client: ChatwootClient, account: ChatwootAccount, rows: list[ConversationMessage]
+    client: ChatwootClient,
+    account: ChatwootAccount,
+    rows: list[ConversationMessage],
+    *,
+    known: dict[tuple[int, int], Thread],
 ) -> _Outcome:
     """Deliver one customer's rows in order, stopping at the first failure (later ones wait)."""
     outcome = _Outcome()
-    threads: dict[tuple[int, int], int] = {}
     for row in rows:
         try:
-            outcome.delivered.append((row, _deliver(client, account, row, threads)))
+            outcome.delivered.append((row, _deliver(client, account, row, known, outcome.threads)))
         except IntegrationError as exc:
             outcome.stopped = (row, exc)
             break
@@ -173,16 +204,50 @@ def _push_all(client: ChatwootClient, account: ChatwootAccount) -> int:
             for row in rows:
                 if row.customer_id not in blocked:
                     by_customer[row.customer_id].append(row)
+            known = _known_threads(account.organization_id, list(by_customer))
             outcomes = list(
-                pool.map(lambda group: _conversation(client, account, group), by_customer.values())
+                pool.map(functools.partial(_conversation, client, account, known=known), by_customer.values())
             )
             delivered += _record(outcomes)
+            _keep_threads(account.organization_id, outcomes)
             stops = [o.stopped for o in outcomes if o.stopped is not None]
             for row, exc in stops:
                 _note(row, exc)
                 blocked.add(row.customer_id)
             _raise_for(account, [exc for _, exc in stops])
     return delivered
+
+
+def _known_threads(organization_id: int, customer_ids: list[int]) -> dict[tuple[int, int], Thread]:
+    """(customer id, inbox id) -> the Chatwoot ids kept for these customers."""
+    return {
+        (customer_id, inbox_id): (contact_id, conversation_id)
+        for customer_id, inbox_id, contact_id, conversation_id in ChatwootThread.objects.filter(
+            organization_id=organization_id, customer_id__in=customer_ids
+        ).values_list("customer_id", "inbox_id", "contact_id", "conversation_id")
+    }
+
+
+def _keep_threads(organization_id: int, outcomes: list[_Outcome]) -> None:
+    """The Chatwoot ids found or created in this pass, for the customers' next messages."""
+    found = [
+        ChatwootThread(
+            organization_id=organization_id,
+            customer_id=customer_id,
+            inbox_id=inbox_id,
+            contact_id=contact_id,
+            conversation_id=conversation_id,
+        )
+        for outcome in outcomes
+        for (customer_id, inbox_id), (contact_id, conversation_id) in outcome.threads.items()
+    ]
+    if found:
+        ChatwootThread.objects.bulk_create(
+            found,
+            update_conflicts=True,
+            unique_fields=["customer", "inbox_id", "organization"],
+            update_fields=["contact_id", "conversation_id"],
+        )
 
 
 def _record(outcomes: list[_Outcome]) -> int:
@@ -239,26 +304,59 @@ def _deliver(
     client: ChatwootClient,
     account: ChatwootAccount,
     row: ConversationMessage,
-    threads: dict[tuple[int, int], int],
+    known: dict[tuple[int, int], Thread],
+    found: dict[tuple[int, int], Thread],
 ) -> int:
+    """Post the row to its customer's conversation; returns Chatwoot's message id. The conversation
+    kept from earlier costs nothing more; one Chatwoot no longer has (404) is looked up again."""
     inbox_id = (row.store.chatwoot_inbox_id if row.store is not None else None) or account.inbox_id
     key = (row.customer_id, inbox_id)
-    if key not in threads:
-        phone = row.customer.phone
-        contact_id, source_id = client.contact_find_or_create(
-            phone_e164=phone, name=row.customer.name, inbox_id=inbox_id
+    thread = found.get(key) or known.get(key)
+    if thread is not None:
+        try:
+            return _post(client, account, row, thread[1])
+        except IntegrationError as exc:
+            if exc.status != 404 or key in found:
+                raise
+    found[key] = _thread(client, row, inbox_id)
+    return _post(client, account, row, found[key][1])
+
+
+def _thread(client: ChatwootClient, row: ConversationMessage, inbox_id: int) -> Thread:
+    """The customer's contact and conversation in the inbox, found or created: a new contact is
+    created at once (a phone Chatwoot already has is then searched for) and has no conversation yet."""
+    phone = row.customer.phone
+    contact_id, source_id, created = client.contact_create_or_find(
+        phone_e164=phone, name=row.customer.name, inbox_id=inbox_id
+    )
+    source_id = source_id or phone.lstrip("+")
+    if created:
+        conversation_id = client.conversation_create(
+            contact_id=contact_id, source_id=source_id, inbox_id=inbox_id
         )
-        threads[key] = client.conversation_find_or_create(
-            contact_id=contact_id, source_id=source_id or phone.lstrip("+"), inbox_id=inbox_id
+    else:
+        conversation_id = client.conversation_find_or_create(
+            contact_id=contact_id, source_id=source_id, inbox_id=inbox_id
         )
+    return contact_id, conversation_id
+
+
+def _post(
+    client: ChatwootClient, account: ChatwootAccount, row: ConversationMessage, conversation_id: int
+) -> int:
     inbound = row.direction == row.Direction.INBOUND
+    campaign = row.source == row.Source.CAMPAIGN
+    attributes: dict[str, int] = {"crm_message_id": row.pk}  # what we posted: not an agent's reply
+    if campaign and row.campaign_message_id is not None:
+        attributes["campaign_message_id"] = row.campaign_message_id
     return client.message_create(
-        conversation_id=threads[key],
+        conversation_id=conversation_id,
         content=chatwoot_content(row),
-        private=False,
+        # A campaign's copy is a private note for organizations that mirror into the WhatsApp
+        # inbox's own conversations (an API-channel inbox never forwards an outgoing message).
+        private=campaign and account.mode == ChatwootAccount.Mode.PRIVATE_NOTE,
         message_type="incoming" if inbound else "outgoing",
-        # Marks what we posted: its message_created webhook is not an agent's reply.
-        content_attributes={"crm_message_id": row.pk},
+        content_attributes=attributes,
     )
 
 

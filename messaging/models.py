@@ -97,7 +97,9 @@ class ConversationSettings(models.Model):
 
 class ConversationMessage(models.Model):
     """One WhatsApp message of a conversation between a business number and a customer: what the
-    customer sent (inbound, every type, once per wamid) and the free-form replies sent back."""
+    customer sent (inbound, every type, once per wamid), the free-form replies sent back, and the
+    copy of each campaign message sent to an organization with Chatwoot (source "campaign", sent
+    by campaigns: it only waits for Chatwoot, in order with the rest of the conversation)."""
 
     class Direction(models.TextChoices):
         INBOUND = "in", _("from the customer")
@@ -117,6 +119,7 @@ class ConversationMessage(models.Model):
         MANAGER = "manager", _("a manager on the customer's page")
         CONFIRMATION = "confirmation", _("an opt-out or resume confirmation")
         FLOW = "flow", _("a flow")
+        CAMPAIGN = "campaign", _("a campaign")
 
     organization = models.ForeignKey(
         Organization,
@@ -218,3 +221,30 @@ class ConversationMessage(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_direction_display()} {self.kind} {self.at:%Y-%m-%d %H:%M}"
+
+
+class ChatwootThread(models.Model):
+    """Where a customer's messages go in Chatwoot, per inbox: the contact and conversation ids found
+    or created once, so each later message costs one call (messaging.chatwoot_inbound)."""
+
+    organization = models.ForeignKey(
+        Organization, on_delete=models.CASCADE, related_name="+", verbose_name=_("organization")
+    )
+    inbox_id = models.PositiveIntegerField(_("Chatwoot inbox id"))
+    customer = models.ForeignKey(
+        "crm.Customer", on_delete=models.CASCADE, related_name="+", verbose_name=_("customer"), db_index=False
+    )
+    contact_id = models.BigIntegerField(_("Chatwoot contact id"))
+    conversation_id = models.BigIntegerField(_("Chatwoot conversation id"))
+
+    class Meta:
+        verbose_name = _("Chatwoot conversation")
+        verbose_name_plural = _("Chatwoot conversations")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["customer", "inbox_id", "organization"], name="chatwoot_thread_once"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.customer_id} @ {self.inbox_id}: {self.conversation_id}"

@@ -1,6 +1,6 @@
 """Chatwoot application API (v1) client: plain values in, plain values out.
 
-Only what mirroring a campaign message needs: find or create a contact, find or create its
+Only what delivering a conversation needs: find or create a contact, find or create its
 conversation in one inbox, and post a message to it. Every failure is an IntegrationError
 classified by integrations.retry: retryable for timeouts, network errors, 408/425/429 and 5xx
 (with the answer's Retry-After); not for any other 4xx or a URL that can never work. A POST that
@@ -103,6 +103,18 @@ class ChatwootClient:
         found = self._search(phone_e164, inbox_id)
         if found is not None:
             return found
+        # Another worker may create it between our search and our POST: the POST then finds it.
+        contact_id, source_id, _ = self.contact_create_or_find(
+            phone_e164=phone_e164, name=name, inbox_id=inbox_id
+        )
+        return contact_id, source_id
+
+    def contact_create_or_find(
+        self, *, phone_e164: str, name: str, inbox_id: int
+    ) -> tuple[int, str | None, bool]:
+        """(contact_id, source_id, created): the contact created in `inbox_id`, or, when Chatwoot
+        says the phone is taken (422), the one with exactly this phone. For a caller that keeps the
+        ids it found: a new contact costs one call instead of a search and a creation."""
         try:
             body = self._request(
                 "POST",
@@ -110,14 +122,22 @@ class ChatwootClient:
                 json={"inbox_id": inbox_id, "name": name or phone_e164, "phone_number": phone_e164},
             )
         except IntegrationError as exc:
-            # Another worker created it between our search and our POST ("phone number has
-            # already been taken"): the search now finds it.
             if exc.status == 422:
                 found = self._search(phone_e164, inbox_id)
                 if found is not None:
-                    return found
+                    return (*found, False)
             raise
-        return parse_contact_create(body, inbox_id)
+        return (*parse_contact_create(body, inbox_id), True)
+
+    def conversation_create(self, *, contact_id: int, source_id: str | None, inbox_id: int) -> int:
+        """The id of a new conversation of the contact in `inbox_id`."""
+        data: dict[str, Any] = {"inbox_id": inbox_id, "contact_id": contact_id}
+        if source_id:
+            data["source_id"] = source_id
+        created = self._request("POST", "/conversations", json=data)
+        if not isinstance(created, dict) or "id" not in created:
+            raise IntegrationError("Chatwoot: unexpected answer to a conversation creation", retryable=False)
+        return int(created["id"])
 
     def conversation_find_or_create(self, *, contact_id: int, source_id: str | None, inbox_id: int) -> int:
         """The id of the contact's conversation in `inbox_id` (open or pending first), created if none."""
@@ -130,13 +150,7 @@ class ChatwootClient:
         if conversations:
             active = [c for c in conversations if c.get("status") in _ACTIVE_STATUSES]
             return int(max(active or conversations, key=lambda c: int(c["id"]))["id"])
-        data: dict[str, Any] = {"inbox_id": inbox_id, "contact_id": contact_id}
-        if source_id:
-            data["source_id"] = source_id
-        created = self._request("POST", "/conversations", json=data)
-        if not isinstance(created, dict) or "id" not in created:
-            raise IntegrationError("Chatwoot: unexpected answer to a conversation creation", retryable=False)
-        return int(created["id"])
+        return self.conversation_create(contact_id=contact_id, source_id=source_id, inbox_id=inbox_id)
 
     def message_create(
         self,

@@ -5,21 +5,23 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Iterator
+from datetime import timedelta
 
 import httpx
 import pytest
 from django.db import connection
-from rq.job import Job
-from rq.serializers import JSONSerializer
+from django.utils import timezone
 
 from campaigns import chatwoot, services, tasks
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
-from crm import jobs
+from crm import recovery
 from integrations.chatwoot.client import ChatwootClient, parse_contact_create
 from integrations.chatwoot.sandbox import ChatwootSandbox
 from integrations.errors import IntegrationError
 from integrations.models import ChatwootAccount
-from tests.conftest import redis_keys_holding
+from messaging import chatwoot_inbound
+from messaging.models import ChatwootThread, ConversationMessage
+from tests.conftest import redis_keys_holding, wait_for
 
 S = WhatsappMessage.Status
 ACCOUNT_ID = 7
@@ -38,12 +40,6 @@ def cw() -> Iterator[ChatwootSandbox]:
 def client(cw) -> Iterator[ChatwootClient]:
     with ChatwootClient(base_url=cw.url, account_id=ACCOUNT_ID, api_token=CW_TOKEN) as c:
         yield c
-
-
-@pytest.fixture
-def fast_retries(monkeypatch) -> None:
-    # 30 s, 60 s in production; 1 s, 2 s here so a failing mirror reaches the failed registry quickly.
-    monkeypatch.setattr(chatwoot, "MIRROR_BACKOFF", 1)
 
 
 def _account(org, cw: ChatwootSandbox, *, mode: str = "api_inbox", token: str = CW_TOKEN, **fields):
@@ -73,11 +69,27 @@ def _send_state(campaign: Campaign) -> tuple:
     return messages, metric, Campaign.objects.get(pk=campaign.pk).status
 
 
-def _mirror_jobs(redis) -> list[Job]:
-    """Every chatwoot_mirror job Redis still knows of (queued, scheduled, finished or failed)."""
-    ids = [k.decode().removeprefix("rq:job:") for k in redis.scan_iter("rq:job:*")]
-    found = Job.fetch_many(ids, connection=redis, serializer=JSONSerializer)
-    return [j for j in found if j is not None and j.func_name == chatwoot.MIRROR_TASK]
+def _copies(campaign: Campaign):
+    return ConversationMessage.objects.filter(campaign_id=campaign.pk, source="campaign")
+
+
+def _waiting(org) -> int:
+    return chatwoot_inbound.waiting(org.pk, campaign=True).get(org.pk, 0)
+
+
+def _mirrored(cw: ChatwootSandbox) -> list[int]:
+    return sorted(m["content_attributes"]["campaign_message_id"] for m in cw.messages())
+
+
+def _sent_ids(campaign: Campaign) -> list[int]:
+    return sorted(
+        WhatsappMessage.objects.filter(campaign=campaign, status=S.SENT).values_list("id", flat=True)
+    )
+
+
+def _long_ago() -> None:
+    """What waits, as the recovery pass sees it a minute later."""
+    ConversationMessage.objects.update(created_at=timezone.now() - timedelta(minutes=1))
 
 
 # -- end to end -------------------------------------------------------------------------------------
@@ -95,7 +107,7 @@ def test_every_sent_message_is_mirrored_once_to_its_contacts_conversation(
 
     mirrored = cw.messages()
     assert len(mirrored) == 4
-    assert sorted(m["content_attributes"]["campaign_message_id"] for m in mirrored) == [m.pk for m in sent]
+    assert _mirrored(cw) == [m.pk for m in sent]
     assert {m["private"] for m in mirrored} == {private}
     assert {m["message_type"] for m in mirrored} == {1}  # outgoing
     contacts = cw.contacts()
@@ -109,7 +121,15 @@ def test_every_sent_message_is_mirrored_once_to_its_contacts_conversation(
     assert WhatsappMessage.objects.filter(campaign=campaign, chatwoot_mirrored_at__isnull=False).count() == 4
     skipped = WhatsappMessage.objects.get(customer=nameless)
     assert skipped.status == S.SKIPPED and skipped.chatwoot_mirrored_at is None
-    assert len(_mirror_jobs(redis_db)) == 1  # one job for the one batch, never one per message
+    # Each sent message is a line of its customer's conversation, delivered, and kept out of Redis.
+    copies = _copies(campaign)
+    assert sorted(copies.values_list("campaign_message_id", flat=True)) == [m.pk for m in sent]
+    assert not copies.filter(chatwoot_pending=True).exists() and _waiting(wa["org"]) == 0
+    assert {(c.direction, c.customer_id) for c in copies} == {("out", m.customer_id) for m in sent}
+    assert redis_db.zcard("rq:failed:chatwoot-inbound") == 0
+    # A new contact costs 3 calls (contact, conversation, message); its ids are kept for the next.
+    assert len(cw.requests()) == 4 * 3
+    assert ChatwootThread.objects.filter(organization=wa["org"]).count() == 4
 
 
 def test_running_the_mirror_again_mirrors_nothing_twice(wa, cw, run_jobs):
@@ -119,46 +139,40 @@ def test_running_the_mirror_again_mirrors_nothing_twice(wa, cw, run_jobs):
     assert len(cw.messages()) == 3
     asked = len(cw.requests())
 
-    assert tasks.chatwoot_mirror(ids) == 0
+    assert tasks.chatwoot_mirror(ids) == 0  # a mirror job from before the conversations' push
     chatwoot.chatwoot_enqueue_mirror(campaign_id=campaign.pk, message_ids=ids)
     run_jobs()
-    assert len(cw.messages()) == 3
+    assert len(cw.messages()) == 3 and _copies(campaign).count() == 3
     assert len(cw.requests()) == asked  # already mirrored: Chatwoot is not even asked
 
 
-def test_a_message_mirrored_before_a_retryable_failure_is_not_mirrored_again(wa, cw, run_jobs):
+def test_a_campaign_message_and_the_customers_replies_share_one_conversation_in_order(wa, cw, run_jobs):
     _account(wa["org"], cw)
-    campaign = _send(wa, run_jobs, 3, queues=["campaign-trigger", "whatsapp-send"])
-    ids = list(WhatsappMessage.objects.filter(campaign=campaign).order_by("id").values_list("id", flat=True))
-    # The first message takes 5 requests (search, contact, conversations, conversation, message);
-    # the second one's first request fails.
-    cw.fail_next(1, 503, after=5)
-    with pytest.raises(IntegrationError) as failure:
-        chatwoot.chatwoot_mirror_batch(message_ids=ids)
-    assert failure.value.retryable and failure.value.status == 503
-    assert list(
-        WhatsappMessage.objects.filter(chatwoot_mirrored_at__isnull=False).values_list("id", flat=True)
-    ) == [ids[0]]
+    campaign = _send(wa, run_jobs, 2, queues=["campaign-trigger", "whatsapp-send"])  # not pushed yet
+    customer = WhatsappMessage.objects.filter(campaign=campaign).order_by("id").first().customer
 
-    assert chatwoot.chatwoot_mirror_batch(message_ids=ids) == 2  # what RQ's retry does
-    mirrored = [m["content_attributes"]["campaign_message_id"] for m in cw.messages()]
-    assert sorted(mirrored) == ids
+    def reply(text: str) -> None:
+        ConversationMessage.objects.create(
+            organization=wa["org"], customer=customer, direction="in", text=text, chatwoot_pending=True
+        )
 
-
-def test_a_flaky_chatwoot_is_retried_by_rq_and_every_message_is_mirrored_once(
-    wa, cw, run_jobs, redis_db, fast_retries
-):
-    _account(wa["org"], cw)
-    cw.fail_next(2, 502, after=5)
-    campaign = _send(wa, run_jobs, 3)
-    assert sorted(m["content_attributes"]["campaign_message_id"] for m in cw.messages()) == sorted(
-        WhatsappMessage.objects.filter(campaign=campaign).values_list("id", flat=True)
-    )
-    assert redis_db.zcard("rq:failed:chatwoot-mirror") == 0
+    reply("quero")
+    assert chatwoot_inbound.push(organization_id=wa["org"].pk) == 3
+    reply("obrigado")
+    assert chatwoot_inbound.push(organization_id=wa["org"].pk) == 1
+    lines = [m for m in cw.messages() if m["phone"] == customer.phone]
+    assert [(m["message_type"], m["content"]) for m in lines] == [
+        (1, "[campanha Black Friday] promo_bf: Cliente0"),
+        (0, "quero"),
+        (0, "obrigado"),
+    ]
+    assert len({m["conversation_id"] for m in lines}) == 1
+    # New contacts cost 3 calls each; the kept conversation, one call per later message.
+    assert len(cw.requests()) == 2 * 3 + 1 + 1
 
 
-def test_chatwoot_down_changes_no_send_and_the_job_ends_in_the_failed_registry(
-    wa, cw, sandbox, run_jobs, redis_db, fast_retries
+def test_chatwoot_down_changes_no_send_and_the_mirror_waits_then_catches_up_in_order(
+    wa, cw, sandbox, run_jobs, redis_db
 ):
     _account(wa["org"], cw)
     cw.fail_next(10_000, 500)
@@ -169,77 +183,114 @@ def test_chatwoot_down_changes_no_send_and_the_job_ends_in_the_failed_registry(
     assert {m[1] for m in messages} == {S.SENT} and {m[2] for m in messages} == {1}
     assert (metric["queued"], metric["sent"], metric["failed"], metric["skipped"]) == (5, 5, 0, 0)
     assert len(sandbox.messages()) == 5  # Meta got each message once
-    assert not WhatsappMessage.objects.filter(chatwoot_mirrored_at__isnull=False).exists()
     assert cw.messages() == []
-    # 3 attempts (the first and 2 retries), each stopped by its first 500
-    assert [r["status"] for r in cw.requests()] == [500, 500, 500]
-    failed = [i.decode() for i in redis_db.zrange("rq:failed:chatwoot-mirror", 0, -1)]
-    assert len(failed) == 1
-    assert jobs.fetch_job(failed[0]).func_name == chatwoot.MIRROR_TASK
+    # Waiting in PostgreSQL, the error kept; the push deferred itself (no attempt spent, nothing failed).
+    assert _waiting(wa["org"]) == 5
+    assert {
+        "500" in e
+        for e in _copies(campaign).exclude(chatwoot_error="").values_list("chatwoot_error", flat=True)
+    } == {True}
+    assert redis_db.zcard("rq:failed:chatwoot-inbound") == 0
 
-    # The mirror running again later (Chatwoot back) still leaves the sends alone.
+    # Chatwoot back: everything is delivered, each once, and the sends are left alone.
     before = _send_state(campaign)
     cw.reset()
-    ids = [m[0] for m in messages]
-    assert tasks.chatwoot_mirror(ids) == 5
-    after = _send_state(campaign)
-    assert after == before
+    assert chatwoot_inbound.push(organization_id=wa["org"].pk) == 5
+    assert _mirrored(cw) == _sent_ids(campaign)
+    assert _waiting(wa["org"]) == 0
+    assert _send_state(campaign) == before
 
 
-def test_a_refused_token_is_not_retried_and_the_sends_are_untouched(
-    wa, cw, run_jobs, redis_db, fast_retries, caplog
+def test_a_refused_token_keeps_the_mirror_waiting_and_saving_the_fixed_token_sends_it(
+    wa, cw, run_jobs, redis_db, caplog
 ):
-    _account(wa["org"], cw, token="not-the-right-token")
+    account = _account(wa["org"], cw, token="not-the-right-token")
     campaign = _send(wa, run_jobs, 4)
 
     assert campaign.status == Campaign.Status.SENT
     messages, metric, _ = _send_state(campaign)
     assert {m[1] for m in messages} == {S.SENT} and metric["sent"] == 4
     assert cw.messages() == [] and cw.contacts() == []
-    # One 401 stops the batch: not asked again per message, not retried by RQ.
-    assert cw.requests() == [
-        {"method": "GET", "path": f"/api/v1/accounts/{ACCOUNT_ID}/contacts/search", "status": 401}
-    ]
-    assert redis_db.zcard("rq:failed:chatwoot-mirror") == 0
-    assert redis_db.zcard("rq:scheduled:chatwoot-mirror") == 0
-    assert [j.get_status() for j in _mirror_jobs(redis_db)] == ["finished"]
+    assert {r["status"] for r in cw.requests()} == {401}
+    assert redis_db.zcard("rq:failed:chatwoot-inbound") == 0
     assert "refused our token" in caplog.text
-    assert not WhatsappMessage.objects.filter(chatwoot_mirrored_at__isnull=False).exists()
+    assert _waiting(wa["org"]) == 4
+
+    account.set_api_token(CW_TOKEN)
+    account.save()  # pushes what waits at once
+    run_jobs(["chatwoot-inbound"], settle=0)
+    assert _mirrored(cw) == _sent_ids(campaign) and _waiting(wa["org"]) == 0
 
 
-def test_a_message_chatwoot_rejects_is_logged_and_the_others_are_mirrored(wa, cw, run_jobs, caplog):
+def test_after_a_redis_flush_recover_delivers_the_waiting_mirror(wa, cw, run_jobs, redis_db):
+    _account(wa["org"], cw)
+    cw.fail_next(10_000, 503)
+    campaign = _send(wa, run_jobs, 3)
+    assert _waiting(wa["org"]) == 3
+    redis_db.flushdb()  # the deferred push is gone with everything else
+    cw.reset()
+    _long_ago()
+    assert recovery.recover()["chatwoot-inbound"] == 1
+    run_jobs(["chatwoot-inbound"], settle=0)
+    assert _mirrored(cw) == _sent_ids(campaign) and _waiting(wa["org"]) == 0
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_mirror_loses_no_mirror(wa, run_jobs, worker_process):
+    with ChatwootSandbox(
+        accounts={ACCOUNT_ID: CW_TOKEN}, inboxes={INBOX_ID: ACCOUNT_ID}, latency_ms=50
+    ) as cw:
+        _account(wa["org"], cw)
+        campaign = _send(wa, run_jobs, 40, queues=["campaign-trigger", "whatsapp-send"])
+        assert _waiting(wa["org"]) == 40
+        workers = worker_process("--processes", "1")
+        wait_for(lambda: cw.messages(), timeout=120, what="the first mirror in Chatwoot")
+        workers.kill()  # SIGKILL mid-push
+        assert _waiting(wa["org"]) > 0
+        worker_process("--processes", "1")
+
+        def caught_up() -> bool:
+            _long_ago()
+            recovery.recover()  # the scheduler's every-minute pass
+            return _waiting(wa["org"]) == 0
+
+        wait_for(caught_up, timeout=240, interval=2, what="every mirror delivered")
+        # Each one at least once (one Chatwoot took as the worker died may be there twice).
+        assert sorted(set(_mirrored(cw))) == _sent_ids(campaign)
+
+
+def test_a_message_chatwoot_rejects_waits_with_its_error_and_the_others_are_mirrored(wa, cw, run_jobs):
     _account(wa["org"], cw)
     campaign = _send(wa, run_jobs, 3, queues=["campaign-trigger", "whatsapp-send"])
-    ids = list(WhatsappMessage.objects.filter(campaign=campaign).order_by("id").values_list("id", flat=True))
-    cw.fail_next(1, 422)  # the first message's search
-    assert chatwoot.chatwoot_mirror_batch(message_ids=ids) == 2
-    assert f"message {ids[0]} not mirrored" in caplog.text
-    assert WhatsappMessage.objects.get(pk=ids[0]).chatwoot_mirrored_at is None
+    ids = _sent_ids(campaign)
+    cw.fail_next(1, 400)  # the first conversation's contact
+    assert chatwoot_inbound.push(organization_id=wa["org"].pk) == 2
+    stuck = _copies(campaign).get(chatwoot_pending=True)
+    assert stuck.campaign_message_id == ids[0] and "400" in stuck.chatwoot_error
+    assert _mirrored(cw) == ids[1:]
 
 
 @pytest.mark.parametrize("account", ["none", "disabled"])
-def test_without_an_enabled_chatwoot_account_no_mirror_job_is_enqueued(wa, cw, run_jobs, redis_db, account):
+def test_without_an_enabled_chatwoot_account_nothing_is_mirrored(wa, cw, run_jobs, redis_db, account):
     if account == "disabled":
         _account(wa["org"], cw, enabled=False)
     campaign = _send(wa, run_jobs, 3)
     assert campaign.status == Campaign.Status.SENT
-    assert _mirror_jobs(redis_db) == []
+    assert not _copies(campaign).exists()
     assert cw.requests() == []
     # and a mirror run by hand for these messages does nothing either
     ids = list(WhatsappMessage.objects.filter(campaign=campaign).values_list("id", flat=True))
     assert tasks.chatwoot_mirror(ids) == 0 and cw.requests() == []
 
 
-def test_the_chatwoot_token_is_never_in_redis_nor_in_the_database_in_clear(
-    wa, cw, run_jobs, redis_db, fast_retries
-):
+def test_the_chatwoot_token_is_never_in_redis_nor_in_the_database_in_clear(wa, cw, run_jobs, redis_db):
     _account(wa["org"], cw)
     _send(wa, run_jobs, 3)
-    cw.fail_next(10_000, 503)  # a second campaign whose mirror fails: tracebacks stay in Redis
+    cw.fail_next(10_000, 503)  # a second campaign whose mirror waits: deferred pushes in Redis
     wa["customers"](2, start=100)
     services.campaign_start(campaign=wa["campaign"](name="Second"))
     run_jobs()
-    assert redis_db.zcard("rq:failed:chatwoot-mirror") == 1
+    assert _waiting(wa["org"]) == 2
     assert redis_keys_holding(redis_db, CW_TOKEN) == []
     with connection.cursor() as cursor:
         cursor.execute("SELECT api_token_encrypted FROM integrations_chatwootaccount")
@@ -291,6 +342,27 @@ def test_the_client_finds_what_it_created(cw, client):
     assert stored["content_attributes"] == {"campaign_message_id": 9}
     assert len(cw.contacts()) == 1 and len(cw.conversations()) == 1
     assert {r["status"] for r in cw.requests()} == {200}
+
+
+def test_the_client_creates_a_contact_first_and_finds_it_when_the_phone_is_taken(cw, client):
+    contact_id, source_id, created = client.contact_create_or_find(
+        phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID
+    )
+    assert created and source_id
+    assert client.contact_create_or_find(phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID) == (
+        contact_id,
+        source_id,
+        False,
+    )
+    conversation_id = client.conversation_create(
+        contact_id=contact_id, source_id=source_id, inbox_id=INBOX_ID
+    )
+    assert (
+        client.conversation_find_or_create(contact_id=contact_id, source_id=source_id, inbox_id=INBOX_ID)
+        == conversation_id
+    )
+    assert [r["status"] for r in cw.requests()] == [200, 422, 200, 200, 200]
+    assert len(cw.contacts()) == 1 and len(cw.conversations()) == 1
 
 
 def test_the_client_matches_the_exact_phone_and_reuses_a_contact_an_agent_created(cw, client):

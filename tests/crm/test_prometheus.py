@@ -150,6 +150,7 @@ def test_the_apps_families_follow_the_platforms_in_registration_order(client):
         ("crm_workers", "gauge"),
         ("crm_oldest_waiting_seconds", "gauge"),
         ("crm_chatwoot_waiting", "gauge"),
+        ("crm_chatwoot_mirror_waiting", "gauge"),
         ("crm_messages", "gauge"),
         ("crm_circuit_state", "gauge"),
         ("crm_runner_dlq_items", "gauge"),
