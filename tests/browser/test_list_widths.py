@@ -1,5 +1,7 @@
 """Every admin list page the demo manager reaches fits a 1366-px screen: no horizontal scroll of the
-page at 1366 x 768, each list screenshotted (var/screenshots/list-<app>-<model>.png)."""
+page at 1366 x 768, each list screenshotted (var/screenshots/list-<app>-<model>.png) — with the
+demo's rows, then with a crowded desk (`crowd`: long names and links, provider errors, amounts in the
+millions, every status, more than a page)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import pytest
 from playwright.sync_api import Page
 
 from tests.browser.conftest import MANAGER_PASSWORD, MANAGER_USERNAME, Stack, log_in, screenshot
+from tests.browser.crowd import crowd
 
 pytestmark = pytest.mark.slow
 
@@ -31,9 +34,22 @@ def test_every_list_page_fits_1366_px_for_the_demo_manager(
         )
     )
     assert len(lists) >= 10, lists
+    wide = _wide(page, lists, "list-")
+    assert not wide, "lists wider than 1366 px with the demo's rows:\n" + "\n".join(wide)
+
+    held = stack.orm.run(crowd, [tuple(path.split("/")[2:4]) for path in lists], stack.ids["organization"])
+    crowded = [label for label, n in held.items() if n > 100]
+    assert len(crowded) >= 10, held  # most lists hold more than a page of copies
+    wide = _wide(page, lists, "list-crowded-")
+    assert not wide, "lists wider than 1366 px with a crowded desk:\n" + "\n".join(wide)
+
+
+def _wide(page: Page, lists: list[str], prefix: str) -> list[str]:
+    """The lists wider than the screen, each screenshotted as `<prefix><app>-<model>`."""
     wide = []
     for path in lists:
-        page.goto(path)
+        response = page.goto(path)
+        assert response is not None and response.ok, f"{path}: {response and response.status}"
         # The page's own width, and the widest list inside it (the admin scrolls a wide table in
         # its box instead of the page).
         width = page.evaluate(
@@ -41,8 +57,13 @@ def test_every_list_page_fits_1366_px_for_the_demo_manager(
             "document.querySelectorAll('#changelist .results, #result_list'), e => "
             "e.getBoundingClientRect().left + e.scrollWidth))"
         )
-        name = "list-" + "-".join(part for part in path.split("/")[2:4] if part)
-        screenshot(page, name)
+        screenshot(page, prefix + "-".join(part for part in path.split("/")[2:4] if part))
         if width > WIDTH:
-            wide.append(f"{path}: {width} px")
-    assert not wide, "lists wider than 1366 px:\n" + "\n".join(wide)
+            # Which columns take the room: the header cells of the list, widest first.
+            columns = page.eval_on_selector_all(
+                "#result_list thead th",
+                "cells => cells.map(c => [Array.from(c.classList).find(n => n.startsWith('column-')),"
+                " Math.round(c.getBoundingClientRect().width)]).sort((a, b) => b[1] - a[1]).slice(0, 4)",
+            )
+            wide.append(f"{path}: {width} px ({', '.join(f'{name} {px}' for name, px in columns)})")
+    return wide
