@@ -26,6 +26,7 @@ from django.utils.formats import date_format, number_format
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import mark_safe
+from django.utils.text import capfirst
 from django.utils.translation import gettext_lazy as _
 
 from campaigns import audience, caps, composer, lift_pages, segments, selectors, services
@@ -702,7 +703,7 @@ class CampaignAdmin(TenantAdmin):
     @admin.display(description=_("next occurrences"))
     def recurrence_next(self, obj: Campaign) -> str:
         """The recurrence's next runs in the organization's time zone, or why it cannot be read."""
-        from campaigns.recurrence import next_occurrences, recurrence_error
+        from campaigns.recurrence import describe, next_occurrences, recurrence_error
 
         if not obj.recurrence:
             return "—"
@@ -711,8 +712,10 @@ class CampaignAdmin(TenantAdmin):
             return problem
         zone = obj.organization.timezone
         runs = next_occurrences(obj.recurrence, zone)
+        words = describe(obj.recurrence)
         return format_html(
-            '<span id="recurrence-next">{} ({})</span>',
+            '<span id="recurrence-words">{}</span> <span id="recurrence-next">{} ({})</span>',
+            f"{capfirst(words)}:" if words else "",
             ", ".join(date_format(r, "DATETIME_FORMAT") for r in runs),
             zone,
         )

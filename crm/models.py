@@ -12,6 +12,8 @@ from django.db.models.functions import Now
 from django.utils import timezone as dj_timezone
 from django.utils.translation import gettext_lazy as _
 
+from crm.money import format_money
+
 # Revenue attribution (campaigns.attribution): a sale counts for the last campaign message the
 # customer was sent at most this many days before it.
 ATTRIBUTION_WINDOW_MAX_DAYS = 90
@@ -479,7 +481,7 @@ class Sale(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"{self.erp_id} · {self.total}"
+        return f"{self.erp_id} · {format_money(self.total)}"
 
 
 class JobRun(models.Model):

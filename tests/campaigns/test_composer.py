@@ -218,6 +218,7 @@ def test_recurrence_in_words_is_refused_with_an_example_and_shown_in_the_organiz
     campaign = Campaign.objects.get()
     page = manager.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
     assert 'id="recurrence-next"' in page and "America/Sao_Paulo" in page
+    assert '<span id="recurrence-words">Toda segunda-feira às 09:00:</span>' in page
     runs = next_occurrences("0 9 * * 1", "America/Sao_Paulo")
     assert all((r.weekday(), r.hour, r.minute) == (0, 9, 0) for r in runs)
     Campaign.objects.filter(pk=campaign.pk).update(recurrence="toda segunda 9h")
