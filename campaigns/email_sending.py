@@ -53,7 +53,7 @@ from campaigns.models import (
     EmailMessage,
 )
 from campaigns.variables import customer_variables
-from crm import bulk, ratelimit
+from crm import bulk, jobs, ratelimit
 from crm.jobs import Defer
 from crm.models import Customer, Organization
 from crm.services import organizations_pause
@@ -174,7 +174,8 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
             org.refresh_from_db(fields=["email_paused_at", "email_paused_reason"])
             if not services.batch_may_send(campaign=campaign, batch=batch):
                 return dict(counts)
-        ids = _claim(campaign_id, batch, _claim_size(per_second))
+        size = _claim_size(per_second)
+        ids = _claim(campaign_id, batch, size)
         if not ids:
             break
         chunk = _send_chunk(campaign, org, email_settings, server, compiled, store_name, ids, per_second)
@@ -187,6 +188,8 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
             raise Defer(wait, f"email provider unavailable: {chunk.transient}")
         if time.monotonic() - started > JOB_BUDGET:
             raise Defer(0, "yielding the worker; the batch continues")
+        if len(ids) == size:  # another tenant's work waiting on the queue runs before the rest
+            jobs.yield_turn(f"email batch {campaign_id}/{batch}: another tenant's work waits")
     next_retry = EmailMessage.objects.filter(
         campaign_id=campaign_id, batch=batch, status=Status.QUEUED, retry_at__isnull=False
     ).aggregate(at=Min("retry_at"))["at"]

@@ -38,7 +38,7 @@ from django.utils import timezone
 from campaigns import caps, lift, links, services
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from campaigns.variables import template_variable
-from crm import aio, bulk, ratelimit
+from crm import aio, bulk, jobs, ratelimit
 from crm.jobs import Defer
 from crm.models import Customer, OptOutSource, Store
 from crm.services import customers_opt_out, organizations_pause
@@ -103,8 +103,17 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         return {}
     paused = paused_numbers(organization_id=campaign.organization_id)
     of_paused = _of_paused(campaign, paused)
-    ids = _claim(campaign_id, batch, paused=of_paused)
-    counts = _send_claimed(campaign, batch, ids) if ids else {}
+    counts: dict[str, int] = {}
+    handled: list[int] = []
+    chunk = max(int(settings.WHATSAPP_SEND_CHUNK), 1)
+    while ids := _claim(campaign_id, batch, paused=of_paused, limit=chunk, exclude=handled):
+        handled += ids
+        for outcome, n in _send_claimed(campaign, batch, ids).items():  # raises Defer: the rest waits too
+            counts[outcome] = counts.get(outcome, 0) + n
+        if len(ids) == chunk:
+            # Another tenant's batch waiting on this queue runs now, not after this one: the job
+            # goes back to the head of its tenant's list and its next run takes the rest.
+            jobs.yield_turn(f"batch {campaign_id}/{batch}: another tenant's work waits")
     _defer_while_paused(campaign_id, batch, of_paused, paused)
     services.campaign_complete_if_done(campaign_id=campaign_id)
     return counts
@@ -130,20 +139,32 @@ def _send_claimed(campaign: Campaign, batch: int, ids: list[int]) -> dict[str, i
     return plan.counts
 
 
-def _claim(campaign_id: int, batch: int, *, paused: Q | None = None) -> list[int]:
+def _claim(
+    campaign_id: int,
+    batch: int,
+    *,
+    paused: Q | None = None,
+    limit: int | None = None,
+    exclude: list[int] | None = None,
+) -> list[int]:
+    """Claim (QUEUED -> SENDING) up to `limit` of the batch's queued messages, in id order, but
+    those in `exclude` (already handled by this run: released for a later retry)."""
     with transaction.atomic():
         queued = WhatsappMessage.objects.select_for_update(skip_locked=True).filter(
             campaign_id=campaign_id, batch=batch, status=Status.QUEUED
         )
         if paused is not None:
             queued = queued.exclude(paused)
-        ids = list(queued.values_list("id", flat=True))
+        if exclude:
+            queued = queued.exclude(id__in=exclude)
+        ids = list(queued.order_by("id").values_list("id", flat=True)[:limit])
         if ids:
             WhatsappMessage.objects.filter(id__in=ids).update(
                 status=Status.SENDING, attempts=F("attempts") + 1, sending_at=timezone.now()
             )
-            # The batch's control group would have been sent now: its purchase window starts too.
-            lift.held_out_stamp(model=WhatsappMessage, campaign_id=campaign_id, batch=batch)
+            if not exclude:
+                # The batch's control group would have been sent now: its purchase window starts too.
+                lift.held_out_stamp(model=WhatsappMessage, campaign_id=campaign_id, batch=batch)
     return ids
 
 

@@ -64,13 +64,15 @@ def wake_key(queue: str) -> str:
 
 
 # KEYS: ready, tenant list, virtual time, count, wake, weights. ARGV: tenant, job id, at_front,
-# wake cap, burst. A tenant joining the ready set starts `burst` turns before the queue's virtual
-# time: never more (an idle tenant banks nothing beyond it), so it is served at once.
+# wake cap, burst, start. A tenant joining the ready set starts `burst` turns before the queue's
+# virtual time: never more (an idle tenant banks nothing beyond it), so it is served at once; or at
+# `start` when given (a job that gave its turn: where its tenant stood).
 _PUSH = """
 if ARGV[3] == '1' then redis.call('LPUSH', KEYS[2], ARGV[2]) else redis.call('RPUSH', KEYS[2], ARGV[2]) end
 redis.call('INCR', KEYS[4])
 if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
-  local start = tonumber(redis.call('GET', KEYS[3]) or '0') - tonumber(ARGV[5])
+  local start = tonumber(ARGV[6])
+  if not start then start = tonumber(redis.call('GET', KEYS[3]) or '0') - tonumber(ARGV[5]) end
   redis.call('ZADD', KEYS[1], string.format('%.17g', start), ARGV[1])
 end
 if redis.call('LLEN', KEYS[5]) < tonumber(ARGV[4]) then redis.call('RPUSH', KEYS[5], '1') end
@@ -78,7 +80,8 @@ return 1
 """
 
 # KEYS: weights. ARGV: prefix, max stale, burst, then the queue names in priority order.
-# Returns {queue, job id, tenant} or nil. The id moves to RQ's intermediate list in this script.
+# Returns {queue, job id, tenant, the tenant's score after this turn} or nil. The id moves to RQ's
+# intermediate list in this script.
 _PICK = """
 local P = ARGV[1]
 local function stride(t)
@@ -104,10 +107,11 @@ for i = 4, #ARGV do
     if t ~= '_' then src = P .. q .. ':t:' .. t end
     local id = redis.call('LPOP', src)
     if id and t ~= '_' then redis.call('DECR', P .. q .. ':n') end
+    local after = string.format('%.17g', score + stride(t))
     if redis.call('LLEN', src) == 0 then
       redis.call('ZREM', ready, t)
     else
-      redis.call('ZADD', ready, string.format('%.17g', score + stride(t)), t)
+      redis.call('ZADD', ready, after, t)
     end
     if score > tonumber(redis.call('GET', vt) or '0') then
       redis.call('SET', vt, string.format('%.17g', score))  -- never backwards (a burst's credit)
@@ -118,7 +122,7 @@ for i = 4, #ARGV do
       local st = redis.call('HGET', 'rq:job:' .. id, 'status')
       if st == 'queued' or (not st and redis.call('EXISTS', 'rq:job:' .. id) == 1) then
         redis.call('RPUSH', plain .. ':intermediate', id)
-        return {q, id, t}
+        return {q, id, t, after}
       end
       stale = stale + 1
       if stale >= tonumber(ARGV[2]) then return nil end
@@ -146,8 +150,17 @@ def job_tenant(job: Job) -> str | None:
     return None if org is None else str(org)
 
 
-def push(connection: Any, *, queue: str, tenant: str, job_id: str, at_front: bool = False) -> None:
-    """Put a job id at the tail (or head) of its tenant's list on `queue` (a pipeline works too)."""
+def push(
+    connection: Any,
+    *,
+    queue: str,
+    tenant: str,
+    job_id: str,
+    at_front: bool = False,
+    start: float | None = None,
+) -> None:
+    """Put a job id at the tail (or head) of its tenant's list on `queue` (a pipeline works too); a
+    tenant that had nothing waiting joins BURST turns before the queue's time, or at `start`."""
     script = _script(connection, _PUSH)
     script(
         keys=[
@@ -158,26 +171,68 @@ def push(connection: Any, *, queue: str, tenant: str, job_id: str, at_front: boo
             wake_key(queue),
             WEIGHTS,
         ],
-        args=[tenant, job_id, "1" if at_front else "0", WAKE_CAP, BURST],
+        args=[
+            tenant,
+            job_id,
+            "1" if at_front else "0",
+            WAKE_CAP,
+            BURST,
+            "" if start is None else repr(start),
+        ],
         client=connection,
     )
 
 
-def pick(connection: Redis, queue_names: Sequence[str]) -> tuple[str, str, str] | None:
-    """The next job of these queues (priority order), tenants in turn: (queue, job id, tenant),
-    already moved to the queue's intermediate list; None when every queue is empty."""
+def pick(connection: Redis, queue_names: Sequence[str]) -> tuple[str, str, str, float] | None:
+    """The next job of these queues (priority order), tenants in turn: (queue, job id, tenant, the
+    tenant's score after this turn), already moved to the queue's intermediate list; None when
+    every queue is empty."""
     result = _script(connection, _PICK)(
         keys=[WEIGHTS], args=[PREFIX, MAX_STALE, BURST, *queue_names], client=connection
     )
     if not result:
         return None
-    queue, job_id, tenant = (as_text(x) for x in result)
-    return queue, job_id, tenant
+    queue, job_id, tenant, after = (as_text(x) for x in result)
+    return queue, job_id, tenant, float(after)
+
+
+def turn_score(job: Job) -> float | None:
+    """The score of the job's tenant after the turn that picked this job (None: not picked by
+    `pick`, e.g. outside a worker): where the tenant stands while it has nothing else waiting."""
+    score = getattr(job, "_fair_turn_score", None)
+    return None if score is None else float(score)
 
 
 def wait_for_work(connection: Redis, queue_names: Sequence[str], timeout: int) -> bool:
     """Block up to `timeout` s until a producer signals work on one of these queues."""
     return connection.blpop([wake_key(q) for q in queue_names], timeout) is not None
+
+
+# KEYS: ready, virtual time, RQ's list. ARGV: tenant, burst, its score after its last turn. 1 when
+# the next pick would serve another tenant before `tenant` (at its score in the ready set, or
+# where a job it gives back rejoins when it has nothing else waiting: `push_yielded`); the plain
+# list joins at its pick's credit.
+_AHEAD = """
+local vt = tonumber(redis.call('GET', KEYS[2]) or '0')
+local own = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or ARGV[3])
+if not own then own = vt end
+local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+if #head > 0 and head[1] ~= ARGV[1] and tonumber(head[2]) < own then return 1 end
+if ARGV[1] ~= '_' and not redis.call('ZSCORE', KEYS[1], '_') and redis.call('LLEN', KEYS[3]) > 0
+   and vt - tonumber(ARGV[2]) < own then
+  return 1
+end
+return 0
+"""
+
+
+def others_ahead(connection: Redis, queue: str, tenant: str, score: float | None = None) -> bool:
+    """Whether another tenant's work waiting on `queue` would be picked before `tenant`'s next job
+    (`score`: the tenant's after its last turn, `turn_score`), one script, O(log tenants): a long
+    job of `tenant` gives its turn then (crm.jobs.yield_turn)."""
+    keys = [ready_key(queue), f"{PREFIX}{queue}:vt", f"rq:queue:{queue}"]
+    args = [tenant, BURST, "" if score is None else repr(score)]
+    return bool(_script(connection, _AHEAD)(keys=keys, args=args, client=connection))
 
 
 def set_weight(connection: Redis, organization_id: int, weight: int) -> None:
@@ -262,6 +317,21 @@ class FairQueue(DjangoRQ):
         else:
             push(pipeline, queue=self.name, tenant=tenant, job_id=job.id, at_front=at_front)
 
+    def push_yielded(self, job: Job, pipeline: Any) -> None:
+        """Queue a job that gave its turn (crm.jobs.Yield) again at the head of its tenant's list;
+        a tenant with nothing else waiting rejoins where its turn left it (no newly-ready credit:
+        the tenants it yielded to go first). In `pipeline`."""
+        self._prepare_for_queue(job)
+        self._persist_job(job, pipeline)
+        tenant = job_tenant(job) if queues.is_fair(self.name) else None
+        if tenant is None:
+            self.push_job(job, pipeline, at_front=True)
+        else:
+            start = turn_score(job)
+            if start is None:  # not taken by `pick`: at the queue's time, no credit
+                start = float(self.connection.get(f"{PREFIX}{self.name}:vt") or 0)
+            push(pipeline, queue=self.name, tenant=tenant, job_id=job.id, at_front=True, start=start)
+
     def _enqueue_async_job(
         self, job: Job, pipeline: Any = None, at_front: bool = False, unique: bool = False
     ) -> Job:
@@ -326,7 +396,7 @@ class FairQueue(DjangoRQ):
                 if left <= 0 or not wait_for_work(connection, list(by_name), max(int(left + 0.999), 1)):
                     raise DequeueTimeout(timeout, list(by_name))
                 continue
-            name, job_id, _tenant = picked
+            name, job_id, _tenant, score = picked
             queue = by_name[name]
             try:
                 job = queue.job_class.fetch(job_id, connection=connection, serializer=queue.serializer)
@@ -338,6 +408,7 @@ class FairQueue(DjangoRQ):
                 # error, so the worker fails that job (crm.worker) instead of dying of it.
                 exc.job_id, exc.queue = job_id, queue  # type: ignore[attr-defined]
                 raise
+            job._fair_turn_score = score  # type: ignore[attr-defined]  # turn_score, yield_turn
             return job, queue
 
 

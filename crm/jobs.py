@@ -20,7 +20,7 @@ from typing import Any
 import django_rq
 from django.db import transaction
 from redis import Redis
-from rq import Queue, Retry
+from rq import Queue, Retry, get_current_job
 from rq.exceptions import DuplicateJobError, NoSuchJobError
 from rq.job import Callback, Job
 from rq.results import Result
@@ -66,6 +66,27 @@ class Defer(Exception):
         self.seconds = max(float(seconds), 0.0)
         self.reason = reason
         self.at_front = at_front
+
+
+class Yield(Defer):
+    """Raised by `yield_turn`: the job goes back at once to the head of its tenant's list on its
+    fair queue, its attempts untouched, and the next tenant in turn runs before it resumes."""
+
+    def __init__(self, reason: str = "") -> None:
+        super().__init__(0, reason or "gives its turn to another tenant", at_front=True)
+
+
+def yield_turn(reason: str = "") -> None:
+    """Between the chunks of a long job on a fair queue (a send batch): raise Yield when another
+    tenant's work waiting on the job's queue would be served before this tenant's next job, so its
+    turn comes now instead of after the whole job; the job must resume from where it stopped when
+    it runs again. Returns otherwise, and outside a worker."""
+    job = get_current_job()
+    if job is None or not queues.is_fair(job.origin):
+        return
+    tenant = fairshare.job_tenant(job) or fairshare.PLAIN
+    if fairshare.others_ahead(job.connection, job.origin, tenant, fairshare.turn_score(job)):
+        raise Yield(reason)
 
 
 def check_payload(value: Any, path: str = "kwargs") -> None:

@@ -249,6 +249,9 @@ WHATSAPP_PRICING_URL = env.str("WHATSAPP_PRICING_URL", default="")
 # pace, campaigns.services.batch_shares), and HTTP requests one worker process keeps in flight.
 WHATSAPP_BATCH_SIZE = env.int("WHATSAPP_BATCH_SIZE", default=500)
 WHATSAPP_MAX_IN_FLIGHT = env.int("WHATSAPP_MAX_IN_FLIGHT", default=500)
+# A send job claims and sends its batch this many messages at a time; between two chunks it gives
+# its turn to another tenant's work waiting on the queue (crm.jobs.yield_turn, docs/fair-share.md).
+WHATSAPP_SEND_CHUNK = env.int("WHATSAPP_SEND_CHUNK", default=100)
 # A send job books each number's pacing slots this many seconds ahead at most; the rest of that
 # number's messages wait for the job's next run, so a slow number never keeps a worker asleep.
 WHATSAPP_PACE_WINDOW = env.float("WHATSAPP_PACE_WINDOW", default=10.0)

@@ -44,7 +44,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from crm import prometheus, promote
 from crm.fairshare import FairQueue
-from crm.jobs import Defer
+from crm.jobs import Defer, Yield
 
 logger = logging.getLogger("crm.jobs")
 
@@ -261,6 +261,17 @@ class Worker(SimpleWorker):
         self, job: Job, queue: Queue, started_job_registry: Any = None, exc_string: str = ""
     ) -> None:
         exc = sys.exc_info()[1]  # called from inside perform_job's except block
+        if isinstance(exc, Yield) and self._stopped_job_id != job.id:
+            # Back at the head of its tenant's list now (no scheduled registry, no promotion
+            # delay): the tenants after it in turn run first, then it resumes.
+            with self.connection.pipeline() as pipeline:
+                self.cleanup_execution(job, pipeline=pipeline)
+                job.meta["yields"] = int(job.meta.get("yields", 0)) + 1
+                assert isinstance(queue, FairQueue)
+                queue.push_yielded(job, pipeline)
+                pipeline.execute()
+            job._status = JobStatus.QUEUED
+            return
         if isinstance(exc, Defer) and self._stopped_job_id != job.id:
             when = now() + timedelta(seconds=exc.seconds)
             with self.connection.pipeline() as pipeline:

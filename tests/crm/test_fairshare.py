@@ -87,7 +87,7 @@ def test_a_job_taken_by_a_worker_that_died_before_starting_it_runs_once_without_
     _flood(1, 1)
     picked = fairshare.pick(redis_db, [QUEUE])  # the turn taken; the worker dies here
     assert picked is not None
-    _queue, job_id, tenant = picked
+    _queue, job_id, tenant, _score = picked
     assert tenant == "1"
     assert redis_db.lrange(f"rq:queue:{QUEUE}:intermediate", 0, -1) == [job_id.encode()]
     assert fairshare.pick(redis_db, [QUEUE]) is None  # nobody else takes it meanwhile
