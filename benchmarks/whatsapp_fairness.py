@@ -10,7 +10,10 @@ number of its own, no pacing, on the same `--processes` worker processes (`manag
 measured `--repeat` times alone (after a warm-up campaign of B), then as often one after the
 other once A's campaign has sent `--a-head` of its messages (so A's send batches fill the
 whatsapp-send queue). Prints B beside A over B alone (medians; target, issue 28: at most 2x) and
-how many of A's messages were sent while B sent its own. Both tenants' campaigns are deleted at
+how many of A's messages were sent while B sent its own. Before B's runs beside A, A's sends/s
+alone are measured over `--window` messages with its batches sent whole (as before the chunks)
+and in chunks of `--chunk` (WHATSAPP_SEND_CHUNK), alternately `--throughput-rounds` times, on
+fresh workers each (target: chunks at least 0.9x whole batches). Both tenants' campaigns are deleted at
 the end (A's remaining batches find nothing to send). Keeps the `bench-<n>` organizations between
 runs (benchmarks/whatsapp_campaign.py's world); flushes the Redis database.
 """
@@ -33,6 +36,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "crm.settings")
 import django  # noqa: E402
 
 django.setup()
+
+from django.conf import settings  # noqa: E402
 
 from benchmarks.common import ensure_database  # noqa: E402
 from benchmarks.whatsapp_campaign import PHONE_NUMBER_ID, TOKEN, _delete_campaigns, ensure_world  # noqa: E402
@@ -88,14 +93,60 @@ def until_sent(c: Campaign, timeout: float = 1800) -> float:
     raise SystemExit(f"{c.name} not sent within {timeout:.0f} s")
 
 
-def workers(processes: int) -> subprocess.Popen:
+def workers(processes: int, chunk: int) -> subprocess.Popen:
     argv = [sys.executable, str(ROOT / "manage.py"), "workers", "--processes", str(processes)]
     argv += ["--queues", "campaign-trigger,whatsapp-send", "--no-recover"]
-    env = {**os.environ, "LOG_LEVEL": "WARNING"}
+    env = {**os.environ, "LOG_LEVEL": "WARNING", "WHATSAPP_SEND_CHUNK": str(chunk)}
     pool = subprocess.Popen(
         argv, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
     )
     time.sleep(3)  # workers up
+    return pool
+
+
+def stop(pool: subprocess.Popen) -> None:
+    os.killpg(pool.pid, signal.SIGTERM)  # warm shutdown: the jobs under way end first
+    pool.wait(timeout=120)
+
+
+def sends_per_second(c: Campaign, window: int, timeout: float = 600) -> float:
+    """A's sends/s over its next `window` messages (after 500 to warm the workers up)."""
+    warm = sent(c) + 500
+    started = time.monotonic()
+    while sent(c) < warm and time.monotonic() - started < timeout:
+        time.sleep(0.1)
+    n0, t0 = sent(c), time.monotonic()
+    while (n := sent(c)) < n0 + window:
+        if time.monotonic() - t0 > timeout:
+            raise SystemExit(f"A's campaign sent {n - n0} in {timeout:.0f} s: stuck?")
+        time.sleep(0.1)
+    return (n - n0) / (time.monotonic() - t0)
+
+
+def throughput(big: Campaign, args: argparse.Namespace) -> subprocess.Popen:
+    """A alone: sends/s with a batch sent whole (as before the chunks) and in chunks of
+    `--chunk`, alternately; returns the pool running with `--chunk`."""
+    batch = int(settings.WHATSAPP_BATCH_SIZE)
+    rates: dict[int, list[float]] = {batch: [], args.chunk: []}
+    pool = None
+    for chunk in [batch, args.chunk] * args.throughput_rounds:
+        pool = workers(args.processes, chunk)
+        rate = sends_per_second(big, args.window)
+        rates[chunk].append(rate)
+        print(
+            f"  A alone, {'whole batch' if chunk == batch else f'chunks of {chunk}'}: {rate:,.0f} sends/s "
+            f"(load {os.getloadavg()[0]:.1f})",
+            flush=True,
+        )
+        if chunk != args.chunk or len(rates[chunk]) < args.throughput_rounds:
+            stop(pool)
+    before, after = statistics.median(rates[batch]), statistics.median(rates[args.chunk])
+    print(
+        f"A alone: whole batches {before:,.0f} sends/s, chunks of {args.chunk} {after:,.0f} sends/s: "
+        f"{after / before:.2f}x (target >= 0.9x: {'met' if after >= 0.9 * before else 'NOT met'})",
+        flush=True,
+    )
+    assert pool is not None
     return pool
 
 
@@ -109,6 +160,13 @@ def main() -> None:
     parser.add_argument("--latency", type=int, default=50)
     parser.add_argument("--processes", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3, help="B's campaigns alone, then beside A")
+    parser.add_argument(
+        "--chunk", type=int, default=int(settings.WHATSAPP_SEND_CHUNK), help="WHATSAPP_SEND_CHUNK"
+    )
+    parser.add_argument("--window", type=int, default=10_000, help="A's sends per throughput figure")
+    parser.add_argument(
+        "--throughput-rounds", type=int, default=2, help="A alone, whole batches then chunks, this many times"
+    )
     args = parser.parse_args()
     ensure_database()
     numbers = {PHONE_NUMBER_ID: TOKEN, B_NUMBER_ID: TOKEN}
@@ -125,13 +183,17 @@ def main() -> None:
             f"{args.processes} worker processes; load {os.getloadavg()[0]:.1f}"
         )
         jobs.get_connection().flushdb()
-        pool = workers(args.processes)
+        pool = workers(args.processes, args.chunk)
         try:
             until_sent(_start(campaign(org_b, B_NUMBER_ID, "B warm-up")))  # workers' first jobs import
             alone = [
                 until_sent(_start(campaign(org_b, B_NUMBER_ID, f"B alone {i}"))) for i in range(args.repeat)
             ]
+            print(f"  B alone measured (load {os.getloadavg()[0]:.1f})", flush=True)
             big = _start(campaign(org_a, PHONE_NUMBER_ID, "A large"))
+            if args.throughput_rounds:
+                stop(pool)
+                pool = throughput(big, args)
             while sent(big) < args.a_head:
                 big.refresh_from_db(fields=["status"])
                 if big.status == Campaign.Status.SENT:
@@ -145,8 +207,7 @@ def main() -> None:
             a_during = sent(big) - a_before
             big.refresh_from_db(fields=["status"])
         finally:
-            os.killpg(pool.pid, signal.SIGTERM)
-            pool.wait(timeout=60)
+            stop(pool)
             for org in (org_a, org_b):
                 _delete_campaigns(org)
     ratio = statistics.median(beside) / statistics.median(alone)
@@ -154,7 +215,8 @@ def main() -> None:
         f"B alone: {', '.join(f'{t:.1f}' for t in alone)} s; B beside A's campaign: "
         f"{', '.join(f'{t:.1f}' for t in beside)} s -> median {ratio:.2f}x "
         f"(target <= {TARGET:.0f}x: {'met' if ratio <= TARGET else 'NOT met'}); "
-        f"A sent {a_during:,} messages meanwhile, A's campaign {big.status} when B finished"
+        f"A sent {a_during:,} messages meanwhile, A's campaign {big.status} when B finished "
+        f"(load {os.getloadavg()[0]:.1f})"
     )
 
 

@@ -45,6 +45,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from django.conf import settings
 from django.db import DatabaseError, connection, transaction
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -54,7 +55,8 @@ from crm.models import InboxEvent
 
 logger = logging.getLogger(__name__)
 
-BATCH = 500  # events per drain transaction
+BATCH = 500  # events per drain transaction (at most: fewer while a batch takes longer than BATCH_SECONDS)
+MIN_BATCH = 50  # events per drain transaction at least, however slow
 GROUP_MAX = 200  # request writes per group commit
 GROUP_IDLE_CLOSE = 2.0  # seconds without writes after which the group commit closes its connection
 WAKE_INTERVAL = 0.05  # seconds: a web process sends at most 20 wake-ups a second per kind
@@ -534,6 +536,20 @@ def _one_by_one(handler: Handler, events: list[Event]) -> dict[int, Retry]:
     return later
 
 
+def next_limit(limit: int, taken: int, seconds: float) -> int:
+    """The next batch's size after one of `limit` that took `taken` events in `seconds`: under
+    load a batch of BATCH takes longer (it is CPU: the handler's work), and an organization's event
+    accepted meanwhile waits for the rest of it and for the next one (its turn), so a full batch
+    slower than INBOX_BATCH_SECONDS makes the next one smaller, a fast one lets it grow back to
+    BATCH (between MIN_BATCH and BATCH; 0 in the setting: always BATCH)."""
+    target = float(settings.INBOX_BATCH_SECONDS)
+    if target <= 0:
+        return BATCH
+    if taken < limit or seconds <= 0:
+        return min(max(limit, MIN_BATCH) * 2, BATCH) if seconds < target else limit
+    return max(MIN_BATCH, min(BATCH, int(limit * target / seconds)))
+
+
 def drain(*, kind: str, budget: float = DRAIN_BUDGET) -> int:
     """The drain job: apply `kind`'s pending events batch after batch until none has come for
     LINGER (or the time budget is spent: a new job takes over); returns how many were taken. Safe
@@ -544,19 +560,22 @@ def drain(*, kind: str, budget: float = DRAIN_BUDGET) -> int:
     conn = jobs.get_connection()
     deadline = time.monotonic() + budget
     total = 0
+    limit = BATCH
     while True:
         conn.delete(_dirty_key(kind))
         idle_since = time.monotonic()
         while time.monotonic() < deadline:
-            taken = drain_batch(kind)
+            started = time.monotonic()
+            taken = drain_batch(kind, limit=limit)
             total += taken
             if taken:
                 idle_since = time.monotonic()
                 conn.expire(_queued_key(kind), QUEUED_TTL)
             elif time.monotonic() - idle_since >= LINGER:
                 break
-            if taken < BATCH:
+            if taken < limit:
                 time.sleep(PAUSE)
+            limit = next_limit(limit, taken, idle_since - started if taken else 0.0)
         if time.monotonic() >= deadline:
             conn.delete(_queued_key(kind))
             wake(kind)

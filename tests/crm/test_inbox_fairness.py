@@ -8,6 +8,7 @@ import hmac
 import json
 
 import pytest
+from django.test import override_settings
 from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
@@ -157,3 +158,41 @@ def test_the_number_a_body_is_for_is_its_first_changes_metadata(numbers, with_me
     payload = {"object": "whatsapp_business_account", "entry": [{"id": "1", "changes": changes}]}
     expected = next((n for n in numbers if n), "") if with_metadata else ""
     assert webhooks.phone_number_id(payload) == expected
+
+
+def test_a_drain_whose_batches_are_slow_takes_smaller_ones_and_still_applies_everything(
+    db, monkeypatch, settings
+):
+    """A full batch slower than INBOX_BATCH_SECONDS (a loaded machine) makes the next one smaller,
+    so another organization's event waits less behind it; every event is still applied once."""
+    settings.INBOX_BATCH_SECONDS = 1e-9  # every batch is slower than that
+    sizes: list[int] = []
+
+    def record(events: list[inbox.Event]) -> None:
+        sizes.append(len(events))
+
+    monkeypatch.setitem(inbox._HANDLERS, "test.fair-slow", record)
+    org = Organization.objects.create(name="Lenta", slug="lenta")
+    InboxEvent.objects.bulk_create(
+        [InboxEvent(kind="test.fair-slow", organization=org, payload="{}") for _ in range(1_200)]
+    )
+    assert inbox.drain(kind="test.fair-slow", budget=600) == 1_200
+    assert sizes[0] == inbox.BATCH and sizes[1] == inbox.MIN_BATCH, sizes  # a batch of 500 was slow
+    assert sum(sizes) == 1_200 and not InboxEvent.objects.filter(kind="test.fair-slow").exists()
+
+
+@given(
+    limit=st.integers(1, inbox.BATCH),
+    taken=st.integers(0, 10_000),
+    seconds=st.floats(0, 1e6, allow_nan=False),
+    target=st.sampled_from([0.0, 0.05, 0.2, 1.0]),
+)
+def test_the_next_batch_size_stays_within_its_bounds(limit, taken, seconds, target):
+    taken = min(taken, limit)
+    with override_settings(INBOX_BATCH_SECONDS=target):
+        size = inbox.next_limit(limit, taken, seconds)
+    assert inbox.MIN_BATCH <= size <= inbox.BATCH or (size == limit and limit < inbox.MIN_BATCH)
+    if target == 0:
+        assert size == inbox.BATCH
+    elif taken == limit and seconds > target:
+        assert size <= max(limit, inbox.MIN_BATCH)  # a slow full batch never grows the next one
