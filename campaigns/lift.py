@@ -28,6 +28,7 @@ from django.db import connection, transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from campaigns import caps
 from campaigns.models import Campaign, Channel, EmailMessage, WhatsappMessage
 from crm import hooks, liftstats
 from crm.models import Customer, Organization, Sale
@@ -80,6 +81,21 @@ def held_out_record(*, campaign: Campaign, customer_id: int, at: datetime | None
             },
         )
     return created
+
+
+def held_out_skip_reason(*, campaign: Campaign, customer: Customer, now: datetime | None = None) -> str:
+    """Why a customer held out one at a time (a flow's split) would not have been sent, or "":
+    the send pipeline's own checks at the would-be send time (consent, the channel's opt-out, the
+    contact caps), so the control arm leaves out whom the treatment arm's sends skip."""
+    if not customer.marketing_consent:
+        return caps.NO_CONSENT
+    reachable = (
+        customer.can_receive_email if campaign.channel == Channel.EMAIL else customer.can_receive_whatsapp
+    )
+    if not reachable:
+        return "customer opted out or has no address"
+    capped = caps.skip_reasons(campaign=campaign, customer_ids=[customer.pk], now=now or timezone.now())
+    return capped.get(customer.pk, "")
 
 
 # --- The rollup, as sales are written ---------------------------------------------------------
@@ -193,6 +209,21 @@ _BUYERS_SQL = (
     "FROM (SELECT control, customer_id, sum(total) AS revenue FROM campaigns_liftsale "
     "WHERE campaign_id = %s GROUP BY control, customer_id) AS per_customer GROUP BY control"
 )
+# Several campaigns pooled (a flow's step campaigns): a customer counts once per arm, a sale once
+# per arm however many of the campaigns' windows it falls in.
+_POOLED_ARMS_SQL = (
+    "SELECT count(DISTINCT customer_id) FILTER (WHERE status <> 'held_out'), "
+    "count(DISTINCT customer_id) FILTER (WHERE status = 'held_out') FROM ("
+    "SELECT customer_id, status FROM {whatsapp} WHERE campaign_id = ANY(%(ids)s) AND sent_at IS NOT NULL "
+    "UNION ALL "
+    "SELECT customer_id, status FROM {email} WHERE campaign_id = ANY(%(ids)s) AND sent_at IS NOT NULL) AS m"
+)
+_POOLED_BUYERS_SQL = (
+    "SELECT control, count(*), coalesce(sum(revenue), 0), coalesce(sum(revenue * revenue), 0) "
+    "FROM (SELECT control, customer_id, sum(total) AS revenue FROM (SELECT DISTINCT control, customer_id, "
+    "sale_id, total FROM campaigns_liftsale WHERE campaign_id = ANY(%(ids)s)) AS sales "
+    "GROUP BY control, customer_id) AS per_customer GROUP BY control"
+)
 
 
 @dataclass(frozen=True)
@@ -206,16 +237,32 @@ class ArmFigures:
         return liftstats.Arm(self.customers, self.buyers, float(self.revenue), float(self.revenue_squares))
 
 
+def _arms(cursor: Any, treated: int, held: int) -> tuple[ArmFigures, ArmFigures]:
+    rows = {control: row for control, *row in cursor.fetchall()}
+    zero = (0, Decimal("0"), Decimal("0"))
+    t, c = rows.get(False, zero), rows.get(True, zero)
+    return ArmFigures(treated, t[0], t[1], t[2]), ArmFigures(held, c[0], c[1], c[2])
+
+
 def campaign_arms(*, campaign: Campaign) -> tuple[ArmFigures, ArmFigures]:
     """(treatment, control) of a campaign: two aggregates over that campaign alone."""
     with connection.cursor() as cursor:
         cursor.execute(_ARMS_SQL.format(table=_TABLES[Channel(campaign.channel)]), [campaign.pk])
         treated, held = cursor.fetchone()
         cursor.execute(_BUYERS_SQL, [campaign.pk])
-        rows = {control: row for control, *row in cursor.fetchall()}
-    zero = (0, Decimal("0"), Decimal("0"))
-    t, c = rows.get(False, zero), rows.get(True, zero)
-    return ArmFigures(treated, t[0], t[1], t[2]), ArmFigures(held, c[0], c[1], c[2])
+        return _arms(cursor, treated, held)
+
+
+def pooled_arms(*, campaign_ids: list[int]) -> tuple[ArmFigures, ArmFigures]:
+    """(treatment, control) of several campaigns as one experiment (a flow's step campaigns, of
+    either channel): the same two aggregates over those campaigns, each customer and each sale
+    counted once per arm."""
+    with connection.cursor() as cursor:
+        tables = {"whatsapp": _TABLES[Channel.WHATSAPP], "email": _TABLES[Channel.EMAIL]}
+        cursor.execute(_POOLED_ARMS_SQL.format(**tables), {"ids": list(campaign_ids)})
+        treated, held = cursor.fetchone()
+        cursor.execute(_POOLED_BUYERS_SQL, {"ids": list(campaign_ids)})
+        return _arms(cursor, treated, held)
 
 
 def _money(value: float | Decimal) -> str:
@@ -226,12 +273,9 @@ def _rounded(value: float | None, places: int = 6) -> float | None:
     return None if value is None else round(value, places)
 
 
-def campaign_lift(*, campaign: Campaign) -> dict[str, Any] | None:
-    """The lift report as `campaign_status --json` gives it under "lift"; None without a control
-    group. Counts are integers, money decimal strings, lifts relative (0.25 = +25%)."""
-    if not campaign.control_percent:
-        return None
-    treatment, control = campaign_arms(campaign=campaign)
+def lift_report(*, treatment: ArmFigures, control: ArmFigures, window_days: int) -> dict[str, Any]:
+    """The lift report of two arms, the shape `campaign_status --json` and `flows status --json`
+    give under "lift". Counts are integers, money decimal strings, lifts relative (0.25 = +25%)."""
     rate = liftstats.buyers_rate_lift(treatment.stats(), control.stats())
     revenue = liftstats.revenue_lift(treatment.stats(), control.stats())
     per_customer = revenue.difference if revenue else 0.0
@@ -258,8 +302,34 @@ def campaign_lift(*, campaign: Campaign) -> dict[str, Any] | None:
         else None,
         "revenue_per_customer_relative_lift": _rounded(per_customer / control_mean) if control_mean else None,
         "revenue_p_value": _rounded(revenue.p_value) if revenue else None,
-        "window_days": window_days(organization=campaign.organization, channel=campaign.channel),
+        "window_days": window_days,
     }
+
+
+def campaign_lift(*, campaign: Campaign) -> dict[str, Any] | None:
+    """The lift report as `campaign_status --json` gives it under "lift"; None without a control
+    group."""
+    if not campaign.control_percent:
+        return None
+    treatment, control = campaign_arms(campaign=campaign)
+    return lift_report(
+        treatment=treatment,
+        control=control,
+        window_days=window_days(organization=campaign.organization, channel=campaign.channel),
+    )
+
+
+def campaigns_lift(*, campaigns: list[Campaign]) -> dict[str, Any] | None:
+    """The lift report of several campaigns pooled as one experiment (a flow's step campaigns with
+    a control arm); None when none has one. The window is the longest of their channels'."""
+    with_control = [c for c in campaigns if c.control_percent]
+    if not with_control:
+        return None
+    if len(with_control) == 1:
+        return campaign_lift(campaign=with_control[0])
+    treatment, control = pooled_arms(campaign_ids=[c.pk for c in with_control])
+    days = max(window_days(organization=c.organization, channel=c.channel) for c in with_control)
+    return lift_report(treatment=treatment, control=control, window_days=days)
 
 
 def base_buyers_rate(

@@ -42,7 +42,7 @@ def detectable(campaign: Campaign, audience: int) -> str:
     )
 
 
-def _verdict(report: dict[str, Any]) -> str:
+def _verdict(report: dict[str, Any], *, flow: bool = False) -> str:
     if report["buyers_rate_lift"] is None:
         return str(_("No one has been sent or held out yet."))
     low, high = report["buyers_rate_lift_ci95"]
@@ -59,12 +59,21 @@ def _verdict(report: dict[str, Any]) -> str:
                 "p": report["p_value"],
             }
         )
-    return str(
+    not_significant = (
         _(
+            "Not significant: the difference from the control group (%(lift)s, 95%% interval %(low)s to "
+            "%(high)s, p = %(p)s) is within what chance alone produces; this flow may have caused "
+            "no sales at all."
+        )
+        if flow
+        else _(
             "Not significant: the difference from the control group (%(lift)s, 95%% interval %(low)s to "
             "%(high)s, p = %(p)s) is within what chance alone produces; this campaign may have caused "
             "no sales at all."
         )
+    )
+    return str(
+        not_significant
         % {
             "lift": _percent(report["buyers_rate_lift"]),
             "low": _percent(low),
@@ -83,7 +92,7 @@ def _incremental_buyers(report: dict[str, Any]) -> int:
 
 
 def side_by_side(campaign: Campaign, attributed: CampaignAttribution) -> str:
-    """The table of attributed (last touch) against incremental figures, with the verdict."""
+    """The campaign page's table of attributed (last touch) against incremental figures."""
     report = lift.campaign_lift(campaign=campaign)
     if report is None:
         return str(
@@ -92,6 +101,12 @@ def side_by_side(campaign: Campaign, attributed: CampaignAttribution) -> str:
                 "have sold anyway."
             )
         )
+    return report_side_by_side(report, revenue=attributed.revenue, buyers=attributed.buyers)
+
+
+def report_side_by_side(report: dict[str, Any], *, revenue: Decimal, buyers: int, flow: bool = False) -> str:
+    """A lift report (campaigns.lift: a campaign's, a flow's) beside the attributed (last touch)
+    revenue and buyers, with the verdict in words."""
     treated = report["treatment"]["customers"]
     control = report["control"]
     interval = report["revenue_per_customer_lift_ci95"]
@@ -103,11 +118,11 @@ def side_by_side(campaign: Campaign, attributed: CampaignAttribution) -> str:
     rows = (
         (
             _("revenue"),
-            format_money(attributed.revenue),
+            format_money(revenue),
             format_money(Decimal(report["incremental_revenue"])),
         ),
         (_("revenue, 95% interval"), "—", incremental_range),
-        (_("customers who bought"), number(attributed.buyers), number(_incremental_buyers(report))),
+        (_("customers who bought"), number(buyers), number(_incremental_buyers(report))),
         (_("buyers rate lift"), "—", _percent(report["buyers_rate_lift"])),
         (
             _("control group"),
@@ -121,11 +136,12 @@ def side_by_side(campaign: Campaign, attributed: CampaignAttribution) -> str:
         ),
     )
     return format_html(
-        '<table id="campaign-lift"><tr><th></th><th>{}</th><th>{}</th></tr>{}</table>'
+        '<table id="{}"><tr><th></th><th>{}</th><th>{}</th></tr>{}</table>'
         '<p class="help" data-significant="{}">{}</p>',
+        "flow-lift" if flow else "campaign-lift",
         _("attributed (last touch)"),
         _("incremental"),
         format_html_join("", "<tr><th>{}</th><td>{}</td><td>{}</td></tr>", rows),
         "yes" if report["significant"] else "no",
-        _verdict(report),
+        _verdict(report, flow=flow),
     )

@@ -4,6 +4,7 @@ and a dry-run of who a date or no-purchase trigger enters today."""
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -16,6 +17,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from campaigns import lift_pages
 from crm.models import Customer
 from crm.tenancy import TenantAdmin
 from flows import schema, selectors, services, triggers
@@ -100,7 +102,7 @@ class FlowAdmin(TenantAdmin):
         )
         return format_html(
             "<p>{}</p><table><tr><th>#</th><th>{}</th><th>{}</th><th>{}</th><th>{}</th><th>JSON</th></tr>"
-            "{}</table><p>{}</p>",
+            "{}</table><p>{}</p><h3>{}</h3>{}",
             _(
                 "entered %(entered)s, active %(active)s, completed %(completed)s, exited %(exited)s, "
                 "sent %(sent)s, failed %(failed)s, revenue %(revenue)s"
@@ -112,6 +114,27 @@ class FlowAdmin(TenantAdmin):
             _("revenue"),
             rows,
             links,
+            _("Incrementality"),
+            self._lift(obj, status),
+        )
+
+    @staticmethod
+    def _lift(obj: Flow, status: dict[str, Any]) -> str:
+        """Attributed (last touch) and incremental side by side, from the holdout branch's customers."""
+        report = selectors.flow_lift(flow=obj)
+        if report is None:
+            return format_html(
+                "<p>{}</p>",
+                _(
+                    "No holdout branch: what this flow caused cannot be told apart from what would have "
+                    "sold anyway. A split step with a holdout branch gives it a control group."
+                ),
+            )
+        return lift_pages.report_side_by_side(
+            report,
+            revenue=Decimal(status["revenue"]),
+            buyers=selectors.flow_attributed_buyers(flow=obj),
+            flow=True,
         )
 
     @admin.action(description=gettext_lazy("Pause the selected flows"), permissions=["change"])

@@ -26,6 +26,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from campaigns import lift
 from campaigns import services as campaign_services
 from campaigns.email_sending import email_send_batch
 from campaigns.models import (
@@ -238,8 +239,8 @@ def _send(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
         enrollment.due_at = quiet_end
         enrollment.save(update_fields=["due_at"])
         return _Ran(stop=True)
-    held = "split holdout" if enrollment.holdout else guards.global_holdout(enrollment=enrollment)
-    if held:
+    held = guards.global_holdout(enrollment=enrollment)
+    if held:  # out of every send and of the experiments alike (a campaign's fan-out leaves them out)
         _record(enrollment, step, Outcome.HOLDOUT, held)
         _next(enrollment, now)
         return _Ran()
@@ -247,6 +248,8 @@ def _send(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
     campaign = step_campaign(
         flow=enrollment.flow, index=enrollment.step_index, round=enrollment.round, step=step
     )
+    if enrollment.holdout:
+        return _hold_out(enrollment, step, now, campaign)
     if campaign is None:
         _record(enrollment, step, Outcome.SKIPPED, f"the organization has no {channel} sender")
         _next(enrollment, now)
@@ -269,6 +272,29 @@ def _send(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
     _record(enrollment, step, Outcome.QUEUED, f"{channel} message", campaign=campaign)
     _next(enrollment, now)
     return _Ran(send=(channel, campaign.pk, _BATCH.get() or enrollment.pk, campaign.organization_id))
+
+
+def _hold_out(enrollment: Enrollment, step: dict, now: datetime, campaign: Campaign | None) -> _Ran:
+    """A split's holdout branch at a send step: nothing sent; the customer recorded in the step's
+    campaign as held out (its control arm) with the would-be send time, now, unless the send
+    pipeline would have skipped them (then in neither arm, like a skipped treatment message)."""
+    reason = (
+        "no sender"
+        if campaign is None
+        else lift.held_out_skip_reason(campaign=campaign, customer=enrollment.customer, now=now)
+    )
+    if not reason:
+        assert campaign is not None
+        lift.held_out_record(campaign=campaign, customer_id=enrollment.customer_id, at=now)
+    _record(
+        enrollment,
+        step,
+        Outcome.HOLDOUT,
+        f"split holdout ({'control arm' if not reason else 'in neither arm: ' + reason})",
+        campaign=campaign,
+    )
+    _next(enrollment, now)
+    return _Ran()
 
 
 def send_now(channel: Channel, campaign_id: int, batch: int, organization_id: int) -> None:
@@ -342,6 +368,7 @@ def step_campaign(*, flow: Flow, index: int, round: int, step: dict) -> Campaign
                 started_at=now,
                 kind=Kind.FLOW,
                 caps_exempt=flow.transactional,
+                control_percent=flow.control_percent,
                 **fields,
             )
             CampaignMetric.objects.create(campaign=campaign)

@@ -7,7 +7,7 @@ from django.db.models import Q
 from django.utils import timezone as dj_timezone
 from django.utils.translation import gettext_lazy as _
 
-from campaigns.models import Campaign
+from campaigns.models import CONTROL_MAX_PERCENT, Campaign
 from crm.models import Customer, Organization
 
 
@@ -53,6 +53,19 @@ class Flow(models.Model):
     def save(self, *args: object, **kwargs: object) -> None:
         self.trigger_type = str((self.trigger or {}).get("type", ""))
         super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    @property
+    def control_percent(self) -> int:
+        """The control share its step campaigns carry: the percent of its split steps' holdout
+        branches (the largest split's, within the campaigns' 1-50), 0 without one. It marks the
+        step campaigns whose sales the lift rollup follows (campaigns.lift); the draw is the split's."""
+        shares = [
+            sum(b["percent"] for b in step["branches"] if b.get("holdout"))
+            for step in self.steps or []
+            if step.get("type") == "split"
+        ]
+        share = max(shares, default=0)
+        return min(CONTROL_MAX_PERCENT, max(1, share)) if share else 0
 
 
 class Enrollment(models.Model):

@@ -7,7 +7,8 @@ from typing import Any
 
 from django.db.models import Count, Q, Sum
 
-from campaigns.models import CampaignMetric, CampaignRevenue
+from campaigns import lift
+from campaigns.models import Campaign, CampaignMetric, CampaignRevenue, Channel, SaleAttribution
 from flows.models import Enrollment, EnrollmentStep, Flow, StepCampaign
 
 
@@ -64,3 +65,31 @@ def flow_status(*, flow: Flow) -> dict[str, Any]:
         "revenue": str(sum(revenue.values(), Decimal("0.00"))),
         "steps": steps,
     }
+
+
+def flow_lift(*, flow: Flow) -> dict[str, Any] | None:
+    """The flow's lift report (`flows status --json` key "lift", the campaigns' shape): its step
+    campaigns with a control arm (a split's holdout branch) pooled as one experiment, each customer
+    and sale once per arm; None without a holdout branch."""
+    campaigns = list(
+        Campaign.objects.filter(flow_step__flow=flow, control_percent__gt=0)
+        .select_related("organization")
+        .order_by("pk")
+    )
+    if campaigns:
+        return lift.campaigns_lift(campaigns=campaigns)
+    if not flow.control_percent:
+        return None
+    nobody = lift.ArmFigures(0, 0, Decimal("0"), Decimal("0"))
+    days = lift.window_days(organization=flow.organization, channel=Channel.WHATSAPP)
+    return lift.lift_report(treatment=nobody, control=nobody, window_days=days)
+
+
+def flow_attributed_buyers(*, flow: Flow) -> int:
+    """Distinct customers with a sale attributed (last touch) to one of the flow's messages."""
+    return (
+        SaleAttribution.objects.filter(campaign__flow_step__flow=flow, sale__customer__isnull=False)
+        .values("sale__customer_id")
+        .distinct()
+        .count()
+    )

@@ -43,14 +43,8 @@ def smtp() -> Iterator[SmtpSandbox]:
     pool.close_all()
 
 
-@pytest.fixture
-def em(transactional_db, smtp, settings) -> dict:
-    """An organization whose email goes to the sandbox (with login), and a campaign factory."""
-    settings.EMAIL_BATCH_SIZE = 50
-    settings.EMAIL_RETRY_BACKOFF = 0.5
-    settings.PUBLIC_URL = "https://crm.example.com.br"
-    org = Organization.objects.create(name="Loja Teste", slug="teste")
-    store = Store.objects.create(organization=org, erp_code="001", name="Centro")
+def email_to_sandbox(org: Organization, smtp: SmtpSandbox) -> EmailSettings:
+    """The organization's email settings, pointed at the SMTP sandbox (with login)."""
     email_settings = EmailSettings(
         organization=org,
         host=smtp.address[0],
@@ -64,6 +58,18 @@ def em(transactional_db, smtp, settings) -> dict:
     )
     email_settings.set_password(PASSWORD)
     email_settings.save()
+    return email_settings
+
+
+@pytest.fixture
+def em(transactional_db, smtp, settings) -> dict:
+    """An organization whose email goes to the sandbox (with login), and a campaign factory."""
+    settings.EMAIL_BATCH_SIZE = 50
+    settings.EMAIL_RETRY_BACKOFF = 0.5
+    settings.PUBLIC_URL = "https://crm.example.com.br"
+    org = Organization.objects.create(name="Loja Teste", slug="teste")
+    store = Store.objects.create(organization=org, erp_code="001", name="Centro")
+    email_settings = email_to_sandbox(org, smtp)
 
     def customers(n: int, start: int = 0, **fields) -> list[Customer]:
         return Customer.objects.bulk_create(

@@ -56,7 +56,18 @@ def test_status_json_has_exactly_the_interface_keys(wa, sandbox, make_flow, sell
     out = StringIO()
     call_command("flows", "status", flow.key, "--org", wa["org"].slug, "--json", stdout=out)
     status = json.loads(out.getvalue())
-    assert set(status) == {"entered", "active", "completed", "exited", "sent", "failed", "revenue", "steps"}
+    assert set(status) == {
+        "entered",
+        "active",
+        "completed",
+        "exited",
+        "sent",
+        "failed",
+        "revenue",
+        "steps",
+        "lift",
+    }
+    assert status["lift"] is None  # no split holdout branch: no control arm
     assert (status["entered"], status["active"], status["sent"], status["failed"]) == (1, 1, 1, 0)
     assert status["steps"][:2] == [
         {"index": 0, "type": "wait", "done": 1},

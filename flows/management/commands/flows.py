@@ -63,6 +63,7 @@ class Command(cli.CrmCommand):
             status = selectors.flow_status(flow=flow)
             if options["json"]:
                 status["steps"] = [{k: s[k] for k in ("index", "type", "done")} for s in status["steps"]]
+                status["lift"] = selectors.flow_lift(flow=flow)
                 self.stdout.write(json.dumps(status))
                 return
             self.stdout.write(
