@@ -18,6 +18,18 @@ lacks it). Later changes (:meth:`MillenniumSandbox.add_customers`,
 :meth:`~MillenniumSandbox.touch_customers`) get fresh trans_ids above every earlier one, as the
 ERP's own counter would.
 
+Sales that respond to messages (the demo's "true uplift", off unless ``response_rate`` > 0): a
+customer sent a WhatsApp message at time ``t`` buys once more, with probability ``response_rate``,
+at ``t`` + between one hour and ``response_days`` days (at one of the stores). Whether and when is a
+pure function of (``response_seed``, ``cliente``, ``t`` to the minute), so the same messages give
+the same sales; a customer responds at most once a day. The sandbox learns of messages through
+:meth:`~MillenniumSandbox.messaged` (or ``POST /_sandbox/messaged`` ``{"messages": [{"to": PHONE,
+"at": ISO}]}``), or, with ``responds_to`` (a WhatsApp sandbox's URL, as ``manage.py up`` wires
+them), by reading that sandbox's ``GET /_sandbox/messages`` before answering each sales request. A
+phone is matched to customer ``i`` by the number the customer record carries (DDD and the last
+eight digits). Customers without a message, and those a campaign held out (no message), buy at the
+base rate only: that difference is what a campaign's control group measures.
+
 Fault injection (methods, safe from any thread; or ``/_sandbox/config`` over HTTP):
 :meth:`~MillenniumSandbox.fail_next` answers the next requests with a 4xx/5xx,
 :meth:`~MillenniumSandbox.set_latency` delays every answer (to make a client time out, or slow a
@@ -43,10 +55,11 @@ import unicodedata
 import zlib
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from datetime import date, datetime, timedelta, timezone
+from datetime import UTC, date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from integrations.millennium.client import (
@@ -69,6 +82,10 @@ TRANS_STEP = 10
 EPOCH = date(2020, 1, 1)  # no sales before this day
 MAX_SALES_PER_DAY = 999
 MAX_STORES = 99
+# Response sales are numbered apart from a day's regular ones: RESPONSE_BASE + (day, store, customer).
+RESPONSE_BASE = 10**13
+_PHONE_DIGITS = 10**7  # a customer's mobile carries (i * 7919) mod 10^7, so i is recovered from it
+_PHONE_INVERSE = pow(7919, -1, _PHONE_DIGITS)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -132,6 +149,25 @@ def _cnpj(i: int) -> str:
     return base + cnpj_check_digits(base)
 
 
+def _sale_record(
+    number: int, cliente: int | None, store_code: str, sold_at: datetime, total: Decimal, items: list
+) -> dict[str, Any]:
+    """A sale as the API renders it (its trans_id from its number)."""
+    return {
+        "pedidov": number,
+        "trans_id": number * 10 + 3,
+        "cliente": cliente,
+        "filial": store_code,
+        "data_emissao": format_date(sold_at),
+        "valor_final": float(total),
+        "itens": items,
+    }
+
+
+def _trans_id(item: tuple[dict[str, Any], datetime]) -> int:
+    return int(item[0]["trans_id"])
+
+
 @dataclass
 class _State:
     """Everything that changes; only touched on the server's event loop."""
@@ -146,6 +182,11 @@ class _State:
     changed_order: list[tuple[int, int]] = field(default_factory=list)
     added: int = 0
     next_trans_id: int = 0
+    # Response sales by store: (record, sold_at); the (cliente, day) pairs that have one; how many
+    # of the `responds_to` sandbox's messages have been read.
+    responses: dict[str, list[tuple[dict[str, Any], datetime]]] = field(default_factory=dict)
+    responded: set[tuple[int, date]] = field(default_factory=set)
+    messages_read: int = 0
 
 
 class MillenniumSandbox(ThreadedAppServer):
@@ -167,6 +208,10 @@ class MillenniumSandbox(ThreadedAppServer):
         malformed_every: int = 0,
         max_top: int = 5000,
         future_sales: bool = False,
+        response_rate: float = 0.0,
+        response_days: int = 6,
+        response_seed: int = 0,
+        responds_to: str | None = None,
     ) -> None:
         super().__init__(host, port)
         self._stores = tuple(stores)
@@ -176,6 +221,12 @@ class MillenniumSandbox(ThreadedAppServer):
             )
         if malformed_every < 0:
             raise ValueError("malformed_every must be 0 (none) or more")
+        if not 0 <= response_rate <= 1 or response_days < 1:
+            raise ValueError("response_rate must be 0-1 and response_days at least 1")
+        self._response_rate = float(response_rate)
+        self._response_days = int(response_days)
+        self._response_seed = int(response_seed)
+        self._responds_to = responds_to.rstrip("/") if responds_to else None
         self._base_customers = int(customers)
         self._sales_per_day = int(sales_per_day)
         self._username = username
@@ -200,6 +251,7 @@ class MillenniumSandbox(ThreadedAppServer):
         app.router.add_get("/_sandbox/requests", self._handle_requests)
         app.router.add_delete("/_sandbox/requests", self._handle_requests)
         app.router.add_post("/_sandbox/customers", self._handle_customer_changes)
+        app.router.add_post("/_sandbox/messaged", self._handle_messaged)
         app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
         return app
 
@@ -283,8 +335,42 @@ class MillenniumSandbox(ThreadedAppServer):
         return self._on_loop(last)
 
     def sales_of_day(self, store_code: str, day: date) -> list[dict[str, Any]]:
-        """A store's sales of one (local) day, as the API renders them, in trans_id order."""
+        """A store's sales of one (local) day, as the API renders them, in trans_id order (the
+        regular ones: the responses to messages are `response_sales`)."""
         return [record for record, _ in self._day_sales(store_code, day)]
+
+    def messaged(self, phone: str, at: datetime) -> dict[str, Any] | None:
+        """A message reached `phone` at `at`: the sale it makes its customer buy (the record, once
+        its time has come it is served with the store's sales), or None (no such customer, no
+        response drawn, or the customer responds that day already)."""
+        return self._on_loop(lambda: self._messaged(phone, at))
+
+    def response_sales(self) -> list[dict[str, Any]]:
+        """Every response sale so far (copies), by store and trans_id."""
+
+        def listed() -> list[dict[str, Any]]:
+            by_store = self._state.responses
+            return [dict(r) for code in sorted(by_store) for r, _ in sorted(by_store[code], key=_trans_id)]
+
+        return self._on_loop(listed)
+
+    def customer_of_phone(self, phone: str) -> int | None:
+        """The index of the customer whose mobile `phone` is (any form: E.164, with or without the
+        ninth digit), or None."""
+        digits = "".join(c for c in phone if c.isdigit())
+        if digits.startswith("55") and len(digits) in (12, 13):
+            digits = digits[2:]
+        if len(digits) not in (10, 11):
+            return None
+        ddd, last8 = digits[:2], digits[-8:]
+        if last8[0] != "9":
+            return None
+        total = self._base_customers + self._state.added
+        first = (int(last8[1:]) * _PHONE_INVERSE) % _PHONE_DIGITS
+        for i in range(first, total, _PHONE_DIGITS):
+            if i % 7 != 6 and _DDD[i % len(_DDD)] == ddd:
+                return i
+        return None
 
     # -- request pipeline (event loop only) -----------------------------------------------------
 
@@ -483,15 +569,7 @@ class MillenniumSandbox(ThreadedAppServer):
             customer: int | None = None
             if k % 10 != 9 and customers:
                 customer = FIRST_CUSTOMER_ID + (seed + day_index * 7919 + k * 104_729) % customers
-            record: dict[str, Any] = {
-                "pedidov": number,
-                "trans_id": number * 10 + 3,
-                "cliente": customer,
-                "filial": store_code,
-                "data_emissao": format_date(sold_at),
-                "valor_final": float(total),
-                "itens": items,
-            }
+            record = _sale_record(number, customer, store_code, sold_at, total, items)
             if self.is_malformed_sale(k):
                 kind = ((k + 1) // self._malformed_every) % 3
                 if kind == 0:
@@ -502,6 +580,50 @@ class MillenniumSandbox(ThreadedAppServer):
                     record["itens"] = "sem itens"
             sales.append((record, sold_at))
         return sales
+
+    def _messaged(self, phone: str, at: datetime) -> dict[str, Any] | None:
+        i = self.customer_of_phone(phone)
+        if i is None or not self._response_rate or not self._stores:
+            return None
+        cliente = FIRST_CUSTOMER_ID + i
+        key = f"{self._response_seed}:{cliente}:{at.astimezone(UTC):%Y-%m-%dT%H:%M}"
+        if zlib.crc32(f"buys:{key}".encode()) % 10_000 >= round(self._response_rate * 10_000):
+            return None
+        spread = zlib.crc32(f"when:{key}".encode())
+        minutes = 60 + spread % (self._response_days * 24 * 60 - 60)
+        sold_at = (at + timedelta(minutes=minutes)).astimezone(OFFSET).replace(microsecond=0)
+        day = sold_at.date()
+        if (cliente, day) in self._state.responded or day < EPOCH:
+            return None
+        self._state.responded.add((cliente, day))
+        store = spread % len(self._stores)
+        code = self._stores[store]
+        number = RESPONSE_BASE + (((day - EPOCH).days * 100 + store) * 10**7 + i % 10**7)
+        price = Decimal(4990 + spread % 25000) / 100
+        item = {"produto": f"SKU-{spread % 500:05d}", "quantidade": 1, "preco": float(price)}
+        record = _sale_record(number, cliente, code, sold_at, price, [item])
+        self._state.responses.setdefault(code, []).append((record, sold_at))
+        return dict(record)
+
+    async def _read_messages(self) -> None:
+        """The `responds_to` WhatsApp sandbox's messages not read yet, each a chance to respond
+        (a failure to read is retried on the next sales request)."""
+        if not self._responds_to:
+            return
+        try:
+            async with (
+                aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+                session.get(f"{self._responds_to}/_sandbox/messages") as response,
+            ):
+                messages = (await response.json())["messages"]
+        except (aiohttp.ClientError, TimeoutError, ValueError, KeyError):
+            return
+        state = self._state
+        if len(messages) < state.messages_read:  # that sandbox was reset: read again (no duplicates)
+            state.messages_read = 0
+        for message in messages[state.messages_read :]:
+            self._messaged(message["to"], datetime.fromisoformat(message["received_at"]))
+        state.messages_read = len(messages)
 
     @staticmethod
     def _when(value: str, name: str) -> datetime:
@@ -532,6 +654,10 @@ class MillenniumSandbox(ThreadedAppServer):
                 if start <= sold_at < until and record["trans_id"] > trans_id:
                     found.append(record)
             day += timedelta(days=1)
+        await self._read_messages()
+        for record, sold_at in self._state.responses.get(store_code, []):
+            if start <= sold_at < until and record["trans_id"] > trans_id:
+                found.append(dict(record))
         found.sort(key=lambda r: r["trans_id"])
         return _json_response({"value": found[:top]})
 
@@ -582,6 +708,17 @@ class MillenniumSandbox(ThreadedAppServer):
         except (TypeError, ValueError, AttributeError) as exc:
             return _json_response({"error": str(exc)}, 400)
         return _json_response({"added": added, "customers": self._base_customers + self._state.added})
+
+    async def _handle_messaged(self, request: web.Request) -> web.Response:
+        try:
+            data = json.loads(await request.read() or b"{}")
+            sales = [
+                self._messaged(str(m["to"]), datetime.fromisoformat(str(m["at"])))
+                for m in data.get("messages", [])
+            ]
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            return _json_response({"error": str(exc)}, 400)
+        return _json_response({"sales": [sale for sale in sales if sale]})
 
     async def _handle_unknown(self, request: web.Request) -> web.Response:
         return _odata_error(404, f"Recurso não encontrado: {request.path}")

@@ -19,12 +19,10 @@ def sandbox() -> Iterator[SandboxServer]:
         yield server
 
 
-@pytest.fixture
-def wa(transactional_db, sandbox, settings) -> dict:
-    """An organization with a WhatsApp number pointed at the sandbox, and a campaign factory."""
-    settings.WHATSAPP_BATCH_SIZE = 50
-    org = Organization.objects.create(name="Loja Teste", slug="teste")
-    store = Store.objects.create(organization=org, erp_code="001", name="Centro")
+def whatsapp_number(
+    org: Organization, sandbox: SandboxServer, *, store: Store | None = None
+) -> WhatsappNumber:
+    """The organization's WhatsApp number, pointed at the sandbox (unpaced)."""
     number = WhatsappNumber(
         organization=org,
         store=store,
@@ -35,6 +33,16 @@ def wa(transactional_db, sandbox, settings) -> dict:
     )
     number.set_access_token(TOKEN)
     number.save()
+    return number
+
+
+@pytest.fixture
+def wa(transactional_db, sandbox, settings) -> dict:
+    """An organization with a WhatsApp number pointed at the sandbox, and a campaign factory."""
+    settings.WHATSAPP_BATCH_SIZE = 50
+    org = Organization.objects.create(name="Loja Teste", slug="teste")
+    store = Store.objects.create(organization=org, erp_code="001", name="Centro")
+    number = whatsapp_number(org, sandbox, store=store)
     WhatsappPrice.objects.create(category="marketing", country="BR", price="0.0625")
     WhatsappPrice.objects.create(category="marketing", country="*", price="0.07")
 

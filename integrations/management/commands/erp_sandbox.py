@@ -45,6 +45,23 @@ class Command(cli.CrmCommand):
         parser.add_argument(
             "--malformed-every", type=int, default=0, help="break every k-th record (default 0: none)"
         )
+        parser.add_argument(
+            "--response-rate",
+            type=float,
+            default=0.0,
+            help="the chance that a customer sent a WhatsApp message buys once more within "
+            "--response-days (default 0: sales do not respond to messages)",
+        )
+        parser.add_argument(
+            "--response-days", type=int, default=6, help="how soon a response sale comes (default 6 days)"
+        )
+        parser.add_argument(
+            "--response-seed", type=int, default=0, help="the seed of who responds and when (default 0)"
+        )
+        parser.add_argument(
+            "--responds-to",
+            help="a WhatsApp sandbox's URL: its sent messages are the ones customers respond to",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["latency_ms"] < 0:
@@ -61,6 +78,10 @@ class Command(cli.CrmCommand):
                 password=options["password"],
                 latency_ms=options["latency_ms"],
                 malformed_every=options["malformed_every"],
+                response_rate=options["response_rate"],
+                response_days=options["response_days"],
+                response_seed=options["response_seed"],
+                responds_to=options["responds_to"],
             )
             server.start()
         except OSError as exc:
