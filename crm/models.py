@@ -444,7 +444,9 @@ class ConsentChange(models.Model):
         indexes = [models.Index(fields=["customer", "at"], name="consentchange_customer_at")]
 
     def __str__(self) -> str:
-        return f"{self.customer_id} {self.given} {self.source}"
+        """What the customer's page lists above each change: "consentimento dado · campo de opt-in do ERP"."""
+        what = _("consent given") if self.given else _("consent withdrawn")
+        return f"{what} · {self.get_source_display()}"
 
 
 class Sale(models.Model):

@@ -95,6 +95,8 @@ def test_the_customers_page_shows_the_person(person, manager, english) -> None:
     ]
     messages = next(html for title, html in sections.items() if str(title) == "Messages")
     assert "WhatsApp" in messages and "delivered" in messages and "bounced" in messages
+    # Each consent change reads as what happened and where from, not as its raw fields.
+    assert "consent given · recorded in the admin" in page, page[page.find("consent change") :][:2000]
 
 
 @pytest.mark.parametrize(
