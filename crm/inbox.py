@@ -411,12 +411,14 @@ ranked AS (
      ORDER BY not_before LIMIT %(limit)s)
 )
 SELECT id, kind, organization_id, received_at, payload, retries FROM {_TABLE}
-WHERE id = ANY(ARRAY(SELECT id FROM ranked ORDER BY r, id LIMIT %(limit)s))
+WHERE id = ANY(ARRAY(SELECT id FROM ranked ORDER BY r, id LIMIT (
+    SELECT CASE WHEN count(*) > 1 THEN %(shared)s ELSE %(limit)s END FROM turns)))
 ORDER BY id FOR UPDATE SKIP LOCKED
 """  # noqa: S608 - the table's name and constants only
 # Per kind: the organization after which the next batch starts looking when the last one met
 # ORGS_PER_BATCH of them (-1: from the first). In-process: drains of a kind hold its lock in turn.
 _after: dict[str, int] = {}
+_tenants: dict[str, int] = {}  # per kind: the tenants (organizations, and "none") of its last batch
 _RETRY = (
     f"UPDATE {_TABLE} AS e SET payload = r.payload, retries = e.retries + 1, "  # noqa: S608
     "not_before = now() + make_interval(secs => r.delay) "
@@ -432,20 +434,29 @@ def _lock_id(kind: str) -> int:
     return zlib.crc32(f"crm.inbox:{kind}".encode())
 
 
-def drain_batch(kind: str, *, limit: int = BATCH) -> int:
-    """Apply up to `limit` due events of `kind`, organizations in turn and each one's in acceptance
-    order, and delete them, in one transaction (keeping those to retry later); returns how many
-    were taken (applied, kept or set aside)."""
+def drain_batch(kind: str, *, limit: int = BATCH, shared_limit: int | None = None) -> int:
+    """Apply up to `limit` due events of `kind` (`shared_limit` when several organizations have
+    events waiting), organizations in turn and each one's in acceptance order, and delete them, in
+    one transaction (keeping those to retry later); returns how many were taken (applied, kept or
+    set aside)."""
     handler = _HANDLERS[kind]
     with transaction.atomic():
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_advisory_xact_lock(%s)", [_lock_id(kind)])
             cursor.execute(
-                _SELECT, {"kind": kind, "limit": limit, "orgs": ORGS_PER_BATCH, "after": _after.get(kind, -1)}
+                _SELECT,
+                {
+                    "kind": kind,
+                    "limit": limit,
+                    "shared": min(limit, limit if shared_limit is None else shared_limit),
+                    "orgs": ORGS_PER_BATCH,
+                    "after": _after.get(kind, -1),
+                },
             )
             events = [Event(*row) for row in cursor.fetchall()]
         if not events:
             _after.pop(kind, None)
+            _tenants.pop(kind, None)
             return 0
         _rotate(kind, events)
         try:
@@ -466,6 +477,7 @@ def drain_batch(kind: str, *, limit: int = BATCH) -> int:
 def _rotate(kind: str, events: list[Event]) -> None:
     """Where the next batch of `kind` starts looking for organizations: after the last one served
     when this batch met ORGS_PER_BATCH of them (the others' turn), else from the first."""
+    _tenants[kind] = len({e.organization_id for e in events})
     served = {e.organization_id for e in events if e.organization_id is not None}
     if len(served) >= ORGS_PER_BATCH:
         _after[kind] = max(served)
@@ -536,18 +548,19 @@ def _one_by_one(handler: Handler, events: list[Event]) -> dict[int, Retry]:
     return later
 
 
-def next_limit(limit: int, taken: int, seconds: float) -> int:
-    """The next batch's size after one of `limit` that took `taken` events in `seconds`: under
-    load a batch of BATCH takes longer (it is CPU: the handler's work), and an organization's event
-    accepted meanwhile waits for the rest of it and for the next one (its turn), so a full batch
-    slower than INBOX_BATCH_SECONDS makes the next one smaller, a fast one lets it grow back to
-    BATCH (between MIN_BATCH and BATCH; 0 in the setting: always BATCH)."""
+def shared_limit(previous: int, taken: int, seconds: float) -> int:
+    """The size of the next batch shared by several organizations, after a batch that applied
+    `taken` events in `seconds`: an organization's event accepted while a batch is applied waits
+    for the rest of it and then for the next one (its turn), and under load a batch of BATCH takes
+    longer (CPU: the handlers' work), so a shared batch holds what the drain applies in
+    INBOX_BATCH_SECONDS at its rate (between MIN_BATCH and BATCH; 0 in the setting: BATCH). An
+    organization alone keeps batches of BATCH: its throughput."""
     target = float(settings.INBOX_BATCH_SECONDS)
     if target <= 0:
         return BATCH
-    if taken < limit or seconds <= 0:
-        return min(max(limit, MIN_BATCH) * 2, BATCH) if seconds < target else limit
-    return max(MIN_BATCH, min(BATCH, int(limit * target / seconds)))
+    if taken < MIN_BATCH or seconds <= 0:
+        return previous  # too few to measure a rate by
+    return max(MIN_BATCH, min(BATCH, int(taken * target / seconds)))
 
 
 def drain(*, kind: str, budget: float = DRAIN_BUDGET) -> int:
@@ -560,22 +573,22 @@ def drain(*, kind: str, budget: float = DRAIN_BUDGET) -> int:
     conn = jobs.get_connection()
     deadline = time.monotonic() + budget
     total = 0
-    limit = BATCH
+    shared = BATCH
     while True:
         conn.delete(_dirty_key(kind))
         idle_since = time.monotonic()
         while time.monotonic() < deadline:
             started = time.monotonic()
-            taken = drain_batch(kind, limit=limit)
+            taken = drain_batch(kind, shared_limit=shared)
             total += taken
             if taken:
                 idle_since = time.monotonic()
                 conn.expire(_queued_key(kind), QUEUED_TTL)
             elif time.monotonic() - idle_since >= LINGER:
                 break
-            if taken < limit:
+            if taken < (shared if _tenants.get(kind, 0) > 1 else BATCH):
                 time.sleep(PAUSE)
-            limit = next_limit(limit, taken, idle_since - started if taken else 0.0)
+            shared = shared_limit(shared, taken, idle_since - started if taken else 0.0)
         if time.monotonic() >= deadline:
             conn.delete(_queued_key(kind))
             wake(kind)

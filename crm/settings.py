@@ -224,9 +224,9 @@ CRM_HEARTBEAT_INTERVAL = env.int("CRM_HEARTBEAT_INTERVAL", default=2)
 CRM_HEARTBEAT_TTL = env.int("CRM_HEARTBEAT_TTL", default=10)
 CRM_MAINTENANCE_INTERVAL = env.int("CRM_MAINTENANCE_INTERVAL", default=5)
 CRM_WORKER_TTL = env.int("CRM_WORKER_TTL", default=20)
-# An inbox drain batch aims to take at most this long (seconds): under load it takes fewer events,
-# so another organization's webhook accepted mid-batch waits about two of them (crm.inbox.next_limit;
-# 0: always crm.inbox.BATCH events).
+# An inbox drain batch shared by several organizations holds what the drain applies in this many
+# seconds at its rate: under load it takes fewer events, so another organization's webhook accepted
+# mid-batch waits about two of them (crm.inbox.shared_limit; 0: always crm.inbox.BATCH events).
 INBOX_BATCH_SECONDS = env.float("INBOX_BATCH_SECONDS", default=0.2)
 # A JobRun still `running` with no live job after this long is re-dispatched by `recover`.
 CRM_STALE_RUN_AFTER = env.int("CRM_STALE_RUN_AFTER", default=600)

@@ -160,11 +160,12 @@ def test_the_number_a_body_is_for_is_its_first_changes_metadata(numbers, with_me
     assert webhooks.phone_number_id(payload) == expected
 
 
-def test_a_drain_whose_batches_are_slow_takes_smaller_ones_and_still_applies_everything(
+def test_a_drain_whose_shared_batches_are_slow_takes_smaller_ones_and_still_applies_everything(
     db, monkeypatch, settings
 ):
-    """A full batch slower than INBOX_BATCH_SECONDS (a loaded machine) makes the next one smaller,
-    so another organization's event waits less behind it; every event is still applied once."""
+    """A full batch of several organizations slower than INBOX_BATCH_SECONDS (a loaded machine)
+    makes the next one smaller, so another organization's event waits less behind it; every event
+    is still applied once."""
     settings.INBOX_BATCH_SECONDS = 1e-9  # every batch is slower than that
     sizes: list[int] = []
 
@@ -172,27 +173,42 @@ def test_a_drain_whose_batches_are_slow_takes_smaller_ones_and_still_applies_eve
         sizes.append(len(events))
 
     monkeypatch.setitem(inbox._HANDLERS, "test.fair-slow", record)
-    org = Organization.objects.create(name="Lenta", slug="lenta")
+    a, b = (Organization.objects.create(name=f"Lenta {s}", slug=f"lenta-{s}") for s in "ab")
     InboxEvent.objects.bulk_create(
-        [InboxEvent(kind="test.fair-slow", organization=org, payload="{}") for _ in range(1_200)]
+        [InboxEvent(kind="test.fair-slow", organization=a, payload="{}") for _ in range(1_200)]
+        + [InboxEvent(kind="test.fair-slow", organization=b, payload="{}") for _ in range(1_200)]
     )
-    assert inbox.drain(kind="test.fair-slow", budget=600) == 1_200
-    assert sizes[0] == inbox.BATCH and sizes[1] == inbox.MIN_BATCH, sizes  # a batch of 500 was slow
-    assert sum(sizes) == 1_200 and not InboxEvent.objects.filter(kind="test.fair-slow").exists()
+    assert inbox.drain(kind="test.fair-slow", budget=600) == 2_400
+    assert sizes[0] == inbox.BATCH and sizes[1] == inbox.MIN_BATCH, sizes  # a shared batch of 500 was slow
+    assert sum(sizes) == 2_400 and not InboxEvent.objects.filter(kind="test.fair-slow").exists()
+
+
+def test_a_tenant_alone_keeps_full_batches_however_slow(db, monkeypatch, settings):
+    """Its throughput: nobody else waits behind its batches."""
+    settings.INBOX_BATCH_SECONDS = 1e-9
+    sizes: list[int] = []
+    monkeypatch.setitem(inbox._HANDLERS, "test.fair-alone", lambda events: sizes.append(len(events)))
+    org = Organization.objects.create(name="Sozinha", slug="sozinha")
+    InboxEvent.objects.bulk_create(
+        [InboxEvent(kind="test.fair-alone", organization=org, payload="{}") for _ in range(1_200)]
+    )
+    assert inbox.drain(kind="test.fair-alone", budget=600) == 1_200
+    assert sizes == [inbox.BATCH, inbox.BATCH, 200]
 
 
 @given(
-    limit=st.integers(1, inbox.BATCH),
-    taken=st.integers(0, 10_000),
+    previous=st.integers(1, inbox.BATCH),
+    taken=st.integers(0, inbox.BATCH),
     seconds=st.floats(0, 1e6, allow_nan=False),
     target=st.sampled_from([0.0, 0.05, 0.2, 1.0]),
 )
-def test_the_next_batch_size_stays_within_its_bounds(limit, taken, seconds, target):
-    taken = min(taken, limit)
+def test_the_shared_batch_size_stays_within_its_bounds(previous, taken, seconds, target):
     with override_settings(INBOX_BATCH_SECONDS=target):
-        size = inbox.next_limit(limit, taken, seconds)
-    assert inbox.MIN_BATCH <= size <= inbox.BATCH or (size == limit and limit < inbox.MIN_BATCH)
+        size = inbox.shared_limit(previous, taken, seconds)
     if target == 0:
         assert size == inbox.BATCH
-    elif taken == limit and seconds > target:
-        assert size <= max(limit, inbox.MIN_BATCH)  # a slow full batch never grows the next one
+    elif taken < inbox.MIN_BATCH or seconds == 0:
+        assert size == previous  # nothing to measure by
+    else:
+        assert inbox.MIN_BATCH <= size <= inbox.BATCH
+        assert size <= max(taken, inbox.MIN_BATCH) or seconds < target  # a slow batch: a smaller next one
