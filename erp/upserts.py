@@ -9,12 +9,14 @@ import hashlib
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.db import connection as db
 from django.db import models
 from django.utils import timezone
 
+from crm import hooks
 from crm import services as crm_services
 from crm.models import ConsentSource, Customer, Sale, Store
 from erp.models import ErpSyncIssue
@@ -89,10 +91,14 @@ def _upsert_columns(
     update: Sequence[str],
     where: str,
     constants: Mapping[str, Any],
-) -> tuple[int, int]:
-    """The same upsert as `_upsert`, from ready column lists instead of model
-    instances, returning (written, created). Every other column takes its model default, prepared
-    once per call; `xmax = 0` tells inserted rows from updated ones, so no SELECT is needed first."""
+    fresh: str = "",
+    fresh_params: Sequence[Any] = (),
+) -> tuple[int, int, list[int]]:
+    """The same upsert as `_upsert`, from ready column lists instead of model instances, returning
+    (written, inserted, the ids of the rows inserted or `fresh`). Every other column takes its
+    model default, prepared once per call; `xmax = 0` tells inserted rows from updated ones, so no
+    SELECT is needed first. `fresh` (a SELECT of ids, read before the statement writes: a
+    common table expression shares its snapshot) names rows already there that count as new too."""
     meta = model._meta
     quote = db.ops.quote_name
     table = quote(meta.db_table)
@@ -113,17 +119,20 @@ def _upsert_columns(
 
     sets = ", ".join(f"{column(n)} = EXCLUDED.{column(n)}" for n in update)
     placeholders = ", ".join(f"%s::{f.db_type(db)}[]" for f in fields)
+    pk = quote(meta.pk.column)
     # Identifiers and types come from the model's metadata; every value is a parameter.
+    head = f"WITH fresh AS ({fresh.format(t=table)}) " if fresh else ""
+    is_fresh = f"{pk} IN (SELECT {pk} FROM fresh)" if fresh else "false"  # noqa: S608
     sql = (
-        f"INSERT INTO {table} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608
+        f"{head}INSERT INTO {table} ({', '.join(quote(f.column) for f in fields)}) "  # noqa: S608
         f"SELECT * FROM unnest({placeholders}) "
         f"ON CONFLICT ({', '.join(column(n) for n in conflict)}) DO UPDATE SET {sets} "
-        f"WHERE {where.format(t=table)} RETURNING (xmax = 0)"
+        f"WHERE {where.format(t=table)} RETURNING {pk}, (xmax = 0), {is_fresh}"
     )
     with db.cursor() as cursor:
-        cursor.execute(sql, arrays)
-        inserted = [row[0] for row in cursor.fetchall()]
-    return len(inserted), sum(1 for new in inserted if new)
+        cursor.execute(sql, [*fresh_params, *arrays] if fresh else arrays)
+        rows = cursor.fetchall()
+    return len(rows), sum(1 for row in rows if row[1]), [row[0] for row in rows if row[1] or row[2]]
 
 
 def _latest(records: Iterable[Any]) -> dict[str, Any]:
@@ -151,10 +160,21 @@ _SALE_NEWER = (
 )
 
 
+# A sale's placeholder customer (ERP id only, `sales_upsert`) that this page describes for the
+# first time: the customer arrives now, with the name and contacts a welcome flow needs.
+_CUSTOMER_PLACEHOLDERS = (
+    "SELECT id FROM {t} WHERE organization_id = %s AND erp_id = ANY(%s::varchar[]) AND erp_trans_id IS NULL"
+)
+
+
 def customers_upsert(*, organization_id: int, customers: Sequence[ErpCustomer]) -> tuple[int, int]:
     """Insert or update customers by ERP id; returns (new, changed). A new customer has no consent;
     the ERP's opt-in field, where a record carries it, gives or withdraws consent (`_consent_apply`).
-    Opt-outs are never touched. Safe to run twice: an unchanged record writes nothing."""
+    Opt-outs are never touched. Safe to run twice: an unchanged record writes nothing.
+
+    The customers that arrive (rows inserted, and sales' placeholders filled for the first time)
+    are announced as `customer_created` (crm.hooks), a chunk at a time in the caller's
+    transaction, so the flows it starts commit with the page; a row updated is not announced."""
     latest = _latest(customers)
     if not latest:
         return 0, 0
@@ -168,7 +188,7 @@ def customers_upsert(*, organization_id: int, customers: Sequence[ErpCustomer]) 
     for start in range(0, len(erp_ids), UPSERT_CHUNK):
         ids = erp_ids[start : start + UPSERT_CHUNK]
         records = [latest[erp_id] for erp_id in ids]
-        chunk_written, chunk_created = _upsert_columns(
+        chunk_written, chunk_created, arrived = _upsert_columns(
             Customer,
             {
                 "erp_id": ids,
@@ -185,11 +205,23 @@ def customers_upsert(*, organization_id: int, customers: Sequence[ErpCustomer]) 
             update=update,
             where=_CUSTOMER_NEWER,
             constants={"organization_id": organization_id},
+            fresh=_CUSTOMER_PLACEHOLDERS,
+            fresh_params=[organization_id, ids],
         )
         written += chunk_written
-        created += chunk_created
+        created += chunk_created  # a placeholder filled in counts as changed (its row was there)
         _consent_apply(organization_id=organization_id, records=records)
+        _customers_arrived(organization_id=organization_id, customer_ids=arrived, at=now)
     return created, written - created
+
+
+def _customers_arrived(*, organization_id: int, customer_ids: Sequence[int], at: datetime) -> None:
+    hooks.customer_events(
+        [
+            hooks.CustomerEvent("customer_created", organization_id, customer_id, at, f"c:{customer_id}")
+            for customer_id in customer_ids
+        ]
+    )
 
 
 def _consent_apply(*, organization_id: int, records: Sequence[ErpCustomer]) -> None:
@@ -234,7 +266,8 @@ class SalesUpsert:
 
 def sales_upsert(*, store: Store, sales: Sequence[ErpSale]) -> SalesUpsert:
     """Insert or update a store's sales by ERP id, creating a placeholder customer (ERP id only,
-    filled in by the next customer sync) for each one not synced yet. Safe to run twice."""
+    filled in by the next customer sync, which announces it as created) for each one not synced
+    yet. Safe to run twice."""
     latest = _latest(sales)
     if not latest:
         return SalesUpsert()
