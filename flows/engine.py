@@ -43,6 +43,7 @@ from crm.models import Sale
 from flows import guards
 from flows.models import Enrollment, EnrollmentStep, Flow, StepCampaign
 from integrations.models import WhatsappNumber
+from messaging import conversations
 from runner.events import events_store
 from runner.executions import handler_get
 from runner.models import Handler
@@ -409,8 +410,17 @@ def _split(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
 
 
 def _handoff(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
-    # Recorded for the agents' inbox; the Chatwoot conversation lands with the conversations app.
-    _record(enrollment, step, Outcome.DONE, step.get("note", "handoff to an agent"))
+    # Written with the step (same transaction: once); Chatwoot gets it after the commit, in order
+    # with the customer's conversation, waiting while Chatwoot is down.
+    note = conversations.handoff_queue(
+        customer=enrollment.customer,
+        flow_name=enrollment.flow.name,
+        note=step.get("note", ""),
+        assignee_id=step.get("assignee_id"),
+        team_id=step.get("team_id"),
+    )
+    where = "Chatwoot" if note.chatwoot_pending else "the customer's page"
+    _record(enrollment, step, Outcome.DONE, f"handed over ({where}): {step.get('note', '')}".strip())
     _next(enrollment, now)
     return _Ran()
 

@@ -1,6 +1,7 @@
 """What customers write, delivered to the organization's Chatwoot: each inbound message as an
-incoming message of the contact's conversation (the store's inbox where one is set), and each reply
-sent from here as an outgoing one, in order per organization.
+incoming message of the contact's conversation (the store's inbox where one is set), each reply
+sent from here as an outgoing one, and a flow's handoff as a private note that opens (and assigns)
+the conversation, in order per organization.
 
 A message waits in the database (`ConversationMessage.chatwoot_pending`) until Chatwoot took it, so
 nothing depends on Redis or on Chatwoot being up: a push job per organization delivers what waits,
@@ -14,6 +15,7 @@ refused meanwhile is delivered once the token is fixed.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 from collections import defaultdict
 from collections.abc import Iterator
@@ -37,6 +39,9 @@ from messaging.models import ConversationMessage
 logger = logging.getLogger(__name__)
 
 PUSH_TASK = "messaging.tasks.chatwoot_push"
+# A conversation row that is a handoff to a person (conversations.handoff_queue): delivered as a
+# private note, and its conversation opened and assigned.
+HANDOFF_KIND = "handoff"
 PUSH_CHUNK = 500
 # Conversations delivered side by side (each in order): Chatwoot's latency is paid per message.
 PUSH_CONCURRENCY = 64
@@ -251,6 +256,8 @@ def _deliver(
         threads[key] = client.conversation_find_or_create(
             contact_id=contact_id, source_id=source_id or phone.lstrip("+"), inbox_id=inbox_id
         )
+    if row.kind == HANDOFF_KIND:
+        return _hand_over(client, threads[key], row)
     inbound = row.direction == row.Direction.INBOUND
     return client.message_create(
         conversation_id=threads[key],
@@ -260,6 +267,26 @@ def _deliver(
         # Marks what we posted: its message_created webhook is not an agent's reply.
         content_attributes={"crm_message_id": row.pk},
     )
+
+
+def _hand_over(client: ChatwootClient, conversation_id: int, row: ConversationMessage) -> int:
+    """The note for the agents, then the conversation open (and assigned): a retry after a
+    failure part-way posts the note again (a duplicate note beats a customer nobody picks up)."""
+    note = client.message_create(
+        conversation_id=conversation_id,
+        content=row.text,
+        private=True,
+        content_attributes={"crm_message_id": row.pk},
+    )
+    client.conversation_open(conversation_id=conversation_id)
+    try:
+        assign = json.loads(row.payload or "{}")
+    except ValueError:
+        assign = {}
+    client.conversation_assign(
+        conversation_id=conversation_id, assignee_id=assign.get("assignee_id"), team_id=assign.get("team_id")
+    )
+    return note
 
 
 @recovery.register("chatwoot-inbound")
