@@ -44,6 +44,7 @@ from crm.models import Sale
 from flows import guards
 from flows.models import Enrollment, EnrollmentStep, Flow, StepCampaign
 from integrations.models import WhatsappNumber
+from messaging import conversations
 from runner.events import events_store
 from runner.executions import handler_get
 from runner.models import Handler
@@ -179,7 +180,13 @@ def _record(
 def _next(enrollment: Enrollment, due_at: datetime | None) -> None:
     enrollment.step_index += 1
     enrollment.due_at = due_at
-    enrollment.save(update_fields=["step_index", "due_at", "branch", "holdout"])
+    fields = ["step_index", "due_at", "branch", "holdout"]
+    if enrollment.step_index >= len(enrollment.flow.steps) and (due_at is None or due_at <= timezone.now()):
+        # The last step, nothing to wait for: completed in the same statement (not one more).
+        enrollment.status = Enrollment.Status.COMPLETED
+        enrollment.due_at, enrollment.finished_at = None, due_at or timezone.now()
+        fields += ["status", "finished_at"]
+    enrollment.save(update_fields=fields)
 
 
 def _run_step(enrollment: Enrollment, now: datetime) -> _Ran:
@@ -258,17 +265,18 @@ def _send(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
     fields: dict[str, Any] = (
         {"whatsapp_number_id": campaign.whatsapp_number_id} if model is WhatsappMessage else {}
     )
-    # One message per (step campaign, customer), and the campaign is this round's: the row is this
-    # enrollment's (under its lock). Its batch is the enrollment: one send job per step.
-    if not model.objects.filter(campaign_id=campaign.pk, customer_id=enrollment.customer_id).exists():
-        model.objects.create(
-            campaign_id=campaign.pk,
-            organization_id=campaign.organization_id,
-            customer_id=enrollment.customer_id,
-            batch=_BATCH.get() or enrollment.pk,
-            **fields,
-        )
-        CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=F("queued") + 1)
+    # One message per (step campaign, customer), and the campaign is this round's and version's:
+    # only this enrollment (under its lock, its step not recorded yet) can write the row, so no
+    # "exists?" read first; the campaigns' unique (campaign, customer) stays the backstop. Its
+    # batch is the job's: one send batch per step campaign for every enrollment the job ran.
+    model.objects.create(
+        campaign_id=campaign.pk,
+        organization_id=campaign.organization_id,
+        customer_id=enrollment.customer_id,
+        batch=_BATCH.get() or enrollment.pk,
+        **fields,
+    )
+    CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=F("queued") + 1)
     _record(enrollment, step, Outcome.QUEUED, f"{channel} message", campaign=campaign)
     _next(enrollment, now)
     return _Ran(send=(channel, campaign.pk, _BATCH.get() or enrollment.pk, campaign.organization_id))
@@ -436,8 +444,17 @@ def _split(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
 
 
 def _handoff(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
-    # Recorded for the agents' inbox; the Chatwoot conversation lands with the conversations app.
-    _record(enrollment, step, Outcome.DONE, step.get("note", "handoff to an agent"))
+    # Written with the step (same transaction: once); Chatwoot gets it after the commit, in order
+    # with the customer's conversation, waiting while Chatwoot is down.
+    note = conversations.handoff_queue(
+        customer=enrollment.customer,
+        flow_name=enrollment.flow.name,
+        note=step.get("note", ""),
+        assignee_id=step.get("assignee_id"),
+        team_id=step.get("team_id"),
+    )
+    where = "Chatwoot" if note.chatwoot_pending else "the customer's page"
+    _record(enrollment, step, Outcome.DONE, f"handed over ({where}): {step.get('note', '')}".strip())
     _next(enrollment, now)
     return _Ran()
 

@@ -58,7 +58,7 @@ _STEP_KEYS: dict[str, dict[str, str]] = {
     "send_email": {"subject": "text", "body": "text", "body_format": "body_format"},
     "condition": {"if": "condition", "segment": "segment", "then": "then"},
     "split": {"branches": "branches"},
-    "handoff": {"note": "text"},
+    "handoff": {"note": "text", "assignee_id": "positive", "team_id": "positive"},
     "runner": {"integration": "text", "handler": "text"},
 }
 _REQUIRED_STEP: dict[str, tuple[str, ...]] = {

@@ -1,7 +1,8 @@
 """What customers write, delivered to the organization's Chatwoot: each inbound message as an
-incoming message of the contact's conversation (the store's inbox where one is set), and each reply
-sent from here and each campaign message sent (its copy, source "campaign") as an outgoing one, in
-order per conversation.
+incoming message of the contact's conversation (the store's inbox where one is set), each reply
+sent from here and each campaign message sent (its copy, source "campaign") as an outgoing one,
+and a flow's handoff as a private note that opens (and assigns) the conversation, in order per
+conversation.
 
 A message waits in the database (`ConversationMessage.chatwoot_pending`) until Chatwoot took it, so
 nothing depends on Redis or on Chatwoot being up: a push job per organization delivers what waits,
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 from collections import defaultdict
 from collections.abc import Iterator
@@ -41,6 +43,9 @@ from messaging.models import ChatwootThread, ConversationMessage
 logger = logging.getLogger(__name__)
 
 PUSH_TASK = "messaging.tasks.chatwoot_push"
+# A conversation row that is a handoff to a person (conversations.handoff_queue): delivered as a
+# private note, and its conversation opened and assigned.
+HANDOFF_KIND = "handoff"
 PUSH_CHUNK = 500
 # Conversations delivered side by side (each in order): Chatwoot's latency is paid per message.
 PUSH_CONCURRENCY = 64
@@ -344,6 +349,8 @@ def _thread(client: ChatwootClient, row: ConversationMessage, inbox_id: int) -> 
 def _post(
     client: ChatwootClient, account: ChatwootAccount, row: ConversationMessage, conversation_id: int
 ) -> int:
+    if row.kind == HANDOFF_KIND:
+        return _hand_over(client, conversation_id, row)
     inbound = row.direction == row.Direction.INBOUND
     campaign = row.source == row.Source.CAMPAIGN
     attributes: dict[str, int] = {"crm_message_id": row.pk}  # what we posted: not an agent's reply
@@ -358,6 +365,26 @@ def _post(
         message_type="incoming" if inbound else "outgoing",
         content_attributes=attributes,
     )
+
+
+def _hand_over(client: ChatwootClient, conversation_id: int, row: ConversationMessage) -> int:
+    """The note for the agents, then the conversation open (and assigned): a retry after a
+    failure part-way posts the note again (a duplicate note beats a customer nobody picks up)."""
+    note = client.message_create(
+        conversation_id=conversation_id,
+        content=row.text,
+        private=True,
+        content_attributes={"crm_message_id": row.pk},
+    )
+    client.conversation_open(conversation_id=conversation_id)
+    try:
+        assign = json.loads(row.payload or "{}")
+    except ValueError:
+        assign = {}
+    client.conversation_assign(
+        conversation_id=conversation_id, assignee_id=assign.get("assignee_id"), team_id=assign.get("team_id")
+    )
+    return note
 
 
 @recovery.register("chatwoot-inbound")

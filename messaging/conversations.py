@@ -9,6 +9,7 @@ anything is sent: the reply is recorded REFUSED with the reason.
 
 from __future__ import annotations
 
+import json
 import logging
 import unicodedata
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ REPLY_TASK = "messaging.tasks.conversation_reply_send"
 Direction = ConversationMessage.Direction
 Status = ConversationMessage.Status
 Source = ConversationMessage.Source
+HANDOFF_KIND = chatwoot_inbound.HANDOFF_KIND
 # Texts that can carry a keyword (a media caption or a reaction never opts anyone out).
 KEYWORD_KINDS = frozenset({"text", "button", "interactive"})
 
@@ -155,6 +157,40 @@ def reply_queue(
             organization_id=customer.organization_id,
             attempts=1,
         )
+    return message
+
+
+def handoff_queue(
+    *,
+    customer: Customer,
+    flow_name: str,
+    note: str = "",
+    assignee_id: int | None = None,
+    team_id: int | None = None,
+) -> ConversationMessage:
+    """Hand the customer to a person: a note naming the flow on the customer's conversation (the
+    customer's page shows it; the customer gets nothing) and, when the organization has Chatwoot,
+    the same as a private note on the contact's conversation there, opened (and assigned) by the
+    Chatwoot push — in order with the conversation's messages, waiting while Chatwoot is down."""
+    text = _("Handed over by the flow “%(flow)s”.") % {"flow": flow_name}
+    if note.strip():
+        text = f"{text} {note.strip()}"
+    chatwoot = ChatwootAccount.objects.filter(organization_id=customer.organization_id, enabled=True).exists()
+    message = ConversationMessage.objects.create(
+        organization_id=customer.organization_id,
+        customer=customer,
+        direction=Direction.OUTBOUND,
+        kind=HANDOFF_KIND,
+        text=text[:4096],
+        # Who to assign it to in Chatwoot (read by the push).
+        payload=json.dumps({"assignee_id": assignee_id, "team_id": team_id}, separators=(",", ":")),
+        source=Source.FLOW,
+        status=Status.NOTE,
+        chatwoot_pending=chatwoot and bool(customer.phone),
+        error=_("No phone number: not handed over in Chatwoot.") if chatwoot and not customer.phone else "",
+    )
+    if message.chatwoot_pending:
+        chatwoot_inbound.push_enqueue(organization_id=customer.organization_id)
     return message
 
 

@@ -112,6 +112,7 @@ class ConversationMessage(models.Model):
         SENT = "sent", _("sent")
         FAILED = "failed", _("failed")
         REFUSED = "refused", _("refused (outside the 24-hour window)")
+        NOTE = "note", _("note for the agents (not sent to the customer)")
 
     class Source(models.TextChoices):
         CUSTOMER = "customer", _("the customer")

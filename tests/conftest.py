@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.parse
 import urllib.request
@@ -222,11 +223,14 @@ class WorkerProcess:
     """`manage.py workers` as a real process (its own process group, killed at teardown)."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        # A file, not a pipe: a pipe nobody reads fills up (64 KiB of tracebacks while PostgreSQL
+        # is away) and then blocks the workers on their next log line.
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by output()
         self.popen = subprocess.Popen(
             [sys.executable, str(ROOT / "manage.py"), "workers", *args],
             cwd=ROOT,
             env=env or child_env(),
-            stdout=subprocess.PIPE,
+            stdout=self.log,
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
@@ -241,11 +245,12 @@ class WorkerProcess:
     def output(self) -> str:
         self.kill(signal.SIGTERM)
         try:
-            out, _ = self.popen.communicate(timeout=60)
+            self.popen.wait(timeout=60)
         except subprocess.TimeoutExpired:
             self.kill()
-            out, _ = self.popen.communicate()
-        return out.decode(errors="replace")
+            self.popen.wait()
+        self.log.seek(0)
+        return self.log.read().decode(errors="replace")
 
 
 @pytest.fixture

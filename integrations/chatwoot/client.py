@@ -1,7 +1,8 @@
 """Chatwoot application API (v1) client: plain values in, plain values out.
 
-Only what delivering a conversation needs: find or create a contact, find or create its
-conversation in one inbox, and post a message to it. Every failure is an IntegrationError
+Only what mirroring a campaign message and handing a customer to an agent need: find or create a
+contact, find or create its conversation in one inbox, post a message (or a private note) to it,
+open it and assign it. Every failure is an IntegrationError
 classified by integrations.retry: retryable for timeouts, network errors, 408/425/429 and 5xx
 (with the answer's Retry-After); not for any other 4xx or a URL that can never work. A POST that
 went out without an answer is `maybe_delivered` and still retryable: a mirror never reaches the
@@ -176,6 +177,18 @@ class ChatwootClient:
         if not isinstance(body, dict) or "id" not in body:
             raise IntegrationError("Chatwoot: unexpected answer to a message creation", retryable=False)
         return int(body["id"])
+
+    def conversation_open(self, *, conversation_id: int) -> None:
+        """Set the conversation's status to open (the agents' queue), whatever it was; idempotent."""
+        self._request("POST", f"/conversations/{int(conversation_id)}/toggle_status", json={"status": "open"})
+
+    def conversation_assign(
+        self, *, conversation_id: int, assignee_id: int | None = None, team_id: int | None = None
+    ) -> None:
+        """Assign the conversation to an agent and/or a team; idempotent (nothing asked: no call)."""
+        data = {k: int(v) for k, v in (("assignee_id", assignee_id), ("team_id", team_id)) if v is not None}
+        if data:
+            self._request("POST", f"/conversations/{int(conversation_id)}/assignments", json=data)
 
     # -- plumbing ----------------------------------------------------------------------------------
 

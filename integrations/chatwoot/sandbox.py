@@ -115,7 +115,7 @@ class ChatwootSandbox(ThreadedAppServer):
     # -- lifecycle ------------------------------------------------------------------------------
 
     def make_app(self) -> web.Application:
-        """The aiohttp application: the five API routes, behind the request log and fault injection."""
+        """The aiohttp application: the seven API routes, behind the request log and fault injection."""
         app = web.Application(middlewares=[self._middleware])
         base = "/api/v1/accounts/{account_id:\\d+}"
         app.router.add_get(base + "/contacts/search", self._handle_contact_search)
@@ -126,6 +126,12 @@ class ChatwootSandbox(ThreadedAppServer):
         app.router.add_post(base + "/conversations", self._handle_conversation_create)
         app.router.add_post(
             base + "/conversations/{conversation_id:\\d+}/messages", self._handle_message_create
+        )
+        app.router.add_post(
+            base + "/conversations/{conversation_id:\\d+}/toggle_status", self._handle_conversation_status
+        )
+        app.router.add_post(
+            base + "/conversations/{conversation_id:\\d+}/assignments", self._handle_conversation_assign
         )
         app.router.add_get("/_sandbox/conversations", self._handle_sandbox_conversations)
         app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
@@ -299,7 +305,10 @@ class ChatwootSandbox(ThreadedAppServer):
                     "phone_number": contact["phone_number"],
                 },
                 "channel": "Channel::Api",
-                "assignee": None,
+                "assignee": (
+                    {"id": conversation["assignee_id"]} if conversation.get("assignee_id") else None
+                ),
+                "team": {"id": conversation["team_id"]} if conversation.get("team_id") else None,
             },
             "messages": [],
             "unread_count": 0,
@@ -402,6 +411,34 @@ class ChatwootSandbox(ThreadedAppServer):
         }
         self._state.conversations[(account_id, display_id)] = conversation
         return _json_response(self._conversation_json(conversation))
+
+    def _conversation_of(self, request: web.Request) -> dict[str, Any]:
+        account_id = int(request.match_info["account_id"])
+        conversation = self._state.conversations.get((account_id, int(request.match_info["conversation_id"])))
+        if conversation is None:
+            raise ChatwootError(404, NOT_FOUND)
+        return conversation
+
+    async def _handle_conversation_status(self, request: web.Request) -> web.Response:
+        conversation = self._conversation_of(request)
+        status = (await self._body(request)).get("status")
+        if status not in ("open", "pending", "resolved", "snoozed"):
+            raise ChatwootError(422, f"'{status}' is not a valid status", attributes=["status"])
+        conversation["status"] = status
+        return _json_response(
+            {
+                "meta": {},
+                "payload": {"success": True, "current_status": status, "conversation_id": conversation["id"]},
+            }
+        )
+
+    async def _handle_conversation_assign(self, request: web.Request) -> web.Response:
+        conversation = self._conversation_of(request)
+        data = await self._body(request)
+        for key in ("assignee_id", "team_id"):
+            if key in data:
+                conversation[key] = int(data[key]) if data[key] else None
+        return _json_response({"id": conversation.get("assignee_id") or conversation.get("team_id")})
 
     async def _handle_message_create(self, request: web.Request) -> web.Response:
         account_id = int(request.match_info["account_id"])

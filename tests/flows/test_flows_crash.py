@@ -1,18 +1,27 @@
-"""Workers SIGKILLed in the middle of flows, and Redis flushed: nobody messaged twice, none skipped."""
+"""Workers SIGKILLed in the middle of flows, Redis flushed, PostgreSQL restarted: nobody messaged
+twice, none skipped."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import time
 from io import StringIO
+from pathlib import Path
 
+import psycopg
 import pytest
+from django.conf import settings
 from django.core.management import call_command
+from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
 from campaigns import services as campaign_services
 from campaigns.models import WhatsappMessage
 from crm import jobs
+from crm.embedded import Postgres
 from flows import services
 from flows.models import Enrollment, EnrollmentStep
 from tests.campaigns.test_whatsapp_crash import kill_inside_a_send
@@ -90,6 +99,11 @@ def test_workers_killed_mid_flow_and_a_redis_flush_message_nobody_twice_and_skip
     campaign_services.reconcile_in_flight(older_than_seconds=0)
 
     assert sandbox.stats()["by_recipient_max"] <= 2  # two steps: at most one message per step each
+    each_step_once(sandbox, n)
+
+
+def each_step_once(sandbox, n: int) -> None:
+    """Every one of the `n` customers got each of the flow's two sends once, and none twice."""
     per_step = (
         WhatsappMessage.objects.values("campaign_id", "customer_id").annotate(n=Count("id")).filter(n__gt=1)
     )
@@ -103,3 +117,81 @@ def test_workers_killed_mid_flow_and_a_redis_flush_message_nobody_twice_and_skip
     assert statuses["sent"] <= len(sent_to) <= statuses["sent"] + statuses.get("unknown", 0)
     assert Enrollment.objects.filter(status="completed").count() == n
     assert EnrollmentStep.objects.count() == 3 * n
+
+
+def postgres_restart(*, outage_seconds: float = 3.0) -> str:
+    """PostgreSQL goes away under every client of this test's database and comes back: the server
+    itself restarted (`pg_ctl restart`) when this test has an embedded server to itself, else (other
+    xdist workers' tests share it) every session of this test's database terminated and new ones
+    refused for `outage_seconds` — what the clients see of a restart either way. Returns which."""
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW data_directory")
+        data = Path(cursor.fetchone()[0])
+    alone = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) <= 1
+    if alone and str(settings.DATABASES["default"]["HOST"]).startswith("/"):
+        connection.close()
+        server = Postgres(data)
+        # -l: the new server's output to its log, not to this pipe (which would then stay open).
+        log = str(data / "server.log")
+        done = subprocess.run(
+            [server.bin("pg_ctl"), "-D", str(data), "-l", log, "-m", "fast", "-w", "-t", "120", "restart"],
+            **server.run_as(),
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        wait_for(server.is_ready, timeout=120, what="PostgreSQL to accept connections again")
+        return "server restarted"
+    db = settings.DATABASES["default"]
+    name = db["NAME"]
+    connection.close()
+    # From the maintenance database: a session cannot shut its own database.
+    with psycopg.connect(
+        host=db["HOST"],
+        port=db.get("PORT") or None,
+        user=db["USER"],
+        password=db.get("PASSWORD") or None,
+        dbname="postgres",
+        autocommit=True,
+    ) as admin:
+        admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false')
+        try:
+            admin.execute(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = %s", [name]
+            )
+            time.sleep(outage_seconds)  # the outage itself (nothing is awaited): connections refused
+        finally:
+            admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
+    return "database sessions terminated"
+
+
+def test_postgresql_restarted_mid_flow_messages_nobody_twice_and_skips_nobody(wa, sandbox, worker_process):
+    n = 150
+    customers = wa["customers"](n)
+    flow, _ = services.flow_import(data=FLOW, organization_slug=wa["org"].slug)
+    sandbox.configure(latency_ms=20)
+    services.enroll(flow=flow, customer_ids=[c.pk for c in customers], entry_keys=["x"] * n)
+    workers = worker_process("--queues", QUEUES, "--processes", "2", env=child_env())
+    wait_for(lambda: sandbox.stats()["accepted"] >= 40, timeout=120, what="flow sends to start")
+    how = postgres_restart()
+    accepted = sandbox.stats()["accepted"]
+
+    def _sending_again() -> bool:
+        # A job that failed while PostgreSQL was away comes back from the recovery pass (the
+        # scheduler's, every minute); the same worker processes, not restarted, run it.
+        call_command("recover", stdout=StringIO())
+        return sandbox.stats()["accepted"] > accepted
+
+    try:
+        wait_for(_sending_again, timeout=300, interval=2, what=f"sends after ({how})")
+        wait_for(_done, timeout=600, interval=2, what="every enrollment to finish")
+        wait_for(_all_sent, timeout=300, interval=2, what="every queued message to be sent")
+    except BaseException:
+        print(how, workers.output()[-4000:])
+        raise
+    workers.kill(signal.SIGTERM)
+    workers.wait(timeout=60)
+    campaign_services.reconcile_in_flight(older_than_seconds=0)
+
+    each_step_once(sandbox, n)
