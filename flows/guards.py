@@ -3,24 +3,22 @@
 
 from __future__ import annotations
 
-import importlib.util
-from collections.abc import Callable
 from datetime import datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
-# The global holdout (customers kept out of all marketing to measure lift): crm/holdout.py when it
-# exists provides `holdout_reason(*, organization_id, customer_id) -> str` ("" when not held out).
-_HOLDOUT: Callable[..., str] | None = None
-if importlib.util.find_spec("crm.holdout") is not None:  # pragma: no cover - lands with the lift work
-    _HOLDOUT = getattr(importlib.import_module("crm.holdout"), "holdout_reason", None)
+from crm import holdout
 
 
 def global_holdout(*, enrollment: Any) -> str:
-    """Why the enrollment's customer is held out of every send (global holdout), or ""."""
-    if _HOLDOUT is None:
+    """Why the enrollment's customer is held out of every send (the organization's global holdout,
+    crm.holdout), or "": a transactional flow is exempt."""
+    flow = enrollment.flow
+    organization = flow.organization
+    if flow.transactional or not organization.holdout_percent:
         return ""
-    return _HOLDOUT(organization_id=enrollment.organization_id, customer_id=enrollment.customer_id) or ""
+    held = holdout.in_holdout(organization=organization, customer_ids=[enrollment.customer_id])
+    return "global holdout" if held else ""
 
 
 def _parse(spec: str) -> tuple[time, time] | None:

@@ -12,6 +12,7 @@ from django.core.management import call_command
 
 from campaigns import lift
 from campaigns.models import Campaign, EmailMessage, WhatsappMessage
+from crm import holdout
 from crm.models import Customer
 from flows import selectors, services
 from flows.models import Enrollment, EnrollmentStep, Flow
@@ -171,3 +172,32 @@ def test_the_step_campaigns_control_share_is_the_holdout_branches():
     assert share((90, False), (10, True)) == 10
     assert share((20, False), (80, True)) == 50  # the campaigns' range
     assert Flow(steps=[{"type": "wait", "minutes": 1}]).control_percent == 0
+
+
+def test_the_global_holdout_receives_no_marketing_flow_and_a_transactional_one_is_exempt(
+    wa, sandbox, run_jobs
+):
+    org = wa["org"]
+    holdout.holdout_set(organization=org, percent=15)
+    people = wa["customers"](200)
+    held = holdout.in_holdout(organization=org, customer_ids=[p.pk for p in people])
+    assert 10 <= len(held) <= 55  # 15% of 200 (± 5 standard deviations)
+    phones = {p.pk: p.phone.lstrip("+") for p in people}
+    send = {**SPLIT_FLOW, "steps": [SPLIT_FLOW["steps"][1]]}
+    marketing, _ = services.flow_import(data=send, organization_slug=org.slug)
+    services.enroll(flow=marketing, customer_ids=list(phones), entry_keys=[f"m{c}" for c in phones])
+    run_jobs()
+    reached = {m["to"] for m in sandbox.messages()}
+    assert reached == {phones[c] for c in phones if c not in held}  # nothing to the global holdout
+    outcomes = EnrollmentStep.objects.filter(enrollment__flow=marketing, enrollment__customer_id__in=held)
+    assert set(outcomes.values_list("outcome", "detail")) == {("holdout", "global holdout")}
+    assert not WhatsappMessage.objects.filter(
+        campaign__flow_step__flow=marketing, customer_id__in=held
+    ).exists()
+
+    receipt, _ = services.flow_import(
+        data={**send, "key": "receipt", "transactional": True}, organization_slug=org.slug
+    )
+    services.enroll(flow=receipt, customer_ids=sorted(held), entry_keys=[f"t{c}" for c in sorted(held)])
+    run_jobs()
+    assert {phones[c] for c in held} <= {m["to"] for m in sandbox.messages()}  # exempt by its flag
