@@ -14,6 +14,7 @@ message is handed to the conversation once); whether Chatwoot took it is the cop
 
 from __future__ import annotations
 
+import functools
 import logging
 
 from django.db import transaction
@@ -62,7 +63,8 @@ def chatwoot_message_content(message: WhatsappMessage) -> str:
 
 def chatwoot_mirror_batch(*, message_ids: list[int]) -> int:
     """Make the conversation copy of each sent message not handed over yet, for organizations with
-    Chatwoot enabled, and enqueue their pushes (after commit); returns how many. Safe to run twice:
+    Chatwoot enabled, and enqueue their pushes (after the commit, a failure only logged); returns
+    how many. Safe to run twice:
     a message is claimed once (`chatwoot_mirrored_at`), in the transaction that writes its copy."""
     with transaction.atomic():
         claimed = list(
@@ -84,7 +86,11 @@ def chatwoot_mirror_batch(*, message_ids: list[int]) -> int:
         )
         ConversationMessage.objects.bulk_create(_copies(claimed))
         for organization_id in {m.organization_id for m in claimed}:
-            chatwoot_inbound.push_enqueue(organization_id=organization_id)
+            # Robust: Redis failing after the commit fails no send (`recover` pushes what waits).
+            transaction.on_commit(
+                functools.partial(chatwoot_inbound.push_enqueue, organization_id=organization_id),
+                robust=True,
+            )
     return len(claimed)
 
 

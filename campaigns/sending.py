@@ -600,8 +600,8 @@ def _classify_refusal(plan: BatchPlan, o: Outcome) -> None:
 def batch_apply(campaign: Campaign, plan: BatchPlan, messages: list[WhatsappMessage]) -> BatchPlan:
     """Write the plan over `messages` (the batch's claimed ones still held) in one transaction of
     bulk statements, the rows locked and only those still SENDING written (`BatchPlan.reconciled`),
-    the campaign's metrics with F(), the customers' opt-outs and the pauses; then mirror the sent
-    messages to Chatwoot and stop a campaign whose template is broken. Returns the plan as written."""
+    the campaign's metrics with F(), the customers' opt-outs, the pauses and the sent messages'
+    copies for Chatwoot; then stop a campaign whose template is broken. Returns the plan as written."""
     with transaction.atomic():
         rows = (
             WhatsappMessage.objects.select_for_update()
@@ -627,8 +627,8 @@ def batch_apply(campaign: Campaign, plan: BatchPlan, messages: list[WhatsappMess
             cost=F("cost") + plan.cost,
         )
         _write_sending_state(campaign, plan)
-    if plan.sent:
-        _mirror_to_chatwoot(campaign, list(plan.sent))
+        if plan.sent:
+            _mirror_to_chatwoot(campaign, list(plan.sent))
     if plan.stop_campaign:
         services.campaign_stop(campaign_id=campaign.pk, reason=plan.stop_campaign)
     return plan
@@ -704,12 +704,15 @@ def _write_sending_state(campaign: Campaign, plan: BatchPlan) -> None:
 
 
 def _mirror_to_chatwoot(campaign: Campaign, message_ids: list[int]) -> None:
-    """Fire-and-forget: the mirror is its own job, and nothing in enqueueing it (Redis down, a bug)
-    may fail a batch whose sends are already recorded, so any error is logged and dropped."""
+    """The sent messages' copies for Chatwoot, in the batch's transaction (so a worker killed after
+    the commit loses no mirror) but in a savepoint of their own: nothing in making them (a bug) may
+    fail a batch whose sends are recorded, so any error is logged and dropped. Their push is
+    enqueued after the commit."""
     try:
         from campaigns import chatwoot
 
-        chatwoot.chatwoot_enqueue_mirror(campaign_id=campaign.pk, message_ids=message_ids)
+        with transaction.atomic():
+            chatwoot.chatwoot_enqueue_mirror(campaign_id=campaign.pk, message_ids=message_ids)
     except Exception:
         logger.exception(
             "campaign %s: Chatwoot mirror not enqueued",

@@ -23,7 +23,7 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -49,6 +49,7 @@ HANDOFF_KIND = "handoff"
 PUSH_CHUNK = 500
 # Conversations delivered side by side (each in order): Chatwoot's latency is paid per message.
 PUSH_CONCURRENCY = 64
+STREAM_POLL = 0.05  # seconds between reads of newly committed rows while conversations are in flight
 DOWN_DEFER = 10.0  # seconds before trying a Chatwoot that did not answer again
 BUSY_DEFER = 1.0  # another push of the organization holds its lock
 _ACCOUNT_LEVEL_STATUSES = (401, 403)
@@ -156,14 +157,13 @@ def push(*, organization_id: int) -> int:
                 return 0
 
 
-def _pending(organization_id: int, after_id: int) -> list[ConversationMessage]:
-    return list(
-        ConversationMessage.objects.filter(
-            organization_id=organization_id, chatwoot_pending=True, id__gt=after_id
-        )
-        .select_related("customer", "store")
-        .order_by("id")[:PUSH_CHUNK]
-    )
+def _pending(organization_id: int, *, exclude: set[int], blocked: set[int]) -> list[ConversationMessage]:
+    rows = ConversationMessage.objects.filter(organization_id=organization_id, chatwoot_pending=True)
+    if exclude:
+        rows = rows.exclude(id__in=exclude)
+    if blocked:
+        rows = rows.exclude(customer_id__in=blocked)
+    return list(rows.select_related("customer", "store").order_by("id")[: PUSH_CHUNK - len(exclude)])
 
 
 Thread = tuple[int, int]  # Chatwoot's (contact id, conversation id) of a customer in an inbox
@@ -197,30 +197,83 @@ def _conversation(
     return outcome
 
 
-def _push_all(client: ChatwootClient, account: ChatwootAccount) -> int:
-    """Conversations side by side (PUSH_CONCURRENCY), each in order; the rows written here, by this
-    thread, as the answers come back."""
-    delivered, after = 0, 0
-    blocked: set[int] = set()  # customers whose earlier message failed: later ones wait (order)
-    with ThreadPoolExecutor(max_workers=PUSH_CONCURRENCY, thread_name_prefix="chatwoot-push") as pool:
-        while rows := _pending(account.organization_id, after):
-            after = rows[-1].pk
-            by_customer: dict[int, list[ConversationMessage]] = defaultdict(list)
-            for row in rows:
-                if row.customer_id not in blocked:
-                    by_customer[row.customer_id].append(row)
-            known = _known_threads(account.organization_id, list(by_customer))
-            outcomes = list(
-                pool.map(functools.partial(_conversation, client, account, known=known), by_customer.values())
-            )
-            delivered += _record(outcomes)
-            _keep_threads(account.organization_id, outcomes)
-            stops = [o.stopped for o in outcomes if o.stopped is not None]
-            for row, exc in stops:
+class _Stream:
+    """One push's conversations in flight: a customer's waiting rows go out as one group, in order,
+    as soon as the customer has none in flight (no round waits for its slowest conversation);
+    what comes back is written by the push's own thread."""
+
+    def __init__(self, client: ChatwootClient, account: ChatwootAccount, pool: ThreadPoolExecutor) -> None:
+        self.client, self.account, self.pool = client, account, pool
+        self.organization_id = account.organization_id
+        self.blocked: set[int] = set()  # customers whose earlier message failed: later ones wait
+        self.taken: set[int] = set()  # rows queued or in flight
+        self.queued: dict[int, list[ConversationMessage]] = defaultdict(list)
+        self.running: dict[Future[_Outcome], tuple[int, list[int]]] = {}  # -> its customer and rows
+        self.known: dict[int, dict[tuple[int, int], Thread]] = defaultdict(dict)
+        self.delivered = 0
+
+    def read(self) -> None:
+        """Queue the waiting rows not taken yet, oldest first (a bounded number at a time): rows
+        committed meanwhile, in whatever order their transactions commit."""
+        if len(self.taken) >= PUSH_CHUNK:
+            return
+        rows = _pending(self.organization_id, exclude=self.taken, blocked=self.blocked)
+        new = {row.customer_id for row in rows} - self.known.keys()
+        for (customer_id, inbox_id), thread in _known_threads(self.organization_id, list(new)).items():
+            self.known[customer_id][(customer_id, inbox_id)] = thread
+        for row in rows:
+            self.queued[row.customer_id].append(row)
+            self.taken.add(row.pk)
+
+    def submit(self) -> None:
+        busy = {customer_id for customer_id, _ in self.running.values()}
+        for customer_id in [c for c in self.queued if c not in busy]:
+            group = self.queued.pop(customer_id)
+            known = dict(self.known[customer_id])
+            future = self.pool.submit(_conversation, self.client, self.account, group, known=known)
+            self.running[future] = (customer_id, [row.pk for row in group])
+
+    def collect(self, timeout: float | None) -> list[IntegrationError]:
+        """Write what came back within `timeout` (None: everything in flight); returns the errors."""
+        done, _ = wait(list(self.running), timeout=timeout, return_when=FIRST_COMPLETED)
+        if timeout is None:
+            done = set(self.running)
+            wait(done)
+        outcomes = [future.result() for future in done]
+        for future in done:
+            _, ids = self.running.pop(future)
+            self.taken.difference_update(ids)  # delivered (no longer waiting) or blocked
+        self.delivered += _record(outcomes)
+        _keep_threads(self.organization_id, outcomes)
+        for outcome in outcomes:
+            for (customer_id, inbox_id), thread in outcome.threads.items():
+                self.known[customer_id][(customer_id, inbox_id)] = thread
+        errors = []
+        for outcome in outcomes:
+            if outcome.stopped is not None:
+                row, exc = outcome.stopped
                 _note(row, exc)
-                blocked.add(row.customer_id)
-            _raise_for(account, [exc for _, exc in stops])
-    return delivered
+                self.blocked.add(row.customer_id)
+                self.taken.difference_update(r.pk for r in self.queued.pop(row.customer_id, []))
+                errors.append(exc)
+        return errors
+
+
+def _push_all(client: ChatwootClient, account: ChatwootAccount) -> int:
+    """Conversations side by side (PUSH_CONCURRENCY), each in order, new rows read every
+    STREAM_POLL seconds while conversations are in flight; a Chatwoot down or a refused token
+    ends the push once what is in flight came back and was written."""
+    with ThreadPoolExecutor(max_workers=PUSH_CONCURRENCY, thread_name_prefix="chatwoot-push") as pool:
+        stream = _Stream(client, account, pool)
+        while True:
+            stream.read()
+            stream.submit()
+            if not stream.running:
+                return stream.delivered
+            errors = stream.collect(STREAM_POLL)
+            if any(e.retryable or e.status in _ACCOUNT_LEVEL_STATUSES for e in errors):
+                errors += stream.collect(None)
+                _raise_for(account, errors)
 
 
 def _known_threads(organization_id: int, customer_ids: list[int]) -> dict[tuple[int, int], Thread]:
@@ -256,14 +309,20 @@ def _keep_threads(organization_id: int, outcomes: list[_Outcome]) -> None:
 
 
 def _record(outcomes: list[_Outcome]) -> int:
-    done = 0
-    for outcome in outcomes:
-        for row, chatwoot_id in outcome.delivered:
-            done += ConversationMessage.objects.filter(pk=row.pk, chatwoot_pending=True).update(
-                chatwoot_pending=False,
-                chatwoot_error="",
-                **({"chatwoot_message_id": chatwoot_id} if row.direction == row.Direction.INBOUND else {}),
-            )
+    """Mark the delivered rows (two statements): no longer waiting, and each inbound one with its
+    Chatwoot id (an agent's reply keeps its own)."""
+    delivered = [(row, chatwoot_id) for outcome in outcomes for row, chatwoot_id in outcome.delivered]
+    if not delivered:
+        return 0
+    done = ConversationMessage.objects.filter(
+        pk__in=[row.pk for row, _ in delivered], chatwoot_pending=True
+    ).update(chatwoot_pending=False, chatwoot_error="")
+    inbound = []
+    for row, chatwoot_id in delivered:
+        if row.direction == row.Direction.INBOUND:
+            row.chatwoot_message_id = chatwoot_id
+            inbound.append(row)
+    ConversationMessage.objects.bulk_update(inbound, ["chatwoot_message_id"])
     return done
 
 
