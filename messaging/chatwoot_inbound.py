@@ -53,6 +53,8 @@ STREAM_POLL = 0.05  # seconds between reads of newly committed rows while conver
 DOWN_DEFER = 10.0  # seconds before trying a Chatwoot that did not answer again
 BUSY_DEFER = 1.0  # another push of the organization holds its lock
 _ACCOUNT_LEVEL_STATUSES = (401, 403)
+# The error's prefix of a row whose post went out without an answer: looked for before posting again.
+MAYBE_DELIVERED = "maybe delivered: "
 _LOCK_SPACE = 0x43570000  # advisory lock ids: this space + the organization's id
 
 
@@ -350,7 +352,8 @@ class _TokenRefused(Exception):
 
 def _note(row: ConversationMessage, exc: IntegrationError) -> None:
     details = f" — {exc.details}" if exc.details else ""
-    ConversationMessage.objects.filter(pk=row.pk).update(chatwoot_error=f"{exc}{details}"[:1000])
+    maybe = MAYBE_DELIVERED if exc.maybe_delivered else ""
+    ConversationMessage.objects.filter(pk=row.pk).update(chatwoot_error=f"{maybe}{exc}{details}"[:1000])
 
 
 def chatwoot_content(row: ConversationMessage) -> str:
@@ -410,6 +413,13 @@ def _post(
 ) -> int:
     if row.kind == HANDOFF_KIND:
         return _hand_over(client, conversation_id, row)
+    if row.chatwoot_error.startswith(MAYBE_DELIVERED):
+        # Its last post got no answer: Chatwoot may have it already (no second line for it).
+        posted = client.message_find(
+            conversation_id=conversation_id, attribute="crm_message_id", value=row.pk
+        )
+        if posted is not None:
+            return posted
     inbound = row.direction == row.Direction.INBOUND
     campaign = row.source == row.Source.CAMPAIGN
     attributes: dict[str, int] = {"crm_message_id": row.pk}  # what we posted: not an agent's reply

@@ -190,6 +190,16 @@ class ChatwootClient:
         if data:
             self._request("POST", f"/conversations/{int(conversation_id)}/assignments", json=data)
 
+    def message_find(self, *, conversation_id: int, attribute: str, value: int) -> int | None:
+        """The id of one of the conversation's latest messages whose content_attributes has
+        `attribute` = `value` (a message posted earlier whose answer never came back), else None."""
+        body = self._request("GET", f"/conversations/{int(conversation_id)}/messages")
+        for message in (body.get("payload") if isinstance(body, dict) else None) or []:
+            attributes = message.get("content_attributes") if isinstance(message, dict) else None
+            if isinstance(attributes, dict) and attributes.get(attribute) == value and "id" in message:
+                return int(message["id"])
+        return None
+
     # -- plumbing ----------------------------------------------------------------------------------
 
     def _search(self, phone_e164: str, inbox_id: int) -> tuple[int, str | None] | None:

@@ -84,6 +84,7 @@ class _State:
     fail_after: int = 0
     fail_count: int = 0
     fail_status: int = 500
+    lose_answers: int = 0  # message creations to take and then hang up on, unanswered
     contact_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     message_ids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     display_ids: dict[int, itertools.count[int]] = field(default_factory=dict)
@@ -115,7 +116,7 @@ class ChatwootSandbox(ThreadedAppServer):
     # -- lifecycle ------------------------------------------------------------------------------
 
     def make_app(self) -> web.Application:
-        """The aiohttp application: the seven API routes, behind the request log and fault injection."""
+        """The aiohttp application: the eight API routes, behind the request log and fault injection."""
         app = web.Application(middlewares=[self._middleware])
         base = "/api/v1/accounts/{account_id:\\d+}"
         app.router.add_get(base + "/contacts/search", self._handle_contact_search)
@@ -133,6 +134,7 @@ class ChatwootSandbox(ThreadedAppServer):
         app.router.add_post(
             base + "/conversations/{conversation_id:\\d+}/assignments", self._handle_conversation_assign
         )
+        app.router.add_get(base + "/conversations/{conversation_id:\\d+}/messages", self._handle_message_list)
         app.router.add_get("/_sandbox/conversations", self._handle_sandbox_conversations)
         app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
         return app
@@ -168,6 +170,14 @@ class ChatwootSandbox(ThreadedAppServer):
 
         def apply() -> None:
             self._state.fail_after, self._state.fail_count, self._state.fail_status = after, n, status
+
+        self._on_loop(apply)
+
+    def lose_next_answers(self, n: int) -> None:
+        """Take the next ``n`` message creations, then close the connection without an answer."""
+
+        def apply() -> None:
+            self._state.lose_answers = n
 
         self._on_loop(apply)
 
@@ -227,6 +237,11 @@ class ChatwootSandbox(ThreadedAppServer):
             except ChatwootError as error:
                 response = error.response()
         entry["status"] = response.status
+        if state.lose_answers > 0 and request.method == "POST" and request.path.endswith("/messages"):
+            state.lose_answers -= 1
+            entry["status"] = "lost"
+            if request.transport is not None:
+                request.transport.close()  # the message is kept; its answer never reaches the client
         return response
 
     def _check_token(self, account_id: int, token: str) -> None:
@@ -485,6 +500,15 @@ class ChatwootSandbox(ThreadedAppServer):
                 "sender": {"id": 1, "name": "Agent", "type": "user"},
             }
         )
+
+    async def _handle_message_list(self, request: web.Request) -> web.Response:
+        """The conversation's latest 20 messages, oldest first (Chatwoot's page without `before`)."""
+        account_id = int(request.match_info["account_id"])
+        conversation = self._state.conversations.get((account_id, int(request.match_info["conversation_id"])))
+        if conversation is None:
+            raise ChatwootError(404, NOT_FOUND)
+        mine = [m for m in self._state.messages if m["conversation_id"] == conversation["id"]][-20:]
+        return _json_response({"meta": {}, "payload": mine})
 
     async def _handle_unknown(self, request: web.Request) -> web.Response:
         raise ChatwootError(404, NOT_FOUND)

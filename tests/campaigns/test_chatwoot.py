@@ -263,11 +263,11 @@ def test_a_message_chatwoot_rejects_waits_with_its_error_and_the_others_are_mirr
     _account(wa["org"], cw)
     campaign = _send(wa, run_jobs, 3, queues=["campaign-trigger", "whatsapp-send"])
     ids = _sent_ids(campaign)
-    cw.fail_next(1, 400)  # the first conversation's contact
+    cw.fail_next(1, 400)  # the first request to arrive (conversations go side by side)
     assert chatwoot_inbound.push(organization_id=wa["org"].pk) == 2
     stuck = _copies(campaign).get(chatwoot_pending=True)
-    assert stuck.campaign_message_id == ids[0] and "400" in stuck.chatwoot_error
-    assert _mirrored(cw) == ids[1:]
+    assert "400" in stuck.chatwoot_error
+    assert _mirrored(cw) == [i for i in ids if i != stuck.campaign_message_id]
 
 
 @pytest.mark.parametrize("account", ["none", "disabled"])

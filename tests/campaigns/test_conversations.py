@@ -247,6 +247,22 @@ def test_inbound_reaches_chatwoot_as_incoming_in_order_and_waits_while_it_is_dow
     assert chatwoot_inbound.waiting() == {}
 
 
+def test_a_message_whose_answer_was_lost_is_found_and_not_posted_twice(wa, meta, drain_inbox, run_jobs, cw):
+    _chatwoot(wa["org"], cw)
+    ana = wa["customers"](1)[0]
+    for i in range(2):
+        meta(_inbound(_message(f"wamid.L{i}", ana.phone.lstrip("+"), text={"body": f"mensagem {i}"})))
+    drain_inbox()
+    cw.lose_next_answers(1)  # Chatwoot takes the first message, its answer never comes back
+    run_jobs(["chatwoot-inbound"], settle=0)
+    first = ConversationMessage.objects.order_by("id").first()
+    assert first.chatwoot_pending and first.chatwoot_error.startswith(chatwoot_inbound.MAYBE_DELIVERED)
+    assert chatwoot_inbound.push(organization_id=wa["org"].pk) == 2
+    assert [m["content"] for m in cw.messages()] == ["mensagem 0", "mensagem 1"]  # each once, in order
+    first.refresh_from_db()
+    assert first.chatwoot_message_id == cw.messages()[0]["id"]
+
+
 def test_a_refused_token_keeps_messages_waiting_until_fixed_then_recover_delivers_them(
     wa, meta, drain_inbox, run_jobs, cw
 ):
