@@ -191,6 +191,8 @@ def main() -> None:
             ]
             print(f"  B alone measured (load {os.getloadavg()[0]:.1f})", flush=True)
             big = _start(campaign(org_a, PHONE_NUMBER_ID, "A large"))
+            while not sent(big):  # fanned out (a worker stopped mid-fan-out would leave it to `recover`)
+                time.sleep(0.2)
             if args.throughput_rounds:
                 stop(pool)
                 pool = throughput(big, args)
