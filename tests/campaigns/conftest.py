@@ -20,14 +20,19 @@ def sandbox() -> Iterator[SandboxServer]:
 
 
 def whatsapp_number(
-    org: Organization, sandbox: SandboxServer, *, store: Store | None = None
+    org: Organization,
+    sandbox: SandboxServer,
+    *,
+    store: Store | None = None,
+    phone_number_id: str = PHONE_NUMBER_ID,
+    display: str = "+5511940000000",
 ) -> WhatsappNumber:
     """The organization's WhatsApp number, pointed at the sandbox (unpaced)."""
     number = WhatsappNumber(
         organization=org,
         store=store,
-        display_phone_number="+5511940000000",
-        phone_number_id=PHONE_NUMBER_ID,
+        display_phone_number=display,
+        phone_number_id=phone_number_id,
         graph_url=sandbox.url,
         messages_per_second=0,
     )

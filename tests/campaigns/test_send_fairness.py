@@ -11,9 +11,8 @@ from campaigns import services
 from campaigns.models import Campaign, WhatsappMessage
 from crm import fairshare, jobs, queues
 from crm.models import Customer, Organization
-from integrations.models import WhatsappNumber
 from integrations.whatsapp.sandbox import SandboxServer
-from tests.campaigns.conftest import PHONE_NUMBER_ID, TOKEN
+from tests.campaigns.conftest import PHONE_NUMBER_ID, TOKEN, whatsapp_number
 
 B_NUMBER_ID = "109876549999"
 B_PREFIX = "+55219"  # tenant B's customers' phones; A's are +55119…
@@ -29,15 +28,7 @@ def sandbox() -> Iterator[SandboxServer]:
 
 def _tenant_b(sandbox: SandboxServer, recipients: int) -> Campaign:
     org = Organization.objects.create(name="Outra Loja", slug="outra")
-    number = WhatsappNumber(
-        organization=org,
-        display_phone_number="+5521940000000",
-        phone_number_id=B_NUMBER_ID,
-        graph_url=sandbox.url,
-        messages_per_second=0,
-    )
-    number.set_access_token(TOKEN)
-    number.save()
+    number = whatsapp_number(org, sandbox, phone_number_id=B_NUMBER_ID, display="+5521940000000")
     Customer.objects.bulk_create(
         Customer(
             organization=org,
