@@ -145,3 +145,21 @@ def report_side_by_side(report: dict[str, Any], *, revenue: Decimal, buyers: int
         "yes" if report["significant"] else "no",
         _verdict(report, flow=flow),
     )
+
+
+def summary_line(report: dict[str, Any]) -> str:
+    """A lift report in one line (`campaign_status`, `flows status`)."""
+    low, high = report["buyers_rate_lift_ci95"] or [None, None]
+    return str(
+        _(
+            "lift: buyers rate %(lift)s (95%% interval %(low)s to %(high)s, p %(p)s), "
+            "incremental revenue %(revenue)s"
+        )
+        % {
+            "lift": report["buyers_rate_lift"],
+            "low": low,
+            "high": high,
+            "p": report["p_value"],
+            "revenue": report["incremental_revenue"],
+        }
+    )

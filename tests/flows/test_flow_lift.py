@@ -144,7 +144,7 @@ def test_a_flow_without_a_holdout_branch_has_no_lift_and_no_control(
     assert "No holdout branch" in page
 
 
-def test_a_held_out_customer_the_send_would_skip_is_in_neither_arm(wa, sandbox, run_jobs):
+def test_a_held_out_customer_the_send_would_skip_is_in_neither_arm(wa, sandbox, run_jobs, english):
     steps = [
         {"type": "split", "branches": [{"name": "control", "percent": 100, "holdout": True}]},
         SPLIT_FLOW["steps"][1],
@@ -161,6 +161,9 @@ def test_a_held_out_customer_the_send_would_skip_is_in_neither_arm(wa, sandbox, 
     assert detail.startswith("split holdout (in neither arm")
     report = selectors.flow_lift(flow=flow)
     assert report is not None and report["control"]["customers"] == 1
+    out = StringIO()
+    call_command("flows", "status", flow.key, "--org", wa["org"].slug, stdout=out)
+    assert "lift: buyers rate" in out.getvalue()  # the campaigns' line, in the text output too
 
 
 def test_the_step_campaigns_control_share_is_the_holdout_branches():

@@ -8,7 +8,7 @@ from django.core.management.base import CommandParser
 from django.utils.translation import gettext as _
 from django.utils.translation import pgettext_lazy
 
-from campaigns import selectors
+from campaigns import lift_pages, selectors
 from campaigns.management.commands._campaign import campaign_or_error
 from campaigns.models import Campaign
 from crm import cli
@@ -80,21 +80,7 @@ class Command(cli.CrmCommand):
             "  ".join(f"{COUNT_LABELS.get(k, k)} {cli.number(v)}" for k, v in data["counts"].items()),
         ]
         if data["lift"] is not None:
-            lift = data["lift"]
-            interval = lift["buyers_rate_lift_ci95"] or [None, None]
-            lines.append(
-                _(
-                    "lift: buyers rate %(lift)s (95%% interval %(low)s to %(high)s, p %(p)s), "
-                    "incremental revenue %(revenue)s"
-                )
-                % {
-                    "lift": lift["buyers_rate_lift"],
-                    "low": interval[0],
-                    "high": interval[1],
-                    "p": lift["p_value"],
-                    "revenue": lift["incremental_revenue"],
-                }
-            )
+            lines.append(lift_pages.summary_line(data["lift"]))
         if data["stop_reason"]:
             lines.append(_("stopped: %(reason)s") % {"reason": data["stop_reason"]})
         if data["sending_paused"]:

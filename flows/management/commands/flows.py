@@ -9,6 +9,7 @@ from typing import Any
 
 from django.core.management.base import CommandError, CommandParser
 
+from campaigns import lift_pages
 from crm import cli
 from flows import selectors, services
 from flows.schema import FlowSchemaError
@@ -76,3 +77,6 @@ class Command(cli.CrmCommand):
                     f"  {s['index']:>2} {s['type']:<14} done {s['done']}, sent {s['sent']}, "
                     f"revenue {s['revenue']}"
                 )
+            lift = selectors.flow_lift(flow=flow)
+            if lift is not None:  # the campaigns' line (campaign_status), for the holdout branch
+                self.stdout.write(lift_pages.summary_line(lift))
