@@ -77,6 +77,8 @@ class FlowAdmin(TenantAdmin):
     def figures(self, obj: Flow) -> str:
         if obj.pk is None:
             return "-"
+        # The flow as stored: a form that did not validate (steps "0") has changed obj in memory.
+        obj = Flow.objects.get(pk=obj.pk)
         status = selectors.flow_status(flow=obj)
         rows = format_html_join(
             "",

@@ -430,3 +430,9 @@ def test_the_admin_form_refuses_an_unknown_key_naming_its_path(wa, make_flow, ad
     assert "steps[0]: unknown key(s) &#x27;seconds&#x27;" in page
     flow.refresh_from_db()
     assert flow.steps == SEND_NOW["steps"]
+    # Not even a list: refused, and the page (its steps and counts) still shows the stored flow.
+    for steps in ("0", '{"type": "wait"}', "null"):
+        response = admin_client.post(f"/admin/flows/flow/{flow.pk}/change/", {**data, "steps": steps})
+        assert response.status_code == 200 and "send_whatsapp" in response.content.decode()
+        flow.refresh_from_db()
+        assert flow.steps == SEND_NOW["steps"]
