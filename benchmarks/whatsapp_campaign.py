@@ -378,14 +378,14 @@ def run_campaign(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    time.sleep(3)  # workers up
-    cpu = CpuAccount(trees={"workers": pool.pid}, database=str(connection.settings_dict["NAME"]))
-    cpu.start()
-    started = time.monotonic()
-    services.campaign_start(campaign=campaign)
     marks: dict[str, float] = {}
     worker_pids: set[int] = set()
-    try:
+    try:  # whatever fails (an empty audience), the workers end with the run
+        time.sleep(3)  # workers up
+        cpu = CpuAccount(trees={"workers": pool.pid}, database=str(connection.settings_dict["NAME"]))
+        cpu.start()
+        started = time.monotonic()
+        services.campaign_start(campaign=campaign)
         while True:
             time.sleep(0.25)
             worker_pids.update(c for p in _children(pool.pid) for c in [p, *_children(p)])
