@@ -25,7 +25,8 @@ def update_rows(
     """UPDATE the given fields of each object, matched by primary key; returns rows written.
 
     only_if={"status": "sending"} writes only rows whose column still holds that value (a
-    compare-and-set: a concurrent writer that got there first wins)."""
+    compare-and-set: a concurrent writer that got there first wins). Each field's values travel as
+    one array of the field's column type: scalar fields only (no JSON or array fields)."""
     if not objs:
         return 0
     meta = model._meta
