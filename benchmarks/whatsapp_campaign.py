@@ -27,8 +27,10 @@ one after the other).
 2. For each latency, a whole campaign to --recipients customers with --processes workers: seconds
    to fan out, sustained sends/s (between 10% and 90% of the campaign), database queries per
    message, peak worker memory; then a naive baseline in the same run (one RQ job and one
-   blocking request per message on RQ's default forking worker) on a smaller campaign.
-   --latencies '' skips this part.
+   blocking request per message on RQ's default forking worker) on a smaller campaign. Pacing off
+   (--rate 0), each campaign is followed by a plain aiohttp loop (benchmarks/raw_send_loop.py, its
+   own process) of --recipients requests to the same sandbox at the same latency, the unpaced
+   path's ceiling: its req/s and the campaign's ratio to it. --latencies '' skips this part.
 3. With --store-numbers N (N > 0): the same campaign twice more in the same run, at the first
    latency, with every number paced at --rate (each number's tier; default 80/s): once from the
    campaign's single number, once from each customer's store number (N stores, each with its own
@@ -42,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -59,6 +62,7 @@ import django  # noqa: E402
 django.setup()
 
 
+from django.conf import settings  # noqa: E402
 from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
@@ -69,6 +73,7 @@ from crm import bulk, jobs  # noqa: E402
 from crm.models import Customer, JobRun, Organization, Store  # noqa: E402
 from integrations import outbound  # noqa: E402
 from integrations.models import WhatsappNumber  # noqa: E402
+from integrations.whatsapp.client import TemplateMessage, UrlButton, build_payload  # noqa: E402
 from integrations.whatsapp.sandbox import SandboxServer  # noqa: E402
 
 PHONE_NUMBER_ID = "199999999999999"
@@ -97,11 +102,16 @@ def ensure_world(n: int, sandbox_url: str, *, loosen_caps: bool = True) -> Organ
     if have < n:
         added = bulk.copy_rows(
             Customer,
-            ["organization_id", "erp_id", "name", "phone"],
-            ((org.pk, f"B{i}", f"Cliente{i} Bench", f"+55119{10000000 + i:08d}") for i in range(have, n)),
+            ["organization_id", "erp_id", "name", "phone", "marketing_consent"],
+            (
+                (org.pk, f"B{i}", f"Cliente{i} Bench", f"+55119{10000000 + i:08d}", True)
+                for i in range(have, n)
+            ),
             ignore_conflicts=True,
         )
         bulk.analyze_if_grown(Customer, added)
+    # Consent is never assumed (a customer without it is skipped): every bench customer gave it.
+    Customer.objects.filter(organization=org, marketing_consent=False).update(marketing_consent=True)
     number = WhatsappNumber.objects.filter(phone_number_id=PHONE_NUMBER_ID).first() or WhatsappNumber(
         phone_number_id=PHONE_NUMBER_ID
     )
@@ -368,14 +378,14 @@ def run_campaign(
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    time.sleep(3)  # workers up
-    cpu = CpuAccount(trees={"workers": pool.pid}, database=str(connection.settings_dict["NAME"]))
-    cpu.start()
-    started = time.monotonic()
-    services.campaign_start(campaign=campaign)
     marks: dict[str, float] = {}
     worker_pids: set[int] = set()
-    try:
+    try:  # whatever fails (an empty audience), the workers end with the run
+        time.sleep(3)  # workers up
+        cpu = CpuAccount(trees={"workers": pool.pid}, database=str(connection.settings_dict["NAME"]))
+        cpu.start()
+        started = time.monotonic()
+        services.campaign_start(campaign=campaign)
         while True:
             time.sleep(0.25)
             worker_pids.update(c for p in _children(pool.pid) for c in [p, *_children(p)])
@@ -415,6 +425,44 @@ def run_campaign(
         "peak_worker_mb": memory,
         "other_cores": spent["other"] / spent["wall"],
     }
+
+
+def run_raw_loop(sandbox: SandboxServer, *, n: int, latency: int) -> float:
+    """req/s of a plain aiohttp loop (benchmarks/raw_send_loop.py, its own process) POSTing n
+    template messages like the campaign's to the same sandbox at `latency`: the unpaced path's
+    ceiling, measured in the same run."""
+    sandbox.reset()
+    sandbox.configure(latency_ms=latency)
+    message = TemplateMessage(
+        to="5511910000000",
+        template="bench",
+        language="pt_BR",
+        body=["Cliente1"],
+        buttons=[UrlButton(0, "r/" + "x" * 40), UrlButton(1, "u/" + "x" * 40)],
+        biz_opaque_callback_data="m:1",
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "benchmarks" / "raw_send_loop.py"),
+            "--url",
+            sandbox.url,
+            "--phone-number-id",
+            PHONE_NUMBER_ID,
+            "--token",
+            TOKEN,
+            "--messages",
+            str(n),
+            "--in-flight",
+            str(settings.WHATSAPP_MAX_IN_FLIGHT),
+            "--payload",
+            json.dumps(build_payload(message)),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return float(out.stdout.split()[-1])
 
 
 def _per_number(received: list[dict]) -> dict[str, tuple[int, float]]:
@@ -668,6 +716,13 @@ def _run_state(
             f"max sends to one recipient {r['by_recipient_max']}; other processes "
             f"{r['other_cores']:.1f} cores"
         )
+        if not args.rate:  # the unpaced path against a plain aiohttp loop to the same sandbox
+            raw = run_raw_loop(sandbox, n=args.recipients, latency=latency)
+            print(
+                f"    raw aiohttp loop @ {latency} ms ({args.recipients} requests, "
+                f"{settings.WHATSAPP_MAX_IN_FLIGHT} in flight, its own process): {raw:.0f} req/s -> "
+                f"the campaign is {r['sustained'] / raw:.2f}x"
+            )
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@
   the rest grouped by the number they go from, each with its template message and URL buttons.
 - `_book_lanes`: each number's credentials, fresh from the database and decrypted in memory only,
   and its pacing slots; the messages beyond the pacing horizon go back to QUEUED and wait.
-- `batch_send`: the Graph API calls, every number's concurrently, no transaction open.
+- `batch_send`: the Graph API calls, every number's concurrently, no transaction open, started on
+  the process's event loop: while a paced chunk is in flight the job claims the next chunk and
+  books its slots (`_send_chunks`), so the number's schedule never idles.
 - `batch_classify`: Meta's answers into a `BatchPlan`, pure: which messages are sent (and their
   cost), failed, of unknown outcome, retried or released, which customers opted out, whether the
   organization or a number is paused and why, how long the batch waits.
@@ -24,6 +26,7 @@ after a crash only ever sees the ones still QUEUED.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import time
 from dataclasses import dataclass, field, replace
@@ -103,40 +106,121 @@ def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         return {}
     paused = paused_numbers(organization_id=campaign.organization_id)
     of_paused = _of_paused(campaign, paused)
-    counts: dict[str, int] = {}
-    handled: list[int] = []
-    chunk = max(int(settings.WHATSAPP_SEND_CHUNK), 1)
-    while ids := _claim(campaign_id, batch, paused=of_paused, limit=chunk, exclude=handled):
-        handled += ids
-        for outcome, n in _send_claimed(campaign, batch, ids).items():  # raises Defer: the rest waits too
-            counts[outcome] = counts.get(outcome, 0) + n
-        if len(ids) == chunk:
-            # Another tenant's batch waiting on this queue runs now, not after this one: the job
-            # goes back to the head of its tenant's list and its next run takes the rest.
-            jobs.yield_turn(f"batch {campaign_id}/{batch}: another tenant's work waits")
+    counts = _send_chunks(campaign, batch, paused=of_paused)
     _defer_while_paused(campaign_id, batch, of_paused, paused)
     services.campaign_complete_if_done(campaign_id=campaign_id)
     return counts
 
 
-def _send_claimed(campaign: Campaign, batch: int, ids: list[int]) -> dict[str, int]:
-    """The claimed messages `ids` through the steps; returns counts by outcome. Raises Defer when
-    some wait for a retry, a throttle or their number's pacing."""
+@dataclass
+class _Flight:
+    """A chunk's claimed messages on their way: their sends run on the process's event loop while
+    the job goes on (claims and books the next chunk); `_land` takes Meta's answers and writes them."""
+
+    claimed: int
+    messages: list[WhatsappMessage]
+    skipped: dict[int, str]
+    lanes: list[_Lane]
+    pace_wait: float | None  # how long until the messages held beyond the pacing horizon may go
+    sends: concurrent.futures.Future[list[Outcome]] | None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def pipelines(self) -> bool:
+        """Whether the next chunk is claimed and booked while this one is in flight: every number
+        paced and every message within the pacing horizon (none waits)."""
+        paced = bool(self.lanes) and all(lane.number.messages_per_second for lane in self.lanes)
+        return bool(settings.WHATSAPP_SEND_PIPELINE) and paced and self.pace_wait is None
+
+
+def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[str, int]:
+    """The batch's queued messages, WHATSAPP_SEND_CHUNK at a time; returns counts by outcome.
+    Raises Defer when some wait for a retry, a throttle or their number's pacing (the rest waits
+    too), Yield after a full chunk when another tenant's work waits ahead (the next run takes the
+    rest).
+
+    Pipelined: while a paced chunk's sends are in flight, the next chunk is claimed and its slots
+    booked right after them, so the number's schedule never waits for a chunk's last answers
+    (Meta's latency) and its writes. At most two chunks in flight, both landed (their answers
+    written) before the job defers or yields."""
+    counts: dict[str, int] = {}
+    handled: list[int] = []
+    chunk = max(int(settings.WHATSAPP_SEND_CHUNK), 1)
+    flight = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
+    while flight is not None:
+        following = None
+        if flight.pipelines:
+            try:
+                following = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
+            except Exception:
+                _land(campaign, batch, flight, counts)  # Meta has them: their answers are written first
+                raise
+        delays = _land(campaign, batch, flight, counts)
+        try:
+            if delays:
+                # Before the batches queued meanwhile: its numbers' next slots are its own.
+                raise Defer(
+                    min(delays),
+                    "messages wait for a retry, a throttle or their number's pacing",
+                    at_front=True,
+                )
+            if flight.claimed == chunk:
+                # Another tenant's batch waiting on this queue runs now, not after this one: the job
+                # goes back to the head of its tenant's list and its next run takes the rest.
+                jobs.yield_turn(f"batch {campaign.pk}/{batch}: another tenant's work waits")
+        except Defer as stop:
+            if following is not None:  # in flight too: its answers are written before the job goes
+                waits = _land(campaign, batch, following, counts)
+                if waits and isinstance(stop, jobs.Yield):  # then its messages wait for their time
+                    raise Defer(min(waits), stop.reason, at_front=True) from None
+            raise
+        if following is None and not flight.pipelines:
+            following = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
+        flight = following
+    return counts
+
+
+def _next_chunk(
+    campaign: Campaign, batch: int, *, paused: Q | None, limit: int, handled: list[int]
+) -> _Flight | None:
+    """The batch's next chunk claimed (its ids added to `handled`), its eligible messages' slots
+    booked (those beyond the pacing horizon back to QUEUED) and their sends started; None when
+    nothing is left to claim."""
+    ids = _claim(campaign.pk, batch, paused=paused, limit=limit, exclude=handled)
+    if not ids:
+        return None
+    handled += ids
     messages, skipped, lanes = batch_eligible(campaign=campaign, ids=ids)
     held, pace_wait = _book_lanes(lanes, claimed=ids)
     if held:
         messages = [m for m in messages if m.pk not in held]
         lanes = [lane for lane in lanes if lane.items]
-    outcomes = batch_send(campaign, batch, lanes)
-    prices = _prices(campaign) if outcomes else {}
-    plan = batch_apply(campaign, batch_classify(outcomes, skipped=skipped, prices=prices), messages)
-    delays = [d for d in (plan.delay, pace_wait) if d is not None]
-    if delays:
-        # Before the batches queued meanwhile: its numbers' next slots are its own.
-        raise Defer(
-            min(delays), "messages wait for a retry, a throttle or their number's pacing", at_front=True
+    return _Flight(len(ids), messages, skipped, lanes, pace_wait, batch_send(lanes))
+
+
+def _land(campaign: Campaign, batch: int, flight: _Flight, counts: dict[str, int]) -> list[float]:
+    """Meta's answers for a chunk in flight, classified and written, its counts added to `counts`;
+    returns how long its messages that wait must (none: [])."""
+    outcomes = flight.sends.result() if flight.sends is not None else []
+    for lane in flight.lanes:
+        lane.token = ""
+    if outcomes:
+        logger.info(
+            "batch %s/%s: %s sends from %s number(s) in %.2fs",
+            campaign.pk,
+            batch,
+            len(outcomes),
+            len(flight.lanes),
+            time.monotonic() - flight.started,
+            extra={"campaign_id": campaign.pk, "organization_id": campaign.organization_id},
         )
-    return plan.counts
+    prices = _prices(campaign) if outcomes else {}
+    plan = batch_apply(
+        campaign, batch_classify(outcomes, skipped=flight.skipped, prices=prices), flight.messages
+    )
+    for outcome, n in plan.counts.items():
+        counts[outcome] = counts.get(outcome, 0) + n
+    return [d for d in (plan.delay, flight.pace_wait) if d is not None]
 
 
 def _claim(
@@ -382,25 +466,10 @@ def _prepare(lane: _Lane, *, within: float) -> None:
     )
 
 
-def batch_send(campaign: Campaign, batch: int, lanes: list[_Lane]) -> list[Outcome]:
-    """Every lane's messages handed to Meta, no transaction open; one outcome per message. The
-    lanes' tokens are dropped afterwards."""
-    if not lanes:
-        return []
-    started = time.monotonic()
-    outcomes = aio.run(_send_all(lanes))
-    for lane in lanes:
-        lane.token = ""
-    logger.info(
-        "batch %s/%s: %s sends from %s number(s) in %.2fs",
-        campaign.pk,
-        batch,
-        len(outcomes),
-        len(lanes),
-        time.monotonic() - started,
-        extra={"campaign_id": campaign.pk, "organization_id": campaign.organization_id},
-    )
-    return outcomes
+def batch_send(lanes: list[_Lane]) -> concurrent.futures.Future[list[Outcome]] | None:
+    """Every lane's messages handed to Meta on the process's event loop, no transaction open;
+    returns at once (None with no lane), its result one outcome per message (`_land` takes it)."""
+    return aio.start(_send_all(lanes)) if lanes else None
 
 
 async def _send_all(lanes: list[_Lane]) -> list[Outcome]:

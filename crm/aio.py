@@ -7,6 +7,7 @@ them on a loop that outlives the job lets connection pools (keep-alive) serve ev
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import os
 import threading
 from collections.abc import Coroutine
@@ -40,3 +41,9 @@ def loop() -> asyncio.AbstractEventLoop:
 def run(coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
     """Run a coroutine on the process's loop and wait for its result."""
     return asyncio.run_coroutine_threadsafe(coro, loop()).result(timeout)
+
+
+def start(coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+    """Start a coroutine on the process's loop and return at once: the caller goes on with other
+    work (a send job claims its next chunk) and takes the result later."""
+    return asyncio.run_coroutine_threadsafe(coro, loop())

@@ -2,7 +2,7 @@
 
 `bulk_update` builds a CASE WHEN per field and row and resolves each as an expression: about
 3 ms per row in Python here (1.4 s for 500 messages). `update_rows` sends one
-`UPDATE ... FROM (VALUES ...)` per chunk instead.
+`UPDATE ... FROM unnest(<one array a column>)` per chunk instead.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ def update_rows(
     """UPDATE the given fields of each object, matched by primary key; returns rows written.
 
     only_if={"status": "sending"} writes only rows whose column still holds that value (a
-    compare-and-set: a concurrent writer that got there first wins)."""
+    compare-and-set: a concurrent writer that got there first wins). Each field's values travel as
+    one array of the field's column type: scalar fields only (no JSON or array fields)."""
     if not objs:
         return 0
     meta = model._meta
@@ -39,29 +40,27 @@ def update_rows(
     quote = connection.ops.quote_name
     table = quote(meta.db_table)
     names = ", ".join(f"c{i}" for i in range(len(columns) + 1))
-    # VALUES literals arrive untyped: cast each column to its field's type.
-    refs = [f"v.c{i}::{f.db_type(connection)}" for i, f in enumerate([pk, *columns])]
-    assignments = ", ".join(f"{quote(f.column)} = {refs[i + 1]}" for i, f in enumerate(columns))
+    # One array a column, typed as the field: the statement stays a few hundred characters
+    # whatever the rows (psycopg parses a statement's placeholders per execution, ~80 ms for 500
+    # rows of VALUES with 3,500 of them), and PostgreSQL plans one shape.
+    arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in [pk, *columns])
+    assignments = ", ".join(f"{quote(f.column)} = v.c{i + 1}" for i, f in enumerate(columns))
     guard_sql, guard_params = "", []  # type: tuple[str, list[Any]]
     for name, value in (only_if or {}).items():
         field = meta.get_field(name)
         assert isinstance(field, models.Field)
         guard_sql += f" AND {table}.{quote(field.column)} = %s"
         guard_params.append(field.get_db_prep_value(value, connection))
+    # Identifiers come from the model's own metadata, quoted; every value is a parameter.
+    sql = (
+        f"UPDATE {table} SET {assignments} FROM unnest({arrays}) AS v({names}) "  # noqa: S608
+        f"WHERE {table}.{quote(pk.column)} = v.c0{guard_sql}"
+    )
     written = 0
     for start in range(0, len(objs), chunk):
         part = objs[start : start + chunk]
-        params: list[Any] = []
-        for obj in part:
-            params.append(pk.get_db_prep_value(obj.pk, connection))
-            params.extend(f.get_db_prep_save(getattr(obj, f.attname), connection) for f in columns)
-        row = "(" + ", ".join(["%s"] * (len(columns) + 1)) + ")"
-        values = ", ".join([row] * len(part))
-        # Identifiers come from the model's own metadata, quoted; every value is a parameter.
-        sql = (
-            f"UPDATE {table} SET {assignments} FROM (VALUES {values}) AS v({names}) "  # noqa: S608
-            f"WHERE {table}.{quote(pk.column)} = {refs[0]}{guard_sql}"
-        )
+        params: list[Any] = [[pk.get_db_prep_value(obj.pk, connection) for obj in part]]
+        params += [[f.get_db_prep_save(getattr(obj, f.attname), connection) for obj in part] for f in columns]
         with connection.cursor() as cursor:
             cursor.execute(sql, params + guard_params)
             written += cursor.rowcount
