@@ -560,7 +560,9 @@ def shared_limit(previous: int, taken: int, seconds: float) -> int:
         return BATCH
     if taken < MIN_BATCH or seconds <= 0:
         return previous  # too few to measure a rate by
-    return max(MIN_BATCH, min(BATCH, int(taken * target / seconds)))
+    if taken * target >= BATCH * seconds:  # fast enough for a whole batch (and no float overflow)
+        return BATCH
+    return max(MIN_BATCH, int(taken * target / seconds))
 
 
 def drain(*, kind: str, budget: float = DRAIN_BUDGET) -> int:

@@ -700,7 +700,7 @@ def test_job_run_tracebacks_are_for_platform_operators_members_see_the_reason(wo
     assert "/srv/crm/app/erp/sync.py" in body
 
 
-def test_runner_run_refuses_to_run_one_organizations_handler_for_another(world: World) -> None:
+def test_runner_run_refuses_to_run_one_organizations_handler_for_another(world: World, english: None) -> None:
     from django.core.management import call_command
     from django.core.management.base import CommandError
 
