@@ -41,7 +41,7 @@ from django.conf import settings  # noqa: E402
 
 from benchmarks.common import ensure_database  # noqa: E402
 from benchmarks.whatsapp_campaign import PHONE_NUMBER_ID, TOKEN, _delete_campaigns, ensure_world  # noqa: E402
-from campaigns import services  # noqa: E402
+from campaigns import lifecycle  # noqa: E402
 from campaigns.models import Campaign, WhatsappMessage  # noqa: E402
 from crm import jobs  # noqa: E402
 from crm.models import Customer, Organization  # noqa: E402
@@ -221,7 +221,7 @@ def main() -> None:
 
 
 def _start(c: Campaign) -> Campaign:
-    services.campaign_start(campaign=c)
+    lifecycle.campaign_start(campaign=c)
     return c
 
 

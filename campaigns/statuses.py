@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import Case, F, Q, When
 from django.db.models.functions import Greatest
 
-from campaigns import services
+from campaigns import lifecycle
 from campaigns.models import OUTCOME_UNKNOWN, CampaignMetric, WhatsappMessage
 from crm import bulk
 from crm.models import Customer, OptOutSource
@@ -195,7 +195,7 @@ def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
                 cost=Greatest(F("cost") - refund, Decimal("0"))
             )
     for campaign_id in sorted(changes.deltas):
-        services.campaign_complete_if_done(campaign_id=campaign_id)
+        lifecycle.campaign_complete_if_done(campaign_id=campaign_id)
     if counts["settled"]:
         logger.info("status webhooks settled %s in-flight message(s)", counts["settled"])
     return counts

@@ -2,8 +2,8 @@
 
 - no function is longer than MAX_FUNCTION_LINES, from its `def` line to its last (docstring
   included): split a longer one into named steps;
-- no module uses a private name (a leading underscore) of another app: `from campaigns.sending
-  import _graph_client` inside surveys, or `sending._graph_client` after `from campaigns import
+- no module uses a private name (a leading underscore) of another app: `from campaigns.whatsapp.sending
+  import _release` inside surveys, or `sending._release` after `from campaigns.whatsapp import
   sending`. What two apps share is made public by the app that owns it;
 - no module but the outbound seams opens a connection itself (`httpx.Client(`, `requests.post(`,
   `aiohttp.ClientSession(`, `smtplib.SMTP(`, `socket.create_connection(`…): every connection to an

@@ -18,10 +18,11 @@ from django.utils import timezone
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from campaigns import email_sending, sending
-from campaigns.email_sending import chunk_classify
+from campaigns.email import sending as email_sending
+from campaigns.email.sending import chunk_classify
 from campaigns.models import EmailMessage
-from campaigns.sending import Outcome, batch_classify
+from campaigns.whatsapp import plan as whatsapp_plan
+from campaigns.whatsapp.plan import Outcome, batch_classify
 from crm.jobs import Defer
 from crm.models import Customer, Organization, Sale, Store
 from integrations.models import WhatsappNumber
@@ -158,8 +159,8 @@ def test_both_whatsapp_senders_apply_the_decision_to_every_meta_answer(
         _storable(result.error.message, result.error.details)
     attempts = _attempts(last, surveys.ATTEMPTS)
     decision = decisions.whatsapp(result, attempts=attempts, max_attempts=surveys.ATTEMPTS)
-    campaign_attempts = _attempts(last, sending.ATTEMPTS)
-    same = decisions.whatsapp(result, attempts=campaign_attempts, max_attempts=sending.ATTEMPTS)
+    campaign_attempts = _attempts(last, whatsapp_plan.ATTEMPTS)
+    same = decisions.whatsapp(result, attempts=campaign_attempts, max_attempts=whatsapp_plan.ATTEMPTS)
     assert same == decision  # the decision depends on the answer and on whether attempts are left
     survey = world.sending(attempts)
 
