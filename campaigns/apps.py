@@ -13,12 +13,11 @@ class CampaignsConfig(AppConfig):
         from campaigns import attribution, customer_page, inbox, lifecycle, lift, metrics, selectors  # noqa: F401
         from campaigns import recovery as unfinished_work
         from campaigns.models import Campaign, Segment
-        from crm import customer_filters, hooks, prometheus, recovery
-        from crm import inbox as platform_inbox
+        from crm import customer_filters, hooks, inbox_kinds, prometheus, recovery
 
         customer_filters.segment_lookup_register(selectors.segment_customers, list(Segment.choices))
-        platform_inbox.register(inbox.KIND)(inbox.webhooks_apply)
-        platform_inbox.register(inbox.ESP)(inbox.esp_events_apply)
+        inbox_kinds.register(inbox.KIND)(inbox.webhooks_apply)
+        inbox_kinds.register(inbox.ESP)(inbox.esp_events_apply)
         recovery.register("campaign-triggers")(unfinished_work.scheduled_starts)
         recovery.register("whatsapp-batches")(unfinished_work.whatsapp_batches_unfinished)
         recovery.register("email-batches")(unfinished_work.email_batches_unfinished)
