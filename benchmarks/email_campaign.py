@@ -57,9 +57,9 @@ from campaigns import lifecycle, selectors  # noqa: E402
 from campaigns.models import BodyFormat, Campaign, Channel, EmailMessage  # noqa: E402
 from crm import jobs  # noqa: E402
 from crm.models import Customer, JobRun, Organization  # noqa: E402
-from integrations.email.smtp_sandbox import SmtpSandbox  # noqa: E402
 from integrations.models import EmailSettings  # noqa: E402
 from project.management.commands.demo_campaign import DEMO_EMAIL_BODY, DEMO_EMAIL_SUBJECT  # noqa: E402
+from project.sandboxes.smtp import SmtpSandbox  # noqa: E402
 
 SENDER = "ofertas@bench.example.com"
 PROGRESS_EVERY = 5.0  # seconds between progress lines

@@ -69,7 +69,7 @@ from crm import bulk, jobs  # noqa: E402
 from crm.models import Customer, JobRun, Organization, Store  # noqa: E402
 from integrations import outbound  # noqa: E402
 from integrations.models import WhatsappNumber  # noqa: E402
-from integrations.whatsapp.sandbox import SandboxServer  # noqa: E402
+from project.sandboxes.whatsapp import SandboxServer  # noqa: E402
 
 PHONE_NUMBER_ID = "199999999999999"
 TOKEN = "bench-token"  # noqa: S105 - the sandbox's

@@ -47,7 +47,7 @@ from crm import jobs  # noqa: E402
 from crm.models import Customer, Organization  # noqa: E402
 from integrations import outbound  # noqa: E402
 from integrations.models import WhatsappNumber  # noqa: E402
-from integrations.whatsapp.sandbox import SandboxServer  # noqa: E402
+from project.sandboxes.whatsapp import SandboxServer  # noqa: E402
 
 B_NUMBER_ID = "199999999988888"
 TARGET = 2.0

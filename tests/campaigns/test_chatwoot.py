@@ -16,11 +16,11 @@ from campaigns import chatwoot, lifecycle, tasks
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from crm import recovery
 from integrations.chatwoot.client import ChatwootClient, parse_contact_create
-from integrations.chatwoot.sandbox import ChatwootSandbox
 from integrations.errors import IntegrationError
 from integrations.models import ChatwootAccount
 from messaging import chatwoot_inbound
 from messaging.models import ChatwootThread, ConversationMessage
+from project.sandboxes.chatwoot import ChatwootSandbox
 from tests.conftest import redis_keys_holding, wait_for
 
 S = WhatsappMessage.Status

@@ -12,8 +12,8 @@ from campaigns import caps, lifecycle
 from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage
 from crm.models import Organization
 from integrations.email import pool
-from integrations.email.smtp_sandbox import SmtpSandbox
 from integrations.models import EmailSettings
+from project.sandboxes.smtp import SmtpSandbox
 
 S = WhatsappMessage.Status
 Scope = Organization.ContactCapsScope

@@ -21,11 +21,11 @@ from campaigns import lifecycle
 from campaigns.models import CampaignMetric, WhatsappMessage
 from crm import hooks, recovery
 from crm.models import Customer, OptOutSource
-from integrations.chatwoot.sandbox import ChatwootSandbox
 from integrations.models import ChatwootAccount
 from integrations.whatsapp import webhooks
 from messaging import chatwoot_inbound, chatwoot_replies, conversations
 from messaging.models import ConversationMessage
+from project.sandboxes.chatwoot import ChatwootSandbox
 from tests.campaigns.conftest import PHONE_NUMBER_ID
 
 SECRET = "meta-app-secret-for-tests"

@@ -19,9 +19,9 @@ from campaigns import fanout, lifecycle, links, recovery, selectors
 from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage
 from crm.models import Customer, Organization, Store
 from integrations.email import pool
-from integrations.email.smtp_sandbox import SmtpSandbox
 from integrations.models import EmailSettings
 from messaging.models import EmailSuppression
+from project.sandboxes.smtp import SmtpSandbox
 from tests.campaigns.test_fanout import check_a_message_whose_customer_was_deleted_is_skipped
 from tests.conftest import redis_keys_holding
 

@@ -28,7 +28,10 @@ from crm import inbox, jobs, promote, queues, recovery
 from crm.models import Customer, InboxEvent, OptOutSource, Organization, Store
 from integrations.email import esp
 from integrations.email.bounces import Failure
-from integrations.email.esp_sandbox import (
+from integrations.models import EmailSettings
+from messaging import pacing
+from messaging.models import EmailSuppression
+from project.sandboxes.esp import (
     PostmarkSandbox,
     bounce_event,
     click_event,
@@ -37,9 +40,6 @@ from integrations.email.esp_sandbox import (
     spam_complaint_event,
     subscription_change_event,
 )
-from integrations.models import EmailSettings
-from messaging import pacing
-from messaging.models import EmailSuppression
 from tests.campaigns.test_esp_intake import applied_from_inbox
 from tests.conftest import redis_keys_holding, wait_for
 

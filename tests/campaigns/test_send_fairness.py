@@ -12,7 +12,7 @@ from campaigns.models import Campaign, WhatsappMessage
 from crm import fairshare, jobs, queues
 from crm.models import Customer, Organization
 from integrations.models import WhatsappNumber
-from integrations.whatsapp.sandbox import SandboxServer
+from project.sandboxes.whatsapp import SandboxServer
 from tests.campaigns.conftest import PHONE_NUMBER_ID, TOKEN
 
 B_NUMBER_ID = "109876549999"

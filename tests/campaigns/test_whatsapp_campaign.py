@@ -394,8 +394,8 @@ def test_in_flight_messages_of_a_dead_worker_are_settled_not_resent(wa, sandbox,
 
 
 def test_campaign_commands(transactional_db, run_jobs, english):
-    from integrations.demo import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
-    from integrations.whatsapp.sandbox import SandboxServer
+    from project.demo.integrations import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
+    from project.sandboxes.whatsapp import SandboxServer
 
     with SandboxServer(numbers=dict.fromkeys(DEMO_PHONE_NUMBER_IDS, DEMO_ACCESS_TOKEN)) as sandbox:
         _run_commands(sandbox, run_jobs)

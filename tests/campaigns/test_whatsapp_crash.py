@@ -10,7 +10,7 @@ from django.db.models import Count
 
 from campaigns import lifecycle, recovery
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
-from integrations.whatsapp.sandbox import SandboxServer
+from project.sandboxes.whatsapp import SandboxServer
 from tests.conftest import WorkerProcess, child_env, wait_for
 
 pytestmark = pytest.mark.slow

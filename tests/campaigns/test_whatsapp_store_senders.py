@@ -20,7 +20,7 @@ from crm import jobs, ratelimit
 from crm.models import Customer, Organization, Sale, Store
 from integrations.models import WhatsappNumber
 from integrations.services import whatsapp_numbers_resume
-from integrations.whatsapp.sandbox import SandboxServer
+from project.sandboxes.whatsapp import SandboxServer
 from tests.campaigns.conftest import PHONE_NUMBER_ID, TOKEN
 
 S = WhatsappMessage.Status
@@ -360,7 +360,7 @@ def test_a_store_cannot_send_from_another_organization_s_number(wa, stores, engl
 
 
 def test_demo_campaign_sends_from_the_demo_stores_numbers(transactional_db, run_jobs, english):
-    from integrations.demo import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
+    from project.demo.integrations import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
 
     numbers = dict.fromkeys(DEMO_PHONE_NUMBER_IDS, DEMO_ACCESS_TOKEN)
     with SandboxServer(numbers=numbers) as sandbox:

@@ -21,7 +21,7 @@ from crm.logfmt import JsonFormatter
 from crm.models import Organization
 from crm.resilience import BreakerPolicy, Gate
 from erp import services as erp_services
-from integrations.millennium.sandbox import MillenniumSandbox
+from project.sandboxes.millennium import MillenniumSandbox
 from runner import operator
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType
 from tests.campaigns import conftest as campaign_world

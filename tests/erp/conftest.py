@@ -12,7 +12,7 @@ from django.utils import timezone
 
 from crm.models import Customer, Organization, Store
 from erp.models import ErpConnection
-from integrations.millennium.sandbox import (
+from project.sandboxes.millennium import (
     DEFAULT_PASSWORD,
     DEFAULT_STORES,
     DEFAULT_USERNAME,

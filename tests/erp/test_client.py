@@ -16,7 +16,7 @@ from integrations.millennium.client import (
     normalize_cpf_cnpj,
     parse_date,
 )
-from integrations.millennium.sandbox import DEFAULT_PASSWORD, DEFAULT_USERNAME, OFFSET, MillenniumSandbox
+from project.sandboxes.millennium import DEFAULT_PASSWORD, DEFAULT_USERNAME, OFFSET, MillenniumSandbox
 
 
 def client_for(server: MillenniumSandbox, **kwargs) -> MillenniumClient:

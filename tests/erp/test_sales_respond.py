@@ -14,8 +14,8 @@ from campaigns.models import Campaign, WhatsappMessage
 from crm.models import Customer
 from erp import services as erp_services
 from integrations.millennium.client import mobile_e164, parse_date
-from integrations.millennium.sandbox import DEFAULT_STORES, MillenniumSandbox
 from integrations.models import WhatsappPrice
+from project.sandboxes.millennium import DEFAULT_STORES, MillenniumSandbox
 from tests.campaigns.conftest import sandbox, whatsapp_number  # noqa: F401 - fixture
 from tests.erp.conftest import make_world
 

@@ -319,7 +319,7 @@ def test_redis_flush_then_recover_sends_each_due_step_once(wa, sandbox, make_flo
 
 def test_the_demo_loads_three_flows_and_again_changes_nothing(db):
     from crm.models import Organization
-    from flows.demo import flows_demo
+    from project.demo.flows import flows_demo
 
     org = Organization.objects.create(name="Demo", slug="demo")
     first = flows_demo(organization=org)

@@ -20,9 +20,9 @@ from integrations.errors import IntegrationError
 from integrations.millennium.client import MillenniumClient
 from integrations.runner import client as runner_client
 from integrations.runner.contract import ItemIn
-from integrations.sandbox_server import ThreadedAppServer
 from integrations.whatsapp.client import GraphClient, SendResult, TemplateMessage
 from integrations.whatsapp.errors import Action
+from project.sandboxes.server import ThreadedAppServer
 
 SHORT = httpx.Timeout(connect=2.0, read=0.3, write=2.0, pool=2.0)
 

@@ -10,10 +10,10 @@ from django.utils import timezone
 
 from crm import cron, jobs, queues, ratelimit
 from crm.models import Organization
-from integrations.email.smtp_sandbox import SmtpSandbox, Stage
 from integrations.models import EmailSettings
 from messaging import pacing
 from messaging.models import EmailSuppression
+from project.sandboxes.smtp import SmtpSandbox, Stage
 from surveys import links, sending, services
 from surveys.models import OUTCOME_UNKNOWN, Survey
 from tests.surveys.conftest import SENDER, Shop, reload
@@ -330,7 +330,7 @@ def test_a_rate_slot_far_ahead_defers_the_survey_without_spending_an_attempt(
 
 
 def test_an_organization_on_an_esp_surveys_through_its_api(shop: Shop, run_jobs, settings):
-    from integrations.email.esp_sandbox import PostmarkSandbox
+    from project.sandboxes.esp import PostmarkSandbox
 
     settings.EMAIL_RETRY_BACKOFF = 0.5
     token = "pm-survey-token-0123456789"

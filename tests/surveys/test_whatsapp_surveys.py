@@ -9,7 +9,7 @@ from django.utils import timezone
 from crm import jobs, queues
 from crm.models import Organization
 from integrations.models import WhatsappNumber
-from integrations.whatsapp.sandbox import SandboxServer
+from project.sandboxes.whatsapp import SandboxServer
 from surveys import links, sending, services
 from surveys.models import Survey
 from tests.conftest import wait_for

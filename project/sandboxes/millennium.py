@@ -70,11 +70,11 @@ from integrations.millennium.client import (
     cpf_check_digits,
     format_date,
 )
-from integrations.sandbox_server import ThreadedAppServer
+from project.sandboxes.server import ThreadedAppServer
 
 DEFAULT_USERNAME = "millennium"
 DEFAULT_PASSWORD = "sandbox-password"  # noqa: S105 - the sandbox's own login, not a real credential
-# The demo organization's stores carry these codes (crm.demo.DEMO_STORES).
+# The demo organization's stores carry these codes (project.demo.crm.DEMO_STORES).
 DEFAULT_STORES: tuple[str, ...] = ("001", "002", "003")
 OFFSET = timezone(timedelta(hours=-3))  # the stores' clocks: Brasília time
 FIRST_CUSTOMER_ID = 1000
