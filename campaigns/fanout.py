@@ -41,7 +41,7 @@ def campaign_fanout(*, campaign_id: int, chunk: int = 20_000) -> int:
     audience = selectors.campaign_audience(campaign=campaign)
     # An earlier (or concurrent) run wrote some: the pages leave out the messages that exist.
     again = model.objects.filter(campaign_id=campaign.pk).exists()
-    plan = BatchPlan(size=size, shares=batch_shares(campaign=campaign, size=size))
+    plan = FanoutPlan(size=size, shares=batch_shares(campaign=campaign, size=size))
     after = 0
     while True:
         page = audience.filter(pk__gt=after).order_by("pk").values("pk")[:chunk]
@@ -90,7 +90,7 @@ _FANOUT_FIELDS = (
 )
 # The page's rows: a recipient the contact caps (campaigns.caps) leave out is written SKIPPED with
 # the reason; the others QUEUED, each numbered among the audience's queued ones of its sending
-# number for its batch (BatchPlan: the plan's rows give each number's share and how many of its
+# number for its batch (FanoutPlan: the plan's rows give each number's share and how many of its
 # messages the pages before wrote; a number not in it, `size` a batch; the size and the time as
 # parameters). The link token as models._token makes it (secrets.token_urlsafe(16): 22 characters
 # of base64url), from the 16 bytes of a random UUID (122 of them random, from the server's strong
@@ -112,7 +112,7 @@ _FANOUT_ROWS = (
 
 
 @dataclass
-class BatchPlan:
+class FanoutPlan:
     """How the fan-out numbers a campaign's queued messages into send batches: each sending
     number's messages in audience order, `shares[number]` of them a batch (`size` for a number
     without a share), so that batch n holds the n-th share of every number; `written` counts each
@@ -179,7 +179,7 @@ def _sender_sql(campaign: Campaign) -> tuple[str, str]:
 
 
 def _fanout_page(
-    campaign: Campaign, model: type[Message], page: QuerySet, *, plan: BatchPlan, again: bool
+    campaign: Campaign, model: type[Message], page: QuerySet, *, plan: FanoutPlan, again: bool
 ) -> tuple[int, int, int, bool] | None:
     """Write the messages of one page of the audience (customer ids in ascending order), numbered
     into batches by `plan`, which then counts them: one statement, one transaction. Returns
@@ -200,7 +200,7 @@ def _fanout_page(
 
 
 def _insert_page(
-    campaign: Campaign, model: type[Message], page: QuerySet, *, plan: BatchPlan, ignore: bool
+    campaign: Campaign, model: type[Message], page: QuerySet, *, plan: FanoutPlan, ignore: bool
 ) -> tuple[int, int, int, bool] | None:
     audience, audience_params = page.query.get_compiler(connection=connection).as_sql()
     number, sender = _sender_sql(campaign)

@@ -261,7 +261,7 @@ def _track(
         t.changed = True
         if t.settled and not message.cost and not t.free:
             # The send never recorded what Meta charged (its worker died, or it is still
-            # recording: it then keeps this cost, sending.BatchPlan.reconciled).
+            # recording: it then keeps this cost, campaigns.whatsapp.plan.BatchPlan.reconciled).
             t.cost = message.cost = _priced(message, event, prices)
             message.cost_currency = currency if t.cost else message.cost_currency
         by_wamid[event.wamid] = message

@@ -132,7 +132,7 @@ def test_a_page_straight_insert_that_meets_messages_written_meanwhile_is_written
     WhatsappMessage.objects.create(campaign=campaign, organization=campaign.organization, customer=people[70])
     page = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:100]
     read, queued, last, again = fanout._fanout_page(
-        campaign, WhatsappMessage, page, plan=fanout.BatchPlan(size=50), again=False
+        campaign, WhatsappMessage, page, plan=fanout.FanoutPlan(size=50), again=False
     )
     assert (read, queued, last, again) == (100, 100, people[99].pk, True)
     messages = WhatsappMessage.objects.filter(campaign=campaign)
@@ -153,7 +153,7 @@ def test_a_campaign_deleted_while_a_page_is_written_takes_that_page_with_it(wa):
         try:
             with transaction.atomic():
                 fanout._fanout_page(
-                    campaign, WhatsappMessage, page, plan=fanout.BatchPlan(size=50), again=False
+                    campaign, WhatsappMessage, page, plan=fanout.FanoutPlan(size=50), again=False
                 )
                 written.set()
                 finish.wait(60)
@@ -195,7 +195,7 @@ def test_a_campaign_deleted_while_a_page_is_written_takes_that_page_with_it(wa):
     assert not WhatsappMessage.objects.filter(campaign_id=campaign.pk).exists()  # no orphan
     rest = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:300]
     assert (
-        fanout._fanout_page(campaign, WhatsappMessage, rest, plan=fanout.BatchPlan(size=50), again=True)
+        fanout._fanout_page(campaign, WhatsappMessage, rest, plan=fanout.FanoutPlan(size=50), again=True)
         is None
     )
     assert not WhatsappMessage.objects.filter(campaign_id=campaign.pk).exists()
