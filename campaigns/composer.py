@@ -4,7 +4,7 @@ named customer variable (campaigns/variables.py) from a dropdown, and the messag
 real customer from the number it will go from.
 
 `template_problem` is the one check of a campaign's template against what Meta said: the form
-refuses to save it, `services.campaign_validate` refuses to start it."""
+refuses to save it, `lifecycle.campaign_validate` refuses to start it."""
 
 from __future__ import annotations
 

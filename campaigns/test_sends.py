@@ -2,7 +2,7 @@
 email to the manager's own address), with a chosen customer's variables, before it starts.
 
 The message is built by the campaign send's own steps (`composer.sender_for`: the number the
-customer's message would go from; `sending.template_values` and `sending.template_message`: the
+customer's message would go from; `whatsapp.templates.template_values` and `template_message`: the
 same values, template and buttons) and handed to the same Graph client, in a job on the
 whatsapp-send queue. It is recorded as a `TestSend`, never as a campaign message: nothing is
 counted, priced or capped, and the customer receives nothing. Its URL buttons lead to the

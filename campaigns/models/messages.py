@@ -61,7 +61,7 @@ def message_indexes(prefix: str) -> list[models.Index]:
         # The per-customer message limit and conflict block (campaigns.whatsapp), and deleting a
         # customer's messages.
         models.Index(fields=["customer", "sent_at"], name=f"{prefix}_customer_sent"),
-        # Messages stuck in sending (services.reconcile_in_flight).
+        # Messages stuck in sending (recovery.reconcile_in_flight).
         models.Index(fields=["sending_at"], name=f"{prefix}_sending", condition=Q(status="sending")),
         # The admin's list, newest first, by campaign or status: each page an index range, whatever
         # the table's size. The status one leaves out queued messages: the fan-out does not write
