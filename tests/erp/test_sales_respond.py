@@ -15,7 +15,8 @@ from crm.models import Customer
 from erp import services as erp_services
 from integrations.millennium.client import mobile_e164, parse_date
 from integrations.models import WhatsappPrice
-from project.sandboxes.millennium import DEFAULT_STORES, MillenniumSandbox
+from project.sandboxes.millennium import MillenniumSandbox
+from project.sandboxes.millennium_data import DEFAULT_STORES
 from tests.campaigns.conftest import sandbox, whatsapp_number  # noqa: F401 - fixture
 from tests.erp.conftest import make_world
 

@@ -6,12 +6,8 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 
 from crm import cli
-from project.sandboxes.millennium import (
-    DEFAULT_PASSWORD,
-    DEFAULT_STORES,
-    DEFAULT_USERNAME,
-    MillenniumSandbox,
-)
+from project.sandboxes.millennium import MillenniumSandbox
+from project.sandboxes.millennium_data import DEFAULT_PASSWORD, DEFAULT_STORES, DEFAULT_USERNAME
 from project.sandboxes.server import wait_for_stop_signal
 
 
