@@ -48,7 +48,7 @@ from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.urls import path  # noqa: E402
 
 from benchmarks.common import ensure_database  # noqa: E402
-from campaigns.admin import WhatsappMessageAdmin  # noqa: E402
+from campaigns.admin.sent_messages import WhatsappMessageAdmin  # noqa: E402
 from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage  # noqa: E402
 from crm.models import Customer, Organization  # noqa: E402
 

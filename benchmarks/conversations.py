@@ -18,9 +18,9 @@ from django.db import connection as conn
 from benchmarks.runner_common import percentile
 from crm.models import Customer, Organization
 from integrations import outbound
-from integrations.chatwoot.sandbox import ChatwootSandbox
 from integrations.models import ChatwootAccount, WhatsappNumber
 from messaging.models import ConversationMessage, ConversationSettings
+from project.sandboxes.chatwoot import ChatwootSandbox
 
 PHONE_NUMBER_ID = "1"
 CW_TOKEN = "bench-chatwoot-token-0123456789"  # noqa: S105 - the sandbox's

@@ -10,7 +10,7 @@ sees the same history). The Redis database is flushed before every run. The SMTP
 aiosmtpd server on loopback, storing every email parsed in memory) runs in this process.
 
 1. rate-limited: the organization's limit set to --rate emails per minute; a fresh campaign to all
-   n customers (services.campaign_start), sent by `manage.py workers --processes N --burst`. The
+   n customers (lifecycle.campaign_start), sent by `manage.py workers --processes N --burst`. The
    achieved rate comes from the times the sandbox received the emails: sustained (between the 10%
    and 90% emails) and overall, its deviation from the limit, the most emails in any 60 s window;
    SMTP connections opened per 1,000 emails, peak worker memory (VmHWM), fan-out time.
@@ -53,13 +53,13 @@ django.setup()
 
 
 from benchmarks.common import ensure_database  # noqa: E402
-from campaigns import selectors, services  # noqa: E402
+from campaigns import lifecycle, selectors  # noqa: E402
 from campaigns.models import BodyFormat, Campaign, Channel, EmailMessage  # noqa: E402
 from crm import jobs  # noqa: E402
 from crm.models import Customer, JobRun, Organization  # noqa: E402
-from integrations.email.smtp_sandbox import SmtpSandbox  # noqa: E402
 from integrations.models import EmailSettings  # noqa: E402
 from project.management.commands.demo_campaign import DEMO_EMAIL_BODY, DEMO_EMAIL_SUBJECT  # noqa: E402
+from project.sandboxes.smtp import SmtpSandbox  # noqa: E402
 
 SENDER = "ofertas@bench.example.com"
 PROGRESS_EVERY = 5.0  # seconds between progress lines
@@ -437,7 +437,7 @@ def run_campaign(
     env = {**os.environ, "CRM_COUNT_QUERIES": "1", "LOG_LEVEL": "WARNING"}
     with tempfile.TemporaryFile() as log:
         started, started_wall = time.monotonic(), time.time()
-        services.campaign_start(campaign=campaign)  # the fan-out job waits on campaign-trigger
+        lifecycle.campaign_start(campaign=campaign)  # the fan-out job waits on campaign-trigger
         pool = subprocess.Popen(
             [
                 sys.executable,

@@ -65,10 +65,10 @@ from django.utils import timezone  # noqa: E402
 from benchmarks.common import ensure_database  # noqa: E402
 from crm.models import Customer, Organization  # noqa: E402
 from erp import services, upserts  # noqa: E402
-from erp.demo import erp_connection_demo  # noqa: E402
 from erp.models import ErpConnection, ErpSyncIssue  # noqa: E402
 from integrations.millennium import client as millennium  # noqa: E402
-from integrations.millennium.sandbox import FIRST_CUSTOMER_ID  # noqa: E402
+from project.demo.erp import erp_connection_demo  # noqa: E402
+from project.sandboxes.millennium_data import FIRST_CUSTOMER_ID  # noqa: E402
 
 TARGET_RATIO = 0.5
 TARGET_PEAK_MB = 250.0

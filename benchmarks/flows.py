@@ -46,7 +46,7 @@ from flows import services, triggers  # noqa: E402
 from flows.models import DailyPass, Enrollment, Flow  # noqa: E402
 from integrations import outbound  # noqa: E402
 from integrations.models import WhatsappNumber  # noqa: E402
-from integrations.whatsapp.sandbox import SandboxServer  # noqa: E402
+from project.sandboxes.whatsapp import SandboxServer  # noqa: E402
 
 PHONE_NUMBER_ID = "188888888888888"
 TOKEN = "bench-flows-token"  # noqa: S105 - the sandbox's

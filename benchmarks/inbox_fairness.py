@@ -41,7 +41,7 @@ from benchmarks.runner_common import Workers, percentile, wait_for, wait_workers
 from campaigns import inbox as webhook_inbox  # noqa: E402
 from campaigns import webhook_views  # noqa: E402
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage  # noqa: E402
-from crm import inbox, jobs  # noqa: E402
+from crm import inbox, inbox_intake, jobs  # noqa: E402
 from crm.models import Customer, InboxEvent, Organization  # noqa: E402
 from integrations.models import WhatsappNumber  # noqa: E402
 
@@ -112,11 +112,11 @@ def send_b(wamids: list[str], every: float, accepted: dict[str, float]) -> None:
     for i, wamid in enumerate(wamids):
         payload = body("bench-b", wamid, "read", T0 + i)
         if ACCEPT is None:  # the code before issue 28's inbox turn: no organization stored
-            inbox.accept(kind=webhook_inbox.KIND, payload=payload)
+            inbox_intake.accept(kind=webhook_inbox.KIND, payload=payload)
         else:
-            inbox.write(ACCEPT, [webhook_inbox.KIND, "bench-b", payload])
+            inbox_intake.write(ACCEPT, [webhook_inbox.KIND, "bench-b", payload])
         accepted[wamid] = time.monotonic()
-        inbox.notify(webhook_inbox.KIND)
+        inbox_intake.notify(webhook_inbox.KIND)
         time.sleep(every)
     connection.close()
 
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace, mode: str | None) -> float:
     with Workers(1, "inbox", burst=False):
         wait_workers(1)
         started = time.monotonic()
-        inbox.wake(webhook_inbox.KIND)
+        inbox_intake.wake(webhook_inbox.KIND)
         sender = threading.Thread(target=send_b, args=(b_wamids, args.b_every, accepted))
         sender.start()
         a_left_at_b_end = 0

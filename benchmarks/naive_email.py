@@ -3,7 +3,7 @@ email, one RQ job per message (run by RQ's default forking worker) that builds t
 opens a NEW SMTP connection for it (connect, EHLO, MAIL/RCPT/DATA, QUIT); no claim in bulk, no
 shared rate limiter, no pooled connection.
 
-The message itself is built exactly as campaigns.email_sending builds it (same template compiled
+The message itself is built exactly as campaigns.email.sending builds it (same template compiled
 from MJML, same tracked links, same MIME structure), so only the sending strategy differs. The
 compiled template is cached per process, but a forking worker runs every job in a fresh work
 horse, so each email compiles it again: what a job per email costs there.
@@ -16,7 +16,8 @@ import smtplib
 from django.db.models import F
 from django.utils import timezone
 
-from campaigns import email_sending, links
+from campaigns import links
+from campaigns.email import content as email_content
 from campaigns.models import CampaignMetric, EmailMessage
 from integrations.email.smtp import CONNECT_TIMEOUT
 from integrations.models import EmailSettings
@@ -31,8 +32,8 @@ def send_one(message_id: int) -> None:
     email_settings = EmailSettings.objects.get(organization_id=campaign.organization_id)
     unsubscribe_url = links.link_url("u", message)
     rendered = email_render.render_email(
-        email_sending.compiled_email(campaign),
-        variables=email_sending.variables_for(
+        email_content.compiled_email(campaign),
+        variables=email_content.variables_for(
             message.customer, store_name=campaign.organization.name, unsubscribe_url=unsubscribe_url
         ),
         click_url=links.link_url("r", message),

@@ -5,7 +5,7 @@
 
 Three figures from the same run: a no-op in-process handler (N items), a no-op RQ job baseline (N
 jobs), and a batch HTTP handler (M items, batches of B) answered by the loopback sandbox
-(integrations/runner/sandbox.py). Target (the issue): the item path at least 0.5x the baseline.
+(project/sandboxes/runner.py). Target (the issue): the item path at least 0.5x the baseline.
 
 Uses the configured database (migrated) and flushes the configured Redis database: point both at
 scratch ones (crm_runner and Redis DB 10).
@@ -28,7 +28,7 @@ django.setup()
 from benchmarks import runner_common as rc  # noqa: E402
 from crm import jobs, workers  # noqa: E402
 from crm.models import Organization  # noqa: E402
-from integrations.runner.sandbox import HandlerSandbox  # noqa: E402
+from project.sandboxes.runner import HandlerSandbox  # noqa: E402
 from runner import events, executions  # noqa: E402
 from runner.models import Execution, Handler, IntegrationType, RunnerSettings  # noqa: E402
 

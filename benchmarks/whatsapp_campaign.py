@@ -67,14 +67,14 @@ from django.db import connection  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
 from benchmarks.common import CpuAccount, ensure_database  # noqa: E402
-from campaigns import services  # noqa: E402
+from campaigns import lifecycle  # noqa: E402
 from campaigns.models import Campaign, Sender, WhatsappMessage  # noqa: E402
 from crm import bulk, jobs  # noqa: E402
 from crm.models import Customer, JobRun, Organization, Store  # noqa: E402
 from integrations import outbound  # noqa: E402
 from integrations.models import WhatsappNumber  # noqa: E402
 from integrations.whatsapp.client import TemplateMessage, UrlButton, build_payload  # noqa: E402
-from integrations.whatsapp.sandbox import SandboxServer  # noqa: E402
+from project.sandboxes.whatsapp import SandboxServer  # noqa: E402
 
 PHONE_NUMBER_ID = "199999999999999"
 TOKEN = "bench-token"  # noqa: S105 - the sandbox's
@@ -259,7 +259,7 @@ def run_fanout(org: Organization, *, n: int, batch: int, after_previous: bool = 
         idle = _peak_rss_mb(pids, "VmRSS")
         cpu = CpuAccount(trees={"worker": worker.pid}, database=str(connection.settings_dict["NAME"]))
         cpu.start()
-        services.campaign_start(campaign=campaign)
+        lifecycle.campaign_start(campaign=campaign)
         runs = JobRun.objects.filter(kind="campaign-fanout", key=str(campaign.pk))
         deadline = time.monotonic() + 3600
         while not runs.filter(status__in=["completed", "failed"]).exists() and time.monotonic() < deadline:
@@ -385,7 +385,7 @@ def run_campaign(
         cpu = CpuAccount(trees={"workers": pool.pid}, database=str(connection.settings_dict["NAME"]))
         cpu.start()
         started = time.monotonic()
-        services.campaign_start(campaign=campaign)
+        lifecycle.campaign_start(campaign=campaign)
         while True:
             time.sleep(0.25)
             worker_pids.update(c for p in _children(pool.pid) for c in [p, *_children(p)])

@@ -41,13 +41,13 @@ from django.conf import settings  # noqa: E402
 
 from benchmarks.common import ensure_database  # noqa: E402
 from benchmarks.whatsapp_campaign import PHONE_NUMBER_ID, TOKEN, _delete_campaigns, ensure_world  # noqa: E402
-from campaigns import services  # noqa: E402
+from campaigns import lifecycle  # noqa: E402
 from campaigns.models import Campaign, WhatsappMessage  # noqa: E402
 from crm import jobs  # noqa: E402
 from crm.models import Customer, Organization  # noqa: E402
 from integrations import outbound  # noqa: E402
 from integrations.models import WhatsappNumber  # noqa: E402
-from integrations.whatsapp.sandbox import SandboxServer  # noqa: E402
+from project.sandboxes.whatsapp import SandboxServer  # noqa: E402
 
 B_NUMBER_ID = "199999999988888"
 TARGET = 2.0
@@ -223,7 +223,7 @@ def main() -> None:
 
 
 def _start(c: Campaign) -> Campaign:
-    services.campaign_start(campaign=c)
+    lifecycle.campaign_start(campaign=c)
     return c
 
 

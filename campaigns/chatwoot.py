@@ -20,8 +20,8 @@ import logging
 from django.db import transaction
 from django.utils import timezone
 
-from campaigns import sending
 from campaigns.models import Campaign, WhatsappMessage
+from campaigns.whatsapp import templates
 from integrations.models import ChatwootAccount, WhatsappNumber
 from messaging import chatwoot_inbound
 from messaging.models import ConversationMessage
@@ -54,7 +54,7 @@ def chatwoot_message_content(message: WhatsappMessage) -> str:
     number = campaign.whatsapp_number
     store_name = number.store.name if number is not None and number.store is not None else ""
     # The same rendering the send used (sending's step 6), so the agent sees what the customer got.
-    values = sending.template_values(
+    values = templates.template_values(
         customer=message.customer, sources=campaign.template_variables, store_name=store_name
     )
     text = f"[campanha {campaign.name}] {campaign.template_name}"

@@ -4,7 +4,7 @@ named customer variable (campaigns/variables.py) from a dropdown, and the messag
 real customer from the number it will go from.
 
 `template_problem` is the one check of a campaign's template against what Meta said: the form
-refuses to save it, `services.campaign_validate` refuses to start it."""
+refuses to save it, `lifecycle.campaign_validate` refuses to start it."""
 
 from __future__ import annotations
 
@@ -21,9 +21,10 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
-from campaigns.models import AUDIENCE_MAX_DAYS, Campaign, Channel, Sender
-from campaigns.segments import Segment
+from campaigns.models import AUDIENCE_MAX_DAYS, Campaign, Channel, Segment, Sender
+from campaigns.recurrence import recurrence_error
 from campaigns.variables import VARIABLE_SOURCES
+from campaigns.whatsapp.templates import store_names, template_values
 from crm.customer_filters import TERMS, CustomerFilter, form_fields, from_cleaned
 from crm.models import Customer, Organization, Sale
 from integrations.models import WhatsappNumber, WhatsappTemplate
@@ -242,8 +243,6 @@ class CampaignForm(forms.ModelForm):
 
     def clean_recurrence(self) -> str:
         """Recurrence in words ("toda segunda 9h") is refused with examples of what works."""
-        from campaigns.recurrence import recurrence_error
-
         value = (self.cleaned_data.get("recurrence") or "").strip()
         problem = recurrence_error(value) if value else ""
         if problem:
@@ -357,9 +356,7 @@ class Rendered:
 
 def render_for(campaign: Campaign, customer: Customer) -> Rendered:
     """The campaign's WhatsApp message for one real customer, from the number it will go from, with
-    the values the send puts in (campaigns.sending.template_values: the same folding)."""
-    from campaigns.sending import store_names, template_values
-
+    the values the send puts in (campaigns.whatsapp.templates.template_values: the same folding)."""
     number = sender_for(campaign, customer)
     store_name = store_names({number.pk: number}).get(number.pk, "") if number else ""
     values = template_values(customer=customer, sources=campaign.template_variables, store_name=store_name)

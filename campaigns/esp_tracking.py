@@ -18,7 +18,7 @@ customer opted out of email · unsubscribed: opted out · opened, clicked: count
 Every transition is a compare-and-set, so an event the ESP posts twice counts once. An event whose id
 is not (yet) stored is early: the ESP can report a bounce before the send job has recorded the chunk
 that carried the message (a chunk spans seconds at the organization's rate). `events_apply` returns
-such events and the inbox handler keeps them in the inbox (crm.inbox.Retry), given to it again with
+such events and the inbox handler keeps them in the inbox (crm.inbox_kinds.Retry), given to it again with
 a growing delay until their send is recorded. Events for ids we never sent (another system on the
 same ESP account) are set aside after the inbox's last retry, about an hour later; they are
 answered 200, not refused, so the ESP does not retry them forever.

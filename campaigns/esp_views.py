@@ -25,7 +25,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
 from campaigns import inbox as campaign_inbox
-from crm import inbox, intake
+from crm import inbox_intake, intake
 from crm.crypto import DecryptionError
 from integrations.email import tracking
 from integrations.models import EmailSettings
@@ -139,7 +139,7 @@ def esp_tracking_webhook(
         tracking.events(provider, raws)  # anymail can read every one of them: refused now, not later
     except tracking.Malformed as exc:
         return _refused(400, str(exc))
-    inbox.accept(
+    inbox_intake.accept(
         kind=campaign_inbox.ESP,
         payload=campaign_inbox.esp_payload(provider, raws),
         organization_id=organization_id,

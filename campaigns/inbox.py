@@ -9,7 +9,7 @@ from collections import defaultdict
 from anymail.signals import AnymailTrackingEvent
 
 from campaigns import conversations, esp_tracking, statuses
-from crm import inbox
+from crm import inbox_kinds
 from integrations.email import tracking
 from integrations.whatsapp import webhooks
 from integrations.whatsapp.webhooks import InboundMessage, PreferenceEvent, StatusEvent
@@ -18,7 +18,7 @@ KIND = "whatsapp"
 ESP = "esp"
 
 
-def webhooks_apply(events: list[inbox.Event]) -> None:
+def webhooks_apply(events: list[inbox_kinds.Event]) -> None:
     """Apply a batch of accepted webhook bodies: every status in one `statuses_apply` (monotonic,
     whatever the order), every preference in one `preferences_apply` (the latest wins), every
     inbound message in one `inbound_apply` (once per wamid, keywords honoured)."""
@@ -41,7 +41,7 @@ def esp_payload(provider: str, raws: list[dict]) -> str:
     return json.dumps({"provider": provider, "events": raws}, ensure_ascii=False)
 
 
-def esp_events_apply(events: list[inbox.Event]) -> dict[int, inbox.Retry]:
+def esp_events_apply(events: list[inbox_kinds.Event]) -> dict[int, inbox_kinds.Retry]:
     """Apply a batch of accepted ESP tracking bodies: the events of each provider and organization
     together (one lookup of their messages), in the order they were accepted. An event for a
     message whose send is not recorded yet stays in the inbox, with only those raw events, to be
@@ -64,7 +64,7 @@ def esp_events_apply(events: list[inbox.Event]) -> dict[int, inbox.Retry]:
             event_id, raw = origin[id(normalized)]
             early[event_id].append((raw, str(normalized.message_id)))
     return {
-        event_id: inbox.Retry(
+        event_id: inbox_kinds.Retry(
             payload=esp_payload(providers[event_id], [raw for raw, _ in kept]),
             reason="no message recorded with ESP message id "
             + ", ".join(sorted({message_id for _, message_id in kept})),

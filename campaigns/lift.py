@@ -1,7 +1,7 @@
 """Incrementality: a campaign's control group and the lift report (docs/analytics.md).
 
 A campaign with `control_percent` holds out that share of its recipients at random, after
-consent, opt-outs and the contact caps (the fan-out, campaigns.services): each one is a message
+consent, opt-outs and the contact caps (the fan-out, campaigns.fanout): each one is a message
 row with status `held_out`, never sent, whose `sent_at` is set when its batch is sent (or when the
 campaign completes), so both arms' purchase windows start together.
 

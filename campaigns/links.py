@@ -16,10 +16,12 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from campaigns.email.content import compiled_email
 from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage
 from crm import hooks
 from crm.models import OptOutSource
 from crm.services import SendingChannel, customers_opt_out
+from messaging import email_render
 
 KINDS = ("r", "u", "o")  # r: redirect (click tracking), u: unsubscribe, o: open pixel (emails)
 # An email message's signed value starts with this ("~" is never in a token or a signature), so
@@ -43,8 +45,6 @@ def link_targets(*, campaign: Campaign) -> dict[str, object]:
     WhatsApp button's redirect URL and, for emails, the body's tracked links in order."""
     targets: list[str] = []
     if campaign.channel == Channel.EMAIL:
-        from messaging import email_render
-
         try:
             targets = list(
                 email_render.compile_email(
@@ -70,8 +70,6 @@ def message_target(message: Message, index: int | None) -> str:
         if frozen is not None:
             targets = [str(t) for t in frozen.get("email") or []]
         else:
-            from campaigns.email_sending import compiled_email
-
             targets = list(compiled_email(campaign).links)
         return targets[index] if index < len(targets) else ""
     if index is not None:

@@ -47,23 +47,13 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext
 from django.utils.translation import gettext_lazy as _
 
+from campaigns.models import CustomerSegment, Segment, SegmentMovement
 from crm import bulk, hooks
 from crm.cli import number
+from crm.models import Organization, Sale
 
 ACTIVE_DAYS = 365
 NEW_CUSTOMER_DAYS = 30
-
-
-class Segment(models.TextChoices):
-    CHAMPIONS = "champions", _("champions")
-    LOYAL = "loyal", _("loyal")
-    PROMISING = "promising", _("promising")
-    NEW = "new", _("new")
-    NEED_ATTENTION = "need_attention", _("need attention")
-    ABOUT_TO_SLEEP = "about_to_sleep", _("about to sleep")
-    AT_RISK = "at_risk", _("at risk")
-    HIBERNATING = "hibernating", _("hibernating")
-    LOST = "lost", _("lost")
 
 
 @dataclass(frozen=True)
@@ -147,8 +137,6 @@ GROUP BY segment
 
 
 def _tables() -> dict[str, str]:
-    from campaigns.models import CustomerSegment, SegmentMovement
-    from crm.models import Sale
 
     qn = connection.ops.quote_name
     return {
@@ -195,8 +183,6 @@ def default_day(tz: str) -> date:
 
 def organizations_with_sales() -> models.QuerySet:
     """Organizations that have at least one sale (the ones a snapshot can segment), by slug."""
-    from crm.models import Organization, Sale
-
     return Organization.objects.filter(Exists(Sale.objects.filter(organization_id=OuterRef("pk")))).order_by(
         "slug"
     )
@@ -208,9 +194,6 @@ def segments_snapshot(*, organization_id: int, day: date) -> dict[str, int]:
     Safe to run again: the day's rows are deleted and rebuilt in one transaction, and the next
     snapshot's movement (when `day` is a backfill) is recomputed against the new rows.
     """
-    from campaigns.models import CustomerSegment
-    from crm.models import Organization
-
     zone = ZoneInfo(Organization.objects.values_list("timezone", flat=True).get(pk=organization_id))
     params = {
         "org": organization_id,
@@ -246,8 +229,6 @@ def segments_snapshot(*, organization_id: int, day: date) -> dict[str, int]:
 
 def _movement_store(cursor: Any, *, organization_id: int, day: date) -> None:
     """(Re)compute how the customers of the snapshot `day` moved from the snapshot before it."""
-    from campaigns.models import CustomerSegment
-
     tables = _tables()
     previous = (
         CustomerSegment.objects.filter(organization_id=organization_id, day__lt=day)
@@ -281,8 +262,6 @@ def _entered_announce(*, organization_id: int, day: date) -> int:
     snapshot `day`, a page at a time inside the snapshot's transaction; returns how many. The first
     snapshot of an organization announces nobody (nobody moved: everyone is new to the snapshots). The
     event's key names the day and the segment, so a snapshot taken again enrolls nobody twice."""
-    from campaigns.models import CustomerSegment
-
     previous = (
         CustomerSegment.objects.filter(organization_id=organization_id, day__lt=day)
         .aggregate(d=Max("day"))
@@ -324,8 +303,6 @@ def _entered_announce(*, organization_id: int, day: date) -> int:
 def segments_prune(*, organization_id: int, keep_days: int | None = None) -> int:
     """Delete the organization's snapshots older than the last `keep_days` days (SEGMENT_KEEP_DAYS)
     before its newest one; returns how many customer rows went."""
-    from campaigns.models import SegmentMovement
-
     keep = settings.SEGMENT_KEEP_DAYS if keep_days is None else keep_days
     newest = SegmentMovement.objects.filter(organization_id=organization_id).aggregate(d=Max("day"))["d"]
     if newest is None:
@@ -347,8 +324,6 @@ def segments_prune(*, organization_id: int, keep_days: int | None = None) -> int
 
 def segment_counts(*, organization_id: int, day: date) -> dict[str, int]:
     """Customers per segment in the snapshot of `day` (every segment, zeros included)."""
-    from campaigns.models import SegmentMovement
-
     rows = (
         SegmentMovement.objects.filter(organization_id=organization_id, day=day)
         .exclude(to_segment="")
@@ -366,8 +341,6 @@ def segment_days(
 ) -> list[date]:
     """Days with a snapshot (of one organization, of those in `organization_ids`, or of any when
     both are None), newest first."""
-    from campaigns.models import SegmentMovement
-
     qs = SegmentMovement.objects.all()
     if organization_id is not None:
         qs = qs.filter(organization_id=organization_id)
@@ -386,8 +359,6 @@ class Movement:
 
 def segment_movement(*, organization_id: int, day: date) -> Movement:
     """The snapshot of `day` against the one before it, from the stored movement (one query)."""
-    from campaigns.models import SegmentMovement
-
     rows = list(
         SegmentMovement.objects.filter(organization_id=organization_id, day=day).values_list(
             "previous_day", "from_segment", "to_segment", "customers"

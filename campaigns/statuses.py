@@ -21,7 +21,7 @@ from django.db import transaction
 from django.db.models import Case, F, Q, When
 from django.db.models.functions import Greatest
 
-from campaigns import services
+from campaigns import lifecycle
 from campaigns.models import OUTCOME_UNKNOWN, CampaignMetric, WhatsappMessage
 from crm import bulk
 from crm.models import Customer, OptOutSource
@@ -195,7 +195,7 @@ def statuses_apply(*, events: list[StatusEvent]) -> dict[str, int]:
                 cost=Greatest(F("cost") - refund, Decimal("0"))
             )
     for campaign_id in sorted(changes.deltas):
-        services.campaign_complete_if_done(campaign_id=campaign_id)
+        lifecycle.campaign_complete_if_done(campaign_id=campaign_id)
     if counts["settled"]:
         logger.info("status webhooks settled %s in-flight message(s)", counts["settled"])
     return counts
@@ -261,7 +261,7 @@ def _track(
         t.changed = True
         if t.settled and not message.cost and not t.free:
             # The send never recorded what Meta charged (its worker died, or it is still
-            # recording: it then keeps this cost, sending.BatchPlan.reconciled).
+            # recording: it then keeps this cost, campaigns.whatsapp.plan.BatchPlan.reconciled).
             t.cost = message.cost = _priced(message, event, prices)
             message.cost_currency = currency if t.cost else message.cost_currency
         by_wamid[event.wamid] = message

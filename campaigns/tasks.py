@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import date
+from datetime import date, datetime
 
-from campaigns import sending, services
+from campaigns import chatwoot, fanout, lifecycle, recovery, recurring, segments
+from campaigns.email import sending as email_sending
 from campaigns.models import Campaign
-from crm.checkpoints import AlreadyDone, checkpoint
+from campaigns.recurring import occurrence_key
+from campaigns.test_sends import test_send_run
+from campaigns.whatsapp import sending
+from crm import queues
+from crm.checkpoints import AlreadyDone, checkpoint, jobrun_enqueue
+from crm.models import JobRun
 
 logger = logging.getLogger(__name__)
 
@@ -26,8 +32,8 @@ def campaign_trigger(campaign_id: int) -> str:
         extra={"campaign_id": campaign_id, "organization_id": campaign.organization_id},
     )
     try:
-        campaign = services.campaign_start_or_stop(campaign=campaign)
-    except services.CampaignError as exc:
+        campaign = lifecycle.campaign_start_or_stop(campaign=campaign)
+    except lifecycle.CampaignError as exc:
         logger.info(
             "campaign %s trigger: not started: %s", campaign_id, exc, extra={"campaign_id": campaign_id}
         )
@@ -44,7 +50,7 @@ def campaign_trigger(campaign_id: int) -> str:
 def campaign_fanout(campaign_id: int) -> int:
     """Materialize the campaign's messages and enqueue its send batches; returns recipients."""
     with checkpoint(kind="campaign-fanout", key=str(campaign_id)):
-        return services.campaign_fanout(campaign_id=campaign_id)
+        return fanout.campaign_fanout(campaign_id=campaign_id)
 
 
 def whatsapp_send_batch(campaign_id: int, batch: int) -> dict[str, int]:
@@ -54,40 +60,32 @@ def whatsapp_send_batch(campaign_id: int, batch: int) -> dict[str, int]:
 
 def email_send_batch(campaign_id: int, batch: int) -> dict[str, int]:
     """Send one batch of emails; safe to run any number of times (only queued messages are claimed)."""
-    from campaigns import email_sending
-
     return email_sending.email_send_batch(campaign_id=campaign_id, batch=batch)
 
 
 def whatsapp_reconcile() -> int:
     """Every 15 minutes: settle messages stuck in flight."""
-    return services.reconcile_in_flight()
+    return recovery.reconcile_in_flight()
 
 
 def chatwoot_mirror(message_ids: list[int]) -> int:
     """A mirror job enqueued before mirrors went through the conversations: the messages' copies
     made (once) and pushed; returns how many."""
-    from campaigns import chatwoot  # here, so this addition stays an append to a shared file
-
     return chatwoot.chatwoot_mirror_batch(message_ids=message_ids)
 
 
 def recurring_dispatch() -> int:
     """Every 5 minutes: dispatch each recurring campaign's due occurrence once."""
-    return services.recurring_dispatch()
+    return recurring.recurring_dispatch()
 
 
 def campaign_occurrence(campaign_id: int, occurrence: str) -> int | None:
     """Create and start one occurrence of a recurring campaign; returns its campaign id."""
-    from datetime import datetime
-
-    from campaigns.services import occurrence_key
-
     at = datetime.fromisoformat(occurrence)
     started = time.monotonic()
     try:
         with checkpoint(kind="campaign-occurrence", key=occurrence_key(campaign_id, at)):
-            child = services.campaign_occurrence(campaign_id=campaign_id, occurrence=at)
+            child = recurring.campaign_occurrence(campaign_id=campaign_id, occurrence=at)
     except AlreadyDone:
         return None
     logger.info(
@@ -107,8 +105,6 @@ SEGMENTS_KIND = "segments-snapshot"
 def segments_snapshot_all() -> int:
     """Daily: record and enqueue one snapshot run per organization with sales, for its last complete
     day in its own time zone; returns how many were enqueued (a day already computed is skipped)."""
-    from campaigns import segments  # here, so this addition stays an append to a shared file
-
     enqueued = 0
     for org_id, tz in segments.organizations_with_sales().values_list("pk", "timezone"):
         enqueued += segments_snapshot_enqueue(organization_id=org_id, day=segments.default_day(tz))
@@ -118,10 +114,6 @@ def segments_snapshot_all() -> int:
 def segments_snapshot_enqueue(*, organization_id: int, day: date) -> bool:
     """Record and enqueue one organization's snapshot of `day`; False when that day is done already
     (the daily schedule and the segments page's button: one checkpoint per organization and day)."""
-    from crm import queues
-    from crm.checkpoints import jobrun_enqueue
-    from crm.models import JobRun
-
     run = jobrun_enqueue(
         kind=SEGMENTS_KIND,
         key=f"{organization_id}:{day.isoformat()}",
@@ -136,10 +128,6 @@ def segments_snapshot_enqueue(*, organization_id: int, day: date) -> bool:
 def segments_snapshot_organization(organization_id: int, day: str) -> dict[str, int]:
     """One organization's snapshot of `day` (ISO date), then pruning to SEGMENT_KEEP_DAYS; returns
     customers per segment. Under a checkpoint: a completed day is not computed again ({})."""
-    from campaigns import segments
-    from crm import queues
-    from crm.checkpoints import AlreadyDone
-
     started = time.monotonic()
     try:
         with checkpoint(
@@ -168,6 +156,4 @@ def segments_snapshot_organization(organization_id: int, day: str) -> dict[str, 
 
 def test_send(test_send_id: int) -> str:
     """Send one manager's test of a campaign (campaigns.test_sends); a re-run sends nothing."""
-    from campaigns.test_sends import test_send_run
-
     return test_send_run(test_send_id=test_send_id)

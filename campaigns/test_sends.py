@@ -2,7 +2,7 @@
 email to the manager's own address), with a chosen customer's variables, before it starts.
 
 The message is built by the campaign send's own steps (`composer.sender_for`: the number the
-customer's message would go from; `sending.template_values` and `sending.template_message`: the
+customer's message would go from; `whatsapp.templates.template_values` and `template_message`: the
 same values, template and buttons) and handed to the same Graph client, in a job on the
 whatsapp-send queue. It is recorded as a `TestSend`, never as a campaign message: nothing is
 counted, priced or capped, and the customer receives nothing. Its URL buttons lead to the
@@ -27,10 +27,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
-from campaigns import composer, services
-from campaigns.email_sending import compiled_email, variables_for
+from campaigns import composer, lifecycle, selectors
+from campaigns.email.content import compiled_email, variables_for
 from campaigns.models import Campaign, Channel, TestSend
-from campaigns.sending import store_names, template_message, template_values
+from campaigns.whatsapp.templates import store_names, template_message, template_values
 from crm import aio, jobs, queues
 from crm.models import Customer
 from integrations.clients import graph_client
@@ -46,13 +46,13 @@ TEST_LINK = "t/test-send"
 
 def test_send_request(*, campaign: Campaign, customer: Customer, to: str, user_id: int | None) -> TestSend:
     """Record a test send of a draft or scheduled WhatsApp campaign to `to` (a phone, any way it is
-    typed) with `customer`'s variables and enqueue it. Raises services.CampaignError."""
+    typed) with `customer`'s variables and enqueue it. Raises lifecycle.CampaignError."""
     if campaign.status not in (Campaign.Status.DRAFT, Campaign.Status.SCHEDULED):
-        raise services.CampaignError(_("a test send is made before the campaign starts"))
+        raise lifecycle.CampaignError(_("a test send is made before the campaign starts"))
     if customer.organization_id != campaign.organization_id:
-        raise services.CampaignError(_("the customer belongs to another organization"))
+        raise lifecycle.CampaignError(_("the customer belongs to another organization"))
     address = _test_address(campaign, to)
-    services.campaign_validate(campaign=campaign)
+    lifecycle.campaign_validate(campaign=campaign)
     with transaction.atomic():
         test = TestSend.objects.create(
             campaign=campaign, customer=customer, to=address, requested_by_id=user_id
@@ -75,11 +75,11 @@ def _test_address(campaign: Campaign, to: str) -> str:
         try:
             validate_email(address)
         except ValidationError:
-            raise services.CampaignError(_("%(to)r is not an email address") % {"to": to}) from None
+            raise lifecycle.CampaignError(_("%(to)r is not an email address") % {"to": to}) from None
         return address
     phone = normalize_phone(to)
     if phone is None:
-        raise services.CampaignError(_("%(to)r is not a phone number") % {"to": to})
+        raise lifecycle.CampaignError(_("%(to)r is not a phone number") % {"to": to})
     return phone
 
 
@@ -158,8 +158,6 @@ def _finish(test: TestSend, *, wamid: str = "", error: str = "") -> str:
 def test_send_context(campaign: Campaign) -> dict[str, Any]:
     """What the campaign page's "send this campaign to me" box shows: whose variables may be used
     (the first audience customers), whether it may be used now, the last test sends."""
-    from campaigns import selectors
-
     allowed = campaign.status in (Campaign.Status.DRAFT, Campaign.Status.SCHEDULED)
     customers = list(selectors.campaign_audience(campaign=campaign).order_by("pk")[:20]) if allowed else []
     return {
@@ -188,7 +186,7 @@ def test_send_post(request: HttpRequest, campaign: Campaign) -> HttpResponse:
         test = test_send_request(
             campaign=campaign, customer=customer, to=request.POST.get("to", "")[:64], user_id=request.user.pk
         )
-    except services.CampaignError as exc:
+    except lifecycle.CampaignError as exc:
         messages.error(request, str(exc))
         return HttpResponseRedirect(back)
     messages.success(request, _("Test message to %(to)s queued; its result shows below.") % {"to": test.to})

@@ -12,7 +12,7 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
 from campaigns import inbox as webhook_inbox
-from crm import inbox, intake
+from crm import inbox_intake, intake
 from integrations.models import WhatsappNumber
 from integrations.whatsapp import webhooks
 
@@ -21,8 +21,8 @@ logger = logging.getLogger(__name__)
 # The inbox's INSERT with the organization of the number the body is for, looked up in the same
 # statement (a unique index probe): the drain serves organizations in turn (crm/inbox.py). An
 # unknown number leaves it NULL, served as one more tenant.
-ACCEPT = inbox.Statement(
-    f"INSERT INTO {inbox.TABLE} (kind, organization_id, payload, error) "  # noqa: S608 - table names only
+ACCEPT = inbox_intake.Statement(
+    f"INSERT INTO {inbox_intake.TABLE} (kind, organization_id, payload, error) "  # noqa: S608 - table names only
     f"SELECT r.kind, n.organization_id, r.payload, '' FROM requests r "
     f"LEFT JOIN {WhatsappNumber._meta.db_table} n ON n.phone_number_id = r.phone_number_id ORDER BY r.n",
     (("kind", "text"), ("phone_number_id", "text"), ("payload", "text")),
@@ -76,6 +76,6 @@ def whatsapp_webhook(request: HttpRequest) -> HttpResponse:
     accepted = len(batch.statuses) + len(batch.preferences) + len(batch.messages)
     if accepted:
         # The body as received (checked strict UTF-8 JSON): the worker parses it again.
-        inbox.write(ACCEPT, [webhook_inbox.KIND, webhooks.phone_number_id(payload), raw.decode()])
-        inbox.notify(webhook_inbox.KIND)
+        inbox_intake.write(ACCEPT, [webhook_inbox.KIND, webhooks.phone_number_id(payload), raw.decode()])
+        inbox_intake.notify(webhook_inbox.KIND)
     return JsonResponse({"ok": True, "accepted": accepted, "skipped": batch.ignored})

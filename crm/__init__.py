@@ -4,6 +4,6 @@ worker, JobRun checkpoints, locks, recovery, resilience (breaker, windows, lease
 inbox, cron, tenancy, crypto, /metrics and the queue pages.
 
 Every app may import it. It imports no domain app: apps plug in from their `AppConfig.ready` through
-the registries here (`hooks.on_sales_written`, `recovery.register`/`gives_up`, `inbox.register`,
+the registries here (`hooks.on_sales_written`, `recovery.register`/`gives_up`, `inbox_kinds.register`,
 `prometheus.register_collector`, `admin.register_organization_page`).
 """

@@ -19,7 +19,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 from django.views.decorators.http import require_http_methods, require_POST
 
-from crm import queue_ops
+from crm import queue_actions, queue_ops
 
 STATE_LABELS = {
     "waiting": gettext_lazy("waiting"),
@@ -186,20 +186,20 @@ def job_action(request: HttpRequest, job_id: str, action: str) -> HttpResponse:
     values = {"id": job_id}
     try:
         if action == "retry":
-            queue, attempts = queue_ops.job_retry(job_id)
+            queue, attempts = queue_actions.job_retry(job_id)
             text = ngettext(
                 "Job %(id)s is back on %(queue)s with %(attempts)s attempt.",
                 "Job %(id)s is back on %(queue)s with %(attempts)s attempts.",
                 attempts,
             ) % {**values, "queue": queue, "attempts": attempts}
         elif action == "promote":
-            queue = queue_ops.job_promote(job_id)
+            queue = queue_actions.job_promote(job_id)
             text = _("Job %(id)s is on %(queue)s to run now.") % {**values, "queue": queue}
         elif action == "cancel":
-            queue = queue_ops.job_cancel(job_id)
+            queue = queue_actions.job_cancel(job_id)
             text = _("Job %(id)s was canceled and taken off %(queue)s.") % {**values, "queue": queue}
         else:
-            queue = queue_ops.job_delete(job_id)
+            queue = queue_actions.job_delete(job_id)
             text = _("Job %(id)s was deleted from %(queue)s.") % {**values, "queue": queue}
             detail = reverse("admin-queues")
     except queue_ops.JobGone:
@@ -279,10 +279,10 @@ def bulk(request: HttpRequest, queue: str, state: str, action: str) -> HttpRespo
     if request.method == "POST":
         # At most what the confirmation named: jobs that arrived since are left alone.
         confirmed = request.POST.get("count", "")
-        done = queue_ops.bulk_run(queue, action, limit=int(confirmed) if confirmed.isdigit() else None)
+        done = queue_actions.bulk_run(queue, action, limit=int(confirmed) if confirmed.isdigit() else None)
         messages.success(request, _done(action, done, queue))
         return HttpResponseRedirect(back)
-    count = queue_ops.bulk_count(queue, action)
+    count = queue_actions.bulk_count(queue, action)
     context = {
         **admin.site.each_context(request),
         "title": _question(action, count, queue),
@@ -293,6 +293,8 @@ def bulk(request: HttpRequest, queue: str, state: str, action: str) -> HttpRespo
         "action_label": BULK_LABELS[action],
         "count": count,
         "back_url": back,
-        "waiting_on_dependency": queue_ops.state_sizes(queue)["deferred"] if action == "promote-all" else 0,
+        "waiting_on_dependency": queue_actions.state_sizes(queue)["deferred"]
+        if action == "promote-all"
+        else 0,
     }
     return TemplateResponse(request, "admin/queues/confirm.html", context)

@@ -250,7 +250,7 @@ WHATSAPP_VERIFY_TOKEN = env.str("WHATSAPP_VERIFY_TOKEN", default="")
 # A CSV rate card (country,category,price,currency) the weekly pricing job loads; empty = edit in the admin.
 WHATSAPP_PRICING_URL = env.str("WHATSAPP_PRICING_URL", default="")
 # Messages per send job (sent from customers' stores: split over the numbers in proportion to their
-# pace, campaigns.services.batch_shares), and HTTP requests one worker process keeps in flight.
+# pace, campaigns.fanout.batch_shares), and HTTP requests one worker process keeps in flight.
 WHATSAPP_BATCH_SIZE = env.int("WHATSAPP_BATCH_SIZE", default=500)
 WHATSAPP_MAX_IN_FLIGHT = env.int("WHATSAPP_MAX_IN_FLIGHT", default=500)
 # A send job claims and sends its batch this many messages at a time; between two chunks it gives

@@ -26,9 +26,8 @@ from django.db import IntegrityError, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from campaigns import lift
-from campaigns import services as campaign_services
-from campaigns.email_sending import email_send_batch
+from campaigns import lifecycle, lift
+from campaigns.email.sending import email_send_batch
 from campaigns.models import (
     Campaign,
     CampaignMetric,
@@ -38,7 +37,7 @@ from campaigns.models import (
     Kind,
     WhatsappMessage,
 )
-from campaigns.sending import whatsapp_send_batch
+from campaigns.whatsapp.sending import whatsapp_send_batch
 from crm import jobs, queues
 from crm.models import Sale
 from flows import guards
@@ -321,7 +320,7 @@ def send_now(channel: Channel, campaign_id: int, batch: int, organization_id: in
             SEND_FUNCS[channel],
             queue=queues.EMAIL_SEND if channel == Channel.EMAIL else queues.WHATSAPP_SEND,
             kwargs={"campaign_id": campaign_id, "batch": batch},
-            job_id=campaign_services.batch_job_id(campaign_id, batch, channel),
+            job_id=lifecycle.batch_job_id(campaign_id, batch, channel),
             delay=delay,
             organization_id=organization_id,
             after_commit=False,

@@ -10,7 +10,7 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from campaigns.segments import Segment
+from campaigns.models import Segment
 from campaigns.variables import VARIABLE_SOURCES
 
 

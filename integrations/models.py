@@ -53,7 +53,7 @@ class WhatsappNumber(models.Model):
         help_text=_("Pacing of sends from this number (Meta's default tier is 80/s). 0 = no pacing."),
     )
     # Set when Meta refuses this number itself (its token, registration, quality): only its messages
-    # wait until an operator clears it; the organization's other numbers go on (campaigns.sending).
+    # wait until an operator clears it; the organization's other numbers go on (campaigns.whatsapp).
     paused_at = models.DateTimeField(_("sending paused at"), null=True, blank=True)
     paused_reason = models.TextField(_("pause reason"), blank=True, default="")
     created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)

@@ -13,12 +13,12 @@ class MessagingConfig(AppConfig):
         from django.db.models.signals import post_save
         from django.utils.translation import gettext_lazy as _
 
-        from crm import customer_page, inbox, prometheus
+        from crm import customer_page, inbox_kinds, prometheus
         from integrations.models import ChatwootAccount
         from messaging import admin_conversations, chatwoot_inbound, chatwoot_replies  # noqa: F401
         from messaging import customer_page as conversation_page
 
-        inbox.register(chatwoot_replies.KIND)(chatwoot_replies.replies_apply)
+        inbox_kinds.register(chatwoot_replies.KIND)(chatwoot_replies.replies_apply)
         customer_page.on_customer_section(
             "replies", _("WhatsApp conversation"), conversation_page.replies, order=40
         )

@@ -12,7 +12,7 @@ import logging
 
 from django.conf import settings
 
-from crm import inbox
+from crm import inbox_kinds
 from crm.models import Customer
 from integrations.chatwoot.webhooks import agent_reply
 from messaging import conversations
@@ -40,7 +40,7 @@ def organization_of(token: str) -> int | None:
     return organization_id if hmac.compare_digest(token, webhook_token(organization_id)) else None
 
 
-def replies_apply(events: list[inbox.Event]) -> None:
+def replies_apply(events: list[inbox_kinds.Event]) -> None:
     """Apply a batch of accepted Chatwoot bodies: each agent's reply queued once (by Chatwoot's id)."""
     for event in events:
         reply = agent_reply(json.loads(event.payload))

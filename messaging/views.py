@@ -9,7 +9,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
 
-from crm import inbox, intake
+from crm import inbox_intake, intake
 from integrations.chatwoot.webhooks import agent_reply
 from messaging import chatwoot_replies
 
@@ -35,5 +35,5 @@ def chatwoot_webhook(request: HttpRequest, token: str) -> HttpResponse:
     except ValueError as exc:
         return JsonResponse({"ok": False, "error": str(exc)[:300]}, status=400)
     if reply is not None:
-        inbox.accept(kind=chatwoot_replies.KIND, payload=raw.decode(), organization_id=organization_id)
+        inbox_intake.accept(kind=chatwoot_replies.KIND, payload=raw.decode(), organization_id=organization_id)
     return JsonResponse({"ok": True, "accepted": int(reply is not None)})

@@ -19,7 +19,6 @@ from typing import Any
 import phonenumbers
 
 from crm import services
-from crm.demo import demo_phone
 from integrations.errors import IntegrationError
 from integrations.millennium.client import mobile_e164, normalize_email
 from integrations.runner.contract import ItemIn, RunIn
@@ -49,6 +48,16 @@ _PEOPLE = [
     ("Juliana", "Cardoso"),
     ("Leonardo", "Nunes"),
 ]
+# Demo phone numbers, also the demo organization's customers' (project/demo/crm.py).
+_DDD = ["11", "21", "31", "41", "47", "51", "61", "71", "81", "85", "91", "62"]
+
+
+def demo_phone(i: int) -> str:
+    """A valid Brazilian mobile number in E.164, deterministic in i (+55 DD 9 9XXX XXXX)."""
+    number = f"+55{_DDD[i % len(_DDD)]}99{(i * 7919) % 10_000_000:07d}"
+    parsed = phonenumbers.parse(number)
+    assert phonenumbers.is_valid_number(parsed), number
+    return phonenumbers.format_number(parsed, phonenumbers.PhoneNumberFormat.E164)
 
 
 def signup(i: int) -> dict[str, Any]:

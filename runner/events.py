@@ -13,7 +13,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from crm import bulk, inbox, jobs
+from crm import bulk, inbox_intake, inbox_kinds, jobs
 from runner.executions import fan_out, item_specs, settle
 from runner.models import (
     EVENT_ID_MAX,
@@ -200,7 +200,7 @@ def webhook_receive(
     A retry of an event, even one racing the first delivery (or in the same group commit), stores
     nothing and learns the first execution. Events without an id are accepted every time."""
     key = event_key(event_id)
-    row = inbox.write(
+    row = inbox_intake.write(
         _RECEIVE,
         [
             handler.pk,
@@ -213,7 +213,7 @@ def webhook_receive(
     )
     created, earlier = row if row is not None else (None, None)
     if created is not None:
-        inbox.notify(WEBHOOK_KIND)
+        inbox_intake.notify(WEBHOOK_KIND)
         return created, False
     if earlier is None and key:  # a concurrent delivery committed after this statement's snapshot
         earlier = (
@@ -227,7 +227,7 @@ def webhook_receive(
 # Per request row: whether it created an execution (its id) or repeats an event id recorded before
 # it (the first delivery's execution). Within one statement, the first row of an event id is the
 # delivery; later rows with that id are its repeats.
-_RECEIVE = inbox.Statement(
+_RECEIVE = inbox_intake.Statement(
     f"""
     WITH firsts AS (
         SELECT DISTINCT ON (handler_id, organization_id, event_id) n FROM requests
@@ -245,7 +245,7 @@ _RECEIVE = inbox.Statement(
         UNION ALL
         SELECT n, nextval(pg_get_serial_sequence('{_TABLE}', 'id')) FROM requests WHERE event_id = ''
     ), ib AS (
-        INSERT INTO {inbox.TABLE} (kind, organization_id, payload, error)
+        INSERT INTO {inbox_intake.TABLE} (kind, organization_id, payload, error)
         SELECT '{WEBHOOK_KIND}', r.organization_id, json_build_object(
             'execution_id', c.execution_id, 'handler_id', r.handler_id,
             'organization_id', r.organization_id, 'external_id', r.external_id,
@@ -270,7 +270,7 @@ _RECEIVE = inbox.Statement(
 )
 
 
-def webhooks_store(events: list[inbox.Event]) -> None:
+def webhooks_store(events: list[inbox_kinds.Event]) -> None:
     """The inbox handler of accepted webhooks: their executions (with the ids the requests
     answered) and items in bulk, and the item jobs enqueued in pipelines after commit."""
     accepted = [json.loads(e.payload) for e in events]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from surveys import services
+from surveys import sending, services
 
 
 def survey_send(survey_id: int) -> str:
     """Send one due survey; a second run (retry, recovery, another worker) does nothing."""
-    return services.survey_send(survey_id=survey_id)
+    return sending.survey_send(survey_id=survey_id)
 
 
 def surveys_dispatch(limit: int = 5000) -> int:

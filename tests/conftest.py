@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from crm import inbox, jobs, queues, workers
+from crm import inbox_intake, inbox_kinds, jobs, queues, workers
 from crm.models import Customer, Organization, Store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +83,7 @@ def _no_session_left(django_db_setup, django_db_blocker) -> Iterator[None]:
     yield
     from django.db import connection
 
-    assert inbox.group_commit_close(timeout=60), "the inbox's group-commit thread did not answer"
+    assert inbox_intake.group_commit_close(timeout=60), "the inbox's group-commit thread did not answer"
     with django_db_blocker.unblock():
         others: list = []
 
@@ -119,7 +119,7 @@ def run_jobs() -> Callable[..., None]:
     """Run every queued (and soon-due delayed) job in this process, like `workers --burst`."""
 
     def _run(queue_names: list[str] | None = None, settle: float = 3.0) -> None:
-        inbox.wake_owed()  # what an intake of this process accepted is drained by these workers
+        inbox_intake.wake_owed()  # what an intake of this process accepted is drained by these workers
         workers.run_burst(queue_names or list(queues.QUEUE_NAMES), settle=settle)
 
     return _run
@@ -132,8 +132,8 @@ def drain_inbox(run_jobs, django_capture_on_commit_callbacks) -> Callable[[], No
 
     def _drain() -> None:
         with django_capture_on_commit_callbacks(execute=True):
-            for kind in inbox.kinds():
-                inbox.wake(kind)
+            for kind in inbox_kinds.kinds():
+                inbox_intake.wake(kind)
         with django_capture_on_commit_callbacks(execute=True):
             run_jobs([queues.INBOX], settle=0)
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from django.utils.module_loading import import_string
 
-from crm import cron, inbox, prometheus, recovery
+from crm import cron, inbox_kinds, prometheus, recovery
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("crm", "messaging", "campaigns", "surveys", "erp", "runner", "integrations", "project")
@@ -86,7 +86,7 @@ def test_every_recoverer_give_up_inbox_kind_and_collector_resolves() -> None:
     for func, give_up in recovery._GIVE_UPS.items():
         assert callable(import_string(func)), f"give-up for {func}: the job function does not resolve"
         assert _resolves(give_up), f"give-up for {func}"
-    for kind in inbox.kinds():
-        assert _resolves(inbox._HANDLERS[kind]), f"inbox kind {kind}"
+    for kind in inbox_kinds.kinds():
+        assert _resolves(inbox_kinds._HANDLERS[kind]), f"inbox kind {kind}"
     for name, collector in prometheus._collectors.items():
         assert _resolves(collector), f"collector {name}"

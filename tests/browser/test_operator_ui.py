@@ -45,7 +45,7 @@ def _no_horizontal_scroll(page: Page) -> None:
 def _two_campaigns(stack: Stack) -> tuple[int, int]:
     """A WhatsApp campaign sent to every demo customer, then an email campaign the 24-hour block
     skips for all of them (the organization counts both channels together)."""
-    from campaigns import services
+    from campaigns import lifecycle
     from campaigns.models import BodyFormat, Campaign, Channel
     from crm.models import Organization
     from integrations.models import WhatsappNumber, WhatsappTemplate
@@ -60,7 +60,7 @@ def _two_campaigns(stack: Stack) -> tuple[int, int]:
         timeout=180,
         what="the demo's templates synced",
     )
-    whatsapp = services.campaign_start(
+    whatsapp = lifecycle.campaign_start(
         campaign=Campaign.objects.create(
             organization_id=org_id,
             name="Liquidação de verão",
@@ -75,7 +75,7 @@ def _two_campaigns(stack: Stack) -> tuple[int, int]:
         timeout=180,
         what="the WhatsApp campaign to be sent",
     )
-    email = services.campaign_start(
+    email = lifecycle.campaign_start(
         campaign=Campaign.objects.create(
             organization_id=org_id,
             name="Newsletter de verão",

@@ -7,7 +7,7 @@ import pytest
 from campaigns.models import Campaign
 from crm.models import Customer, Organization, Store
 from integrations.models import WhatsappNumber, WhatsappPrice
-from integrations.whatsapp.sandbox import SandboxServer
+from project.sandboxes.whatsapp import SandboxServer
 
 PHONE_NUMBER_ID = "109876543210"
 TOKEN = "EAAG-sandbox-token-for-tests-0123456789"

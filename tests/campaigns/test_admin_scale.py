@@ -11,7 +11,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from campaigns.admin import CampaignFilter, CappedCountPaginator
+from campaigns.admin.big_tables import CampaignFilter, CappedCountPaginator
 from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage
 from crm.models import Customer
 

@@ -16,7 +16,7 @@ from django.core.management.base import CommandError
 from django.test import Client
 from django.utils import timezone, translation
 
-from campaigns import audience, services, tasks
+from campaigns import audience, lifecycle, tasks
 from campaigns.models import Campaign, WhatsappMessage
 from crm.models import Customer, Membership, Organization
 
@@ -105,8 +105,8 @@ def test_an_empty_audience_cannot_start_and_the_command_and_the_page_say_why(wa)
     org = wa["org"]
     Customer.objects.create(organization=org, name="Sem A", phone="+5511970000001")
     campaign = wa["campaign"]()
-    with translation.override("en"), pytest.raises(services.EmptyAudience, match="1 no consent"):
-        services.campaign_start(campaign=campaign)
+    with translation.override("en"), pytest.raises(lifecycle.EmptyAudience, match="1 no consent"):
+        lifecycle.campaign_start(campaign=campaign)
     with (
         translation.override("pt-br"),
         pytest.raises(CommandError, match="ninguém a receberia: 1 sem consent"),
@@ -127,8 +127,8 @@ def test_an_empty_audience_cannot_start_and_the_command_and_the_page_say_why(wa)
 def test_a_segment_campaign_without_a_snapshot_is_refused_naming_the_snapshot(wa):
     wa["customers"](3)
     campaign = wa["campaign"](audience_segment="champions")
-    with translation.override("en"), pytest.raises(services.EmptyAudience, match="no segment snapshot yet"):
-        services.campaign_start(campaign=campaign)
+    with translation.override("en"), pytest.raises(lifecycle.EmptyAudience, match="no segment snapshot yet"):
+        lifecycle.campaign_start(campaign=campaign)
 
 
 def test_a_scheduled_campaign_with_nobody_to_receive_it_stops_with_the_reason(wa):
@@ -142,7 +142,7 @@ def test_a_scheduled_campaign_with_nobody_to_receive_it_stops_with_the_reason(wa
 
 def test_pause_and_cancel_buttons_confirm_with_what_is_left(wa, run_jobs):
     wa["customers"](3)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs(["campaign-trigger"])  # fanned out: three queued, none sent
     client = _manager(wa["org"])
     page = client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()

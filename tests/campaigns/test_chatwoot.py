@@ -12,15 +12,15 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from campaigns import chatwoot, services, tasks
+from campaigns import chatwoot, lifecycle, tasks
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from crm import recovery
 from integrations.chatwoot.client import ChatwootClient, parse_contact_create
-from integrations.chatwoot.sandbox import ChatwootSandbox
 from integrations.errors import IntegrationError
 from integrations.models import ChatwootAccount
 from messaging import chatwoot_inbound
 from messaging.models import ChatwootThread, ConversationMessage
+from project.sandboxes.chatwoot import ChatwootSandbox
 from tests.conftest import redis_keys_holding, wait_for
 
 S = WhatsappMessage.Status
@@ -53,7 +53,7 @@ def _account(org, cw: ChatwootSandbox, *, mode: str = "api_inbox", token: str = 
 
 def _send(wa, run_jobs, n: int, *, queues: list[str] | None = None, **campaign_fields) -> Campaign:
     wa["customers"](n)
-    campaign = services.campaign_start(campaign=wa["campaign"](**campaign_fields))
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"](**campaign_fields))
     run_jobs(queues)
     return Campaign.objects.get(pk=campaign.pk)
 
@@ -288,7 +288,7 @@ def test_the_chatwoot_token_is_never_in_redis_nor_in_the_database_in_clear(wa, c
     _send(wa, run_jobs, 3)
     cw.fail_next(10_000, 503)  # a second campaign whose mirror waits: deferred pushes in Redis
     wa["customers"](2, start=100)
-    services.campaign_start(campaign=wa["campaign"](name="Second"))
+    lifecycle.campaign_start(campaign=wa["campaign"](name="Second"))
     run_jobs()
     assert _waiting(wa["org"]) == 2
     assert redis_keys_holding(redis_db, CW_TOKEN) == []

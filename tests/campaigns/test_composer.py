@@ -15,7 +15,7 @@ from django.utils import timezone
 from hypothesis import given
 from hypothesis import strategies as st
 
-from campaigns import composer, services, test_sends
+from campaigns import composer, lifecycle, recurring, test_sends
 from campaigns.models import Campaign, CampaignMetric, Sender, TestSend, WhatsappMessage
 from campaigns.recurrence import next_occurrences, recurrence_error
 from crm.models import Customer, Membership, Sale, Store
@@ -120,12 +120,12 @@ def test_rejected_and_paused_templates_are_not_offered_and_a_wrong_mapping_is_re
 def test_a_campaign_naming_a_rejected_or_paused_template_does_not_start(synced, name, english) -> None:
     campaign = synced["campaign"](template_name=name, template_variables=["first_name"])
     synced["customers"](2)
-    with pytest.raises(services.CampaignError, match="cannot be sent"):
-        services.campaign_start(campaign=campaign)
+    with pytest.raises(lifecycle.CampaignError, match="cannot be sent"):
+        lifecycle.campaign_start(campaign=campaign)
     assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.DRAFT
     missing = synced["campaign"](name="x", template_name="nao_existe")
-    with pytest.raises(services.CampaignError, match="not among"):
-        services.campaign_start(campaign=missing)
+    with pytest.raises(lifecycle.CampaignError, match="not among"):
+        lifecycle.campaign_start(campaign=missing)
 
 
 def test_the_preview_is_the_message_from_the_customers_store_number(synced, sandbox) -> None:
@@ -188,11 +188,11 @@ def test_a_test_send_reaches_the_sandbox_and_is_no_campaign_message(
 def test_a_test_send_is_refused_once_the_campaign_started_or_to_a_non_phone(synced) -> None:
     (customer,) = synced["customers"](1)
     campaign = synced["campaign"](template_name="pedido_enviado", template_variables=["first_name"])
-    with pytest.raises(services.CampaignError):
+    with pytest.raises(lifecycle.CampaignError):
         test_sends.test_send_request(campaign=campaign, customer=customer, to="não sei", user_id=None)
     Campaign.objects.filter(pk=campaign.pk).update(status=Campaign.Status.SENT)
     campaign.refresh_from_db()
-    with pytest.raises(services.CampaignError):
+    with pytest.raises(lifecycle.CampaignError):
         test_sends.test_send_request(campaign=campaign, customer=customer, to="11990000000", user_id=None)
     other = Customer.objects.create(organization=synced["org"], erp_id="X", name="X", phone="+5511990000001")
     assert other.organization_id == campaign.organization_id
@@ -222,5 +222,5 @@ def test_recurrence_in_words_is_refused_with_an_example_and_shown_in_the_organiz
     runs = next_occurrences("0 9 * * 1", "America/Sao_Paulo")
     assert all((r.weekday(), r.hour, r.minute) == (0, 9, 0) for r in runs)
     Campaign.objects.filter(pk=campaign.pk).update(recurrence="toda segunda 9h")
-    with pytest.raises(services.CampaignError, match="0 9 \\* \\* 1"):
-        services.campaign_recurrence_activate(campaign=Campaign.objects.get(pk=campaign.pk))
+    with pytest.raises(lifecycle.CampaignError, match="0 9 \\* \\* 1"):
+        recurring.campaign_recurrence_activate(campaign=Campaign.objects.get(pk=campaign.pk))

@@ -8,7 +8,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import translation
 
-from campaigns import selectors, services
+from campaigns import lifecycle, selectors
 from campaigns.caps import NO_CONSENT
 from campaigns.models import WhatsappMessage
 from crm.models import ConsentChange, ConsentSource, Customer, Membership
@@ -65,7 +65,7 @@ def test_a_manager_records_consent_with_who_and_when_and_cannot_type_it(wa):
 
 def test_a_consent_withdrawn_after_the_fan_out_skips_the_message_as_no_consent(wa, sandbox, run_jobs):
     people = wa["customers"](3)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs(["campaign-trigger"])  # the fan-out: three messages queued
     assert WhatsappMessage.objects.filter(campaign=campaign).count() == 3
     customers_consent_set(customer_ids=[people[0].pk], given=False, source=ConsentSource.ADMIN)

@@ -8,12 +8,12 @@ from collections.abc import Iterator
 import pytest
 from django.utils import timezone
 
-from campaigns import caps, services
+from campaigns import caps, lifecycle
 from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage
 from crm.models import Organization
 from integrations.email import pool
-from integrations.email.smtp_sandbox import SmtpSandbox
 from integrations.models import EmailSettings
+from project.sandboxes.smtp import SmtpSandbox
 
 S = WhatsappMessage.Status
 Scope = Organization.ContactCapsScope
@@ -73,11 +73,11 @@ def _reasons(campaign: Campaign) -> dict[int, tuple[str, str]]:
 def test_an_email_after_a_whatsapp_message_within_the_window_is_skipped_with_the_reason(both, run_jobs):
     people = both["customers"](3)
     _caps(both["org"], count=1)
-    whatsapp = services.campaign_start(campaign=both["campaign"]())
+    whatsapp = lifecycle.campaign_start(campaign=both["campaign"]())
     run_jobs()
     assert set(WhatsappMessage.objects.filter(campaign=whatsapp).values_list("status", flat=True)) == {S.SENT}
 
-    email = services.campaign_start(campaign=both["email_campaign"]())
+    email = lifecycle.campaign_start(campaign=both["email_campaign"]())
     run_jobs()
     reason = "message limit: 1 WhatsApp and email messages in the last 7 days (at most 1)"
     assert _reasons(email) == {p.pk: (S.SKIPPED, reason) for p in people}
@@ -91,14 +91,14 @@ def test_an_email_after_a_whatsapp_message_within_the_window_is_skipped_with_the
 def test_per_channel_caps_let_the_email_through(both, run_jobs):
     people = both["customers"](3)
     _caps(both["org"], count=1, block=True, scope=Scope.PER_CHANNEL)
-    services.campaign_start(campaign=both["campaign"]())
+    lifecycle.campaign_start(campaign=both["campaign"]())
     run_jobs()
-    email = services.campaign_start(campaign=both["email_campaign"]())
+    email = lifecycle.campaign_start(campaign=both["email_campaign"]())
     run_jobs()
     assert _reasons(email) == {p.pk: (S.SENT, "") for p in people}
     assert len(both["smtp"].messages()) == 3
     # …while a second WhatsApp campaign is still capped on its own channel
-    again = services.campaign_start(campaign=both["campaign"](name="Again"))
+    again = lifecycle.campaign_start(campaign=both["campaign"](name="Again"))
     run_jobs()
     assert {status for status, _ in _reasons(again).values()} == {S.SKIPPED}
 
@@ -108,9 +108,9 @@ def test_block_multiple_campaigns_counts_the_other_channel(both, run_jobs):
     _caps(both["org"], block=True)
     untouched.phone = ""  # not in the WhatsApp audience
     untouched.save(update_fields=["phone"])
-    services.campaign_start(campaign=both["campaign"]())
+    lifecycle.campaign_start(campaign=both["campaign"]())
     run_jobs()
-    email = services.campaign_start(campaign=both["email_campaign"]())
+    email = lifecycle.campaign_start(campaign=both["email_campaign"]())
     run_jobs()
     assert _reasons(email) == {reached.pk: (S.SKIPPED, caps.SENT_WITHIN_24H), untouched.pk: (S.SENT, "")}
     assert [m["rcpt_tos"] for m in both["smtp"].messages()] == [[untouched.email]]
@@ -119,8 +119,8 @@ def test_block_multiple_campaigns_counts_the_other_channel(both, run_jobs):
 def test_an_email_campaign_started_first_wins_over_a_whatsapp_one(both, run_jobs):
     (person,) = both["customers"](1)
     _caps(both["org"], block=True)
-    email = services.campaign_start(campaign=both["email_campaign"]())
-    whatsapp = services.campaign_start(campaign=both["campaign"]())
+    email = lifecycle.campaign_start(campaign=both["email_campaign"]())
+    whatsapp = lifecycle.campaign_start(campaign=both["campaign"]())
     run_jobs()
     assert _reasons(email) == {person.pk: (S.SENT, "")}
     assert _reasons(whatsapp) == {person.pk: (S.SKIPPED, caps.QUEUED_EARLIER)}
@@ -130,7 +130,7 @@ def test_a_send_batch_applies_the_caps_again_to_what_was_sent_since_the_fanout(b
     """The fan-out queued the email; a WhatsApp message reached the customer before its batch ran."""
     (person,) = both["customers"](1)
     _caps(both["org"], count=1)
-    email = services.campaign_start(campaign=both["email_campaign"]())
+    email = lifecycle.campaign_start(campaign=both["email_campaign"]())
     run_jobs(["campaign-trigger"])
     assert _reasons(email) == {person.pk: (S.QUEUED, "")}
     other = both["campaign"](name="Elsewhere", status=Campaign.Status.SENT)

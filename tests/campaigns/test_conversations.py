@@ -17,15 +17,15 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from campaigns import services
+from campaigns import lifecycle
 from campaigns.models import CampaignMetric, WhatsappMessage
 from crm import hooks, recovery
 from crm.models import Customer, OptOutSource
-from integrations.chatwoot.sandbox import ChatwootSandbox
 from integrations.models import ChatwootAccount
 from integrations.whatsapp import webhooks
 from messaging import chatwoot_inbound, chatwoot_replies, conversations
 from messaging.models import ConversationMessage
+from project.sandboxes.chatwoot import ChatwootSandbox
 from tests.campaigns.conftest import PHONE_NUMBER_ID
 
 SECRET = "meta-app-secret-for-tests"
@@ -92,7 +92,7 @@ def _chatwoot(org, cw: ChatwootSandbox, token: str = CW_TOKEN) -> ChatwootAccoun
 
 def _sent_campaign(wa, run_jobs, n: int = 2):
     people = wa["customers"](n)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     return campaign, people
 
@@ -439,7 +439,7 @@ def test_a_whatsapp_message_meta_does_not_bill_or_that_failed_costs_nothing(
 ):
     settings.WHATSAPP_APP_SECRET = SECRET
     wa["customers"](3)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     free, failed, paid = WhatsappMessage.objects.filter(campaign=campaign).order_by("id")
     assert CampaignMetric.objects.get(campaign=campaign).cost == Decimal("0.1875")  # 3 x 0.0625 (BR)

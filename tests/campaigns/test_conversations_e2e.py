@@ -11,9 +11,9 @@ from django.core.management import call_command
 
 from crm import recovery
 from crm.models import Customer, OptOutSource
-from integrations.chatwoot.sandbox import ChatwootSandbox
 from integrations.models import ChatwootAccount
 from messaging.models import ConversationMessage
+from project.sandboxes.chatwoot import ChatwootSandbox
 from tests.campaigns.conftest import PHONE_NUMBER_ID
 from tests.conftest import wait_for
 

@@ -14,7 +14,7 @@ from django.utils import translation
 from hypothesis import given
 from hypothesis import strategies as st
 
-from campaigns import selectors, services
+from campaigns import lifecycle, selectors
 from campaigns.models import CampaignMetric, WhatsappMessage
 from crm.money import cost_estimate
 from integrations.models import WhatsappPrice
@@ -52,7 +52,7 @@ def _status(campaign_id: int) -> dict:
 
 def test_a_whatsapp_cost_is_in_the_rate_cards_currency_everywhere(wa, run_jobs):
     wa["customers"](4)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     data = _status(campaign.pk)
     assert set(data) >= KEYS
@@ -73,7 +73,7 @@ def test_an_organizations_rate_shows_its_currency_labelled_as_an_estimate(wa, ru
     org.cost_conversion_currency = "USD"
     org.save()
     wa["customers"](4)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     data = _status(campaign.pk)
     assert data["cost_currency"] == "USD"
@@ -86,7 +86,7 @@ def test_an_organizations_rate_shows_its_currency_labelled_as_an_estimate(wa, ru
 
 def test_prices_in_another_currency_never_add_to_a_campaigns_total(wa, run_jobs):
     wa["customers"](3)
-    campaign = services.campaign_start(campaign=wa["campaign"]())  # its total is in USD, the card's
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())  # its total is in USD, the card's
     # The card is replaced by one in reais before the sends: a real sum would mix the two.
     WhatsappPrice.objects.update(currency="BRL", price=Decimal("0.35"))
     run_jobs()

@@ -17,7 +17,7 @@ from django.core.management import call_command
 from django.test import Client
 from django.utils import timezone
 
-from campaigns import dashboards, links, services, statuses
+from campaigns import dashboards, lifecycle, links, statuses
 from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage
 from crm.models import Customer, Membership, Organization
 from integrations.whatsapp.webhooks import StatusEvent
@@ -63,7 +63,7 @@ def _campaign(org: Organization, started_at: datetime, **fields) -> Campaign:
 def test_a_real_campaigns_buckets_add_up_to_its_metrics(wa, sandbox, run_jobs, admin_client, english):
     people = wa["customers"](12)
     sandbox.add_rule(to=people[3].phone.lstrip("+"), code=131026)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     sent = list(WhatsappMessage.objects.filter(campaign=campaign, status="sent").order_by("pk"))
     assert len(sent) == 11

@@ -9,9 +9,9 @@ from django.core.management import call_command
 
 from campaigns import composer
 from campaigns.models import Campaign
-from integrations.demo import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS, DEMO_WABA_ID
 from integrations.models import WhatsappTemplate
-from integrations.whatsapp.sandbox import SandboxServer
+from project.demo.integrations import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS, DEMO_WABA_ID
+from project.sandboxes.whatsapp import SandboxServer
 
 
 def test_the_demo_syncs_its_templates_and_its_campaign_uses_a_synced_one(transactional_db, run_jobs, english):

@@ -15,13 +15,13 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from campaigns import links, selectors, services
+from campaigns import fanout, lifecycle, links, recovery, selectors
 from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage
 from crm.models import Customer, Organization, Store
 from integrations.email import pool
-from integrations.email.smtp_sandbox import SmtpSandbox
 from integrations.models import EmailSettings
 from messaging.models import EmailSuppression
+from project.sandboxes.smtp import SmtpSandbox
 from tests.campaigns.test_fanout import check_a_message_whose_customer_was_deleted_is_skipped
 from tests.conftest import redis_keys_holding
 
@@ -112,7 +112,7 @@ def _statuses(campaign: Campaign) -> dict[str, int]:
 
 def test_an_email_campaign_sends_once_to_each_recipient_over_pooled_connections(em, smtp, run_jobs, settings):
     people = em["customers"](30)
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.SENT
@@ -155,7 +155,7 @@ def test_an_email_campaign_sends_once_to_each_recipient_over_pooled_connections(
 def test_the_first_name_in_an_email_follows_the_one_rule_for_names_as_typed(em, smtp, run_jobs):
     erp = em["customers"](1, name=" MARIA\tDA SILVA")[0]
     typed = em["customers"](1, start=1, name="\njoão  pedro")[0]
-    services.campaign_start(campaign=em["campaign"]())
+    lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     assert smtp.messages(to=erp.email)[0]["subject"] == "Maria, a Black Friday chegou"
     assert smtp.messages(to=typed.email)[0]["subject"] == "João, a Black Friday chegou"
@@ -165,11 +165,11 @@ def test_the_first_name_in_an_email_follows_the_one_rule_for_names_as_typed(em, 
 def test_the_fan_out_and_the_send_are_bulk(em, smtp, run_jobs, settings):
     settings.EMAIL_BATCH_SIZE = 100
     em["customers"](600)
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     with CaptureQueriesContext(connection) as queries:
-        services.campaign_fanout(campaign_id=campaign.pk, chunk=1000)
+        fanout.campaign_fanout(campaign_id=campaign.pk, chunk=1000)
     assert len(queries) < 25
-    from campaigns.email_sending import email_send_batch
+    from campaigns.email.sending import email_send_batch
 
     with CaptureQueriesContext(connection) as queries:
         email_send_batch(campaign_id=campaign.pk, batch=0)
@@ -182,7 +182,7 @@ def test_the_fan_out_and_the_send_are_bulk(em, smtp, run_jobs, settings):
 def test_a_hard_bounce_suppresses_the_address_for_future_campaigns(em, smtp, run_jobs):
     good, dead = em["customers"](2)
     smtp.reply_for(dead.email, 550, "5.1.1 <x>: Recipient address rejected: User unknown")
-    first = services.campaign_start(campaign=em["campaign"]())
+    first = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     msg = EmailMessage.objects.get(campaign=first, customer=dead)
     assert (msg.status, msg.bounce_type, msg.attempts) == (S.BOUNCED, "hard", 1)
@@ -193,7 +193,7 @@ def test_a_hard_bounce_suppresses_the_address_for_future_campaigns(em, smtp, run
     first.refresh_from_db()
     assert first.status == Campaign.Status.SENT
 
-    second = services.campaign_start(campaign=em["campaign"](name="Natal"))
+    second = lifecycle.campaign_start(campaign=em["campaign"](name="Natal"))
     run_jobs()
     assert list(EmailMessage.objects.filter(campaign=second).values_list("customer_id", flat=True)) == [
         good.pk
@@ -211,7 +211,7 @@ def test_a_policy_block_is_recorded_apart_and_never_suppresses_the_address(em, s
     smtp.reply_for(at_rcpt.email, 550, SPAMHAUS)
     smtp.reply_for(at_data.email, 554, "5.7.1 Message rejected due to policy", at="DATA")
     smtp.reply_for(dead.email, 550, "5.1.1 <x>: Recipient address rejected: User unknown")
-    first = services.campaign_start(campaign=em["campaign"]())
+    first = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs(settle=3)
     first.refresh_from_db()
     assert first.status == Campaign.Status.SENT
@@ -244,13 +244,13 @@ def test_a_policy_block_is_recorded_apart_and_never_suppresses_the_address(em, s
     # of a second campaign within 24 hours would skip the one who got the first)
     smtp.reset()
     Organization.objects.filter(pk=first.organization_id).update(block_multiple_campaigns=False)
-    second = services.campaign_start(campaign=em["campaign"](name="Natal"))
+    second = lifecycle.campaign_start(campaign=em["campaign"](name="Natal"))
     run_jobs()
     assert _statuses(second) == {"sent": 3}
     assert smtp.messages(to=at_rcpt.email) and smtp.messages(to=at_data.email)
 
     # and "retry failed" tries the blocked ones again (the block may have been lifted)
-    assert services.campaign_retry_failed(campaign=first) == 2
+    assert lifecycle.campaign_retry_failed(campaign=first) == 2
     run_jobs()
     assert _statuses(first) == {"sent": 3, "bounced": 1}
     metric.refresh_from_db()
@@ -261,7 +261,7 @@ def test_a_soft_bounce_is_retried_with_backoff_then_bounces_soft(em, smtp, run_j
     flaky, full, _fine = em["customers"](3)
     smtp.reply_for(flaky.email, 450, "4.7.1 Greylisted, please try again later", times=1)
     smtp.reply_for(full.email, 552, "5.2.2 Mailbox full")
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs(settle=5)
     flaky_msg = EmailMessage.objects.get(customer=flaky)
     full_msg = EmailMessage.objects.get(customer=full)
@@ -275,7 +275,7 @@ def test_a_soft_bounce_is_retried_with_backoff_then_bounces_soft(em, smtp, run_j
 
     # "Retry failed" gives soft bounces fresh attempts
     smtp.reset()
-    assert services.campaign_retry_failed(campaign=campaign) == 1
+    assert lifecycle.campaign_retry_failed(campaign=campaign) == 1
     run_jobs()
     full_msg.refresh_from_db()
     assert full_msg.status == S.SENT
@@ -287,15 +287,15 @@ def test_a_soft_bounce_waits_its_backoff_even_when_the_job_yields_and_runs_again
 ):
     """The backoff is kept in the message (retry_at), not in the job run that saw the bounce: a run
     that yields its worker (JOB_BUDGET) and comes back at once must not retry early."""
-    from campaigns import email_sending
+    from campaigns.email import sending as email_sending
     from crm.jobs import Defer
 
     settings.EMAIL_RETRY_BACKOFF = 3.0
     monkeypatch.setattr(email_sending, "JOB_BUDGET", -1.0)  # yield after every claim
     flaky, *_others = em["customers"](3)
     smtp.reply_for(flaky.email, 450, "4.7.1 Greylisted, please try again later", times=1)
-    campaign = services.campaign_start(campaign=em["campaign"]())
-    services.campaign_fanout(campaign_id=campaign.pk, chunk=1000)
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
+    fanout.campaign_fanout(campaign_id=campaign.pk, chunk=1000)
 
     email_send_batch = email_sending.email_send_batch
     with pytest.raises(Defer, match="yielding"):
@@ -328,7 +328,7 @@ def test_a_sender_side_failure_pauses_the_organization_and_bounces_nobody(
 ):
     em["customers"](5)
     setup(smtp)
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     org = Organization.objects.get(pk=em["org"].pk)
     assert org.email_paused_at is not None and reason in org.email_paused_reason
@@ -348,7 +348,7 @@ def test_a_sender_side_failure_pauses_the_organization_and_bounces_nobody(
     # the operator fixes it and clears the pause: the deferred batch goes out
     smtp.reset()
     Organization.objects.filter(pk=org.pk).update(email_paused_at=None, email_paused_reason="")
-    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    lifecycle.requeue_unfinished_batches(campaign_id=campaign.pk)
     run_jobs()
     assert _statuses(campaign) == {"sent": 5}
 
@@ -359,7 +359,7 @@ def test_an_unreachable_server_pauses_and_a_wrong_password_is_a_sender_failure(e
         s.bind(("127.0.0.1", 0))
         closed_port = s.getsockname()[1]
     EmailSettings.objects.filter(pk=em["settings"].pk).update(port=closed_port)
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     org = Organization.objects.get(pk=em["org"].pk)
     assert f"127.0.0.1:{closed_port}" in org.email_paused_reason  # one error whatever the cause
@@ -370,7 +370,7 @@ def test_an_unreachable_server_pauses_and_a_wrong_password_is_a_sender_failure(e
     settings_row.set_password("wrong")
     settings_row.save()
     Organization.objects.filter(pk=org.pk).update(email_paused_at=None, email_paused_reason="")
-    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    lifecycle.requeue_unfinished_batches(campaign_id=campaign.pk)
     run_jobs()
     org.refresh_from_db()
     assert "535" in org.email_paused_reason
@@ -380,20 +380,20 @@ def test_an_unreachable_server_pauses_and_a_wrong_password_is_a_sender_failure(e
 def test_a_connection_lost_after_the_hand_over_is_never_resent(em, smtp, run_jobs, settings):
     people = em["customers"](4)
     smtp.hang_up_after_data(people[1].email)
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     lost = EmailMessage.objects.get(customer=people[1])
     assert lost.status == S.FAILED and "outcome unknown" in lost.error_reason
     assert len(smtp.messages(to=people[1].email)) == 1  # the server has it once
     assert _statuses(campaign) == {"sent": 3, "failed": 1}
-    assert services.campaign_retry_failed(campaign=campaign) == 0  # not even on request
+    assert lifecycle.campaign_retry_failed(campaign=campaign) == 0  # not even on request
     # the broken connection was replaced for the rest: one more than the pool's
     assert smtp.connections() <= settings.EMAIL_CONNECTIONS + 1
 
 
 def test_one_click_unsubscribe_needs_no_cookie_and_never_redirects(em, smtp, run_jobs):
     person = em["customers"](1)[0]
-    services.campaign_start(campaign=em["campaign"]())
+    lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     msg = EmailMessage.objects.get(customer=person)
     header = smtp.messages()[0]["headers"]["List-Unsubscribe"]
@@ -421,7 +421,7 @@ def test_one_click_unsubscribe_needs_no_cookie_and_never_redirects(em, smtp, run
 
 def test_opens_and_clicks_are_counted_once_per_message(em, smtp, run_jobs):
     a, b = em["customers"](2)
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     msg_a = EmailMessage.objects.get(customer=a)
     msg_b = EmailMessage.objects.get(customer=b)
@@ -445,7 +445,7 @@ def test_opens_and_clicks_are_counted_once_per_message(em, smtp, run_jobs):
 
 def test_the_password_is_encrypted_at_rest_and_never_in_redis(em, smtp, run_jobs, redis_db):
     em["customers"](3)
-    services.campaign_start(campaign=em["campaign"]())
+    lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     assert len(smtp.messages()) == 3  # the login worked
     with connection.cursor() as cursor:
@@ -467,7 +467,7 @@ def test_the_rate_limit_holds_across_worker_processes(em, smtp, worker_process):
     from tests.conftest import child_env
 
     env = child_env(EMAIL_BATCH_SIZE="10")
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     one = worker_process("--queues", "campaign-trigger,email-send", "--burst", env=env)
     two = worker_process("--queues", "campaign-trigger,email-send", "--burst", env=env)
     assert one.wait(timeout=60) == 0 and two.wait(timeout=60) == 0
@@ -494,16 +494,16 @@ def test_the_rate_limit_holds_across_worker_processes(em, smtp, worker_process):
 
 def test_cancel_pause_and_resume_work_for_email(em, smtp, run_jobs):
     em["customers"](5)
-    campaign = services.campaign_start(campaign=em["campaign"]())
-    services.campaign_pause(campaign=campaign)
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
+    lifecycle.campaign_pause(campaign=campaign)
     run_jobs(settle=0.5)
     assert len(smtp.messages()) == 0
-    services.campaign_resume(campaign=campaign)
+    lifecycle.campaign_resume(campaign=campaign)
     run_jobs()
     assert len(smtp.messages()) == 5
 
-    other = services.campaign_start(campaign=em["campaign"](name="Outra"))
-    assert services.campaign_cancel(campaign=other) == 0  # not fanned out yet
+    other = lifecycle.campaign_start(campaign=em["campaign"](name="Outra"))
+    assert lifecycle.campaign_cancel(campaign=other) == 0  # not fanned out yet
     run_jobs()
     assert EmailMessage.objects.filter(campaign=other).count() == 0 or _statuses(other) == {}
     other.refresh_from_db()
@@ -511,13 +511,13 @@ def test_cancel_pause_and_resume_work_for_email(em, smtp, run_jobs):
 
 
 def test_an_invalid_template_or_missing_settings_is_refused_at_start(em, english):
-    with pytest.raises(services.CampaignError, match="unknown variable"):
-        services.campaign_start(campaign=em["campaign"](email_subject="{{ cpf }}"))
-    with pytest.raises(services.CampaignError, match=r"(?i)mjml"):
-        services.campaign_start(campaign=em["campaign"](email_body="<mjml><mj-body><mj-nope>"))
+    with pytest.raises(lifecycle.CampaignError, match="unknown variable"):
+        lifecycle.campaign_start(campaign=em["campaign"](email_subject="{{ cpf }}"))
+    with pytest.raises(lifecycle.CampaignError, match=r"(?i)mjml"):
+        lifecycle.campaign_start(campaign=em["campaign"](email_body="<mjml><mj-body><mj-nope>"))
     EmailSettings.objects.all().delete()
-    with pytest.raises(services.CampaignError, match="no email settings"):
-        services.campaign_start(campaign=em["campaign"]())
+    with pytest.raises(lifecycle.CampaignError, match="no email settings"):
+        lifecycle.campaign_start(campaign=em["campaign"]())
 
 
 def test_the_commands_run_an_email_campaign_for_the_demo(transactional_db, run_jobs, settings, english):
@@ -576,7 +576,7 @@ def test_a_worker_killed_mid_campaign_loses_nothing_and_emails_nobody_twice(
 
     em["customers"](600)
     EmailSettings.objects.filter(pk=em["settings"].pk).update(messages_per_minute=3000)  # 50/s
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     env = child_env(EMAIL_BATCH_SIZE="100")
     victim = worker_process("--queues", "campaign-trigger,email-send", env=env)
     wait_for(lambda: len(smtp.messages()) >= 150, timeout=120, what="emails to start")
@@ -591,9 +591,9 @@ def test_a_worker_killed_mid_campaign_loses_nothing_and_emails_nobody_twice(
     assert survivor.wait(timeout=240) == 0
     # The dead worker's batch is retried after email-send's 60 s backoff; pull it forward, as
     # "resume" does, rather than wait.
-    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    lifecycle.requeue_unfinished_batches(campaign_id=campaign.pk)
     run_jobs()
-    settled = services.reconcile_in_flight(older_than_seconds=0)
+    settled = recovery.reconcile_in_flight(older_than_seconds=0)
     statuses = _statuses(campaign)
     assert set(statuses) <= {"sent", "failed"}, statuses
     assert sum(statuses.values()) == 600
@@ -621,7 +621,7 @@ def test_the_admin_previews_the_email_and_shows_live_counts(em, smtp, run_jobs):
     page = client.get(f"/admin/campaigns/campaign/{broken.pk}/change/").content.decode()
     assert "unknown variable &#x27;cpf&#x27;" in page
 
-    services.campaign_start(campaign=campaign)
+    lifecycle.campaign_start(campaign=campaign)
     run_jobs()
     status = client.get(f"/admin/campaigns/campaign/{campaign.pk}/status/").json()
     assert status["counts"]["sent"] == 2 and status["progress"] == 1.0
@@ -638,7 +638,7 @@ def test_a_scheduled_email_campaign_is_started_by_its_trigger(em, smtp, run_jobs
     from campaigns import tasks
 
     em["customers"](3)
-    campaign = services.campaign_schedule(campaign=em["campaign"](), at=timezone.now() + timedelta(hours=1))
+    campaign = lifecycle.campaign_schedule(campaign=em["campaign"](), at=timezone.now() + timedelta(hours=1))
     assert redis_db.zscore("rq:scheduled:campaign-trigger", f"campaign-{campaign.pk}") is not None
     assert tasks.campaign_trigger(campaign.pk) == Campaign.Status.SENDING  # as if its time had come
     assert tasks.campaign_trigger(campaign.pk) == Campaign.Status.SENDING  # firing twice is harmless
@@ -653,10 +653,10 @@ def test_pausing_a_campaign_stops_its_batch_between_claims(em, smtp, worker_proc
 
     em["customers"](80)
     EmailSettings.objects.filter(pk=em["settings"].pk).update(messages_per_minute=600)  # 10/s: 2 s a claim
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     worker = worker_process("--queues", "campaign-trigger,email-send", env=child_env(EMAIL_BATCH_SIZE="200"))
     wait_for(lambda: len(smtp.messages()) >= 5, timeout=120, what="the batch to start")
-    services.campaign_pause(campaign=campaign)
+    lifecycle.campaign_pause(campaign=campaign)
 
     def batch_over() -> bool:  # the claim in flight finished and the batch's job let go of the worker
         counts = stats.queue_stats()["email-send"]  # (it may look again later: a paused one never sends)
@@ -666,7 +666,7 @@ def test_pausing_a_campaign_stops_its_batch_between_claims(em, smtp, worker_proc
     sent_while_paused = len(smtp.messages())
     assert sent_while_paused < 80
     assert _statuses(campaign)["queued"] == 80 - sent_while_paused
-    services.campaign_resume(campaign=campaign)
+    lifecycle.campaign_resume(campaign=campaign)
     wait_for(lambda: len(smtp.messages()) == 80, timeout=120, what="the rest after resume")
     worker.kill()
 
@@ -678,7 +678,7 @@ def test_an_email_whose_customer_was_deleted_as_the_fan_out_wrote_it_is_skipped_
 def test_a_delivered_email_link_goes_where_it_pointed_when_it_was_sent(em, run_jobs):
     """History is history: whatever changes the campaign afterwards, a received link keeps its target."""
     em["customers"](1)
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     message = EmailMessage.objects.get(campaign=campaign)
     assert message.status == S.SENT
@@ -694,7 +694,7 @@ def test_a_sender_name_that_cannot_make_a_header_fails_the_messages_with_the_rea
     """A name saved with a line break (before the validator, or by a sync) after the start: every
     message fails with the reason at once, none stays sending, the campaign ends, nothing is sent."""
     em["customers"](3)
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     EmailSettings.objects.filter(pk=em["settings"].pk).update(sender_name="Loja\r\nBcc: todos@example.com")
     run_jobs()
     campaign.refresh_from_db()

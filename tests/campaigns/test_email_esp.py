@@ -22,13 +22,16 @@ from django.test import Client
 from django.utils import timezone
 
 from campaigns import inbox as campaign_inbox
-from campaigns import links, selectors, services
+from campaigns import lifecycle, links, selectors
 from campaigns.models import BodyFormat, Campaign, CampaignMetric, Channel, EmailMessage
 from crm import inbox, jobs, promote, queues, recovery
 from crm.models import Customer, InboxEvent, OptOutSource, Organization, Store
 from integrations.email import esp
 from integrations.email.bounces import Failure
-from integrations.email.esp_sandbox import (
+from integrations.models import EmailSettings
+from messaging import pacing
+from messaging.models import EmailSuppression
+from project.sandboxes.esp import (
     PostmarkSandbox,
     bounce_event,
     click_event,
@@ -37,9 +40,6 @@ from integrations.email.esp_sandbox import (
     spam_complaint_event,
     subscription_change_event,
 )
-from integrations.models import EmailSettings
-from messaging import pacing
-from messaging.models import EmailSuppression
 from tests.campaigns.test_esp_intake import applied_from_inbox
 from tests.conftest import redis_keys_holding, wait_for
 
@@ -140,7 +140,7 @@ def _post(payload: dict, **auth) -> int:
 
 def _sent_campaign(em, n: int, run_jobs) -> tuple[Campaign, list[Customer], list[EmailMessage]]:
     people = em["customers"](n)
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     assert _statuses(campaign) == {"sent": n}
     messages = [EmailMessage.objects.get(customer=p) for p in people]
@@ -152,7 +152,7 @@ def _sent_campaign(em, n: int, run_jobs) -> tuple[Campaign, list[Customer], list
 
 def test_a_postmark_campaign_sends_every_message_through_the_api_and_stores_its_id(em, postmark, run_jobs):
     people = em["customers"](4)
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.SENT
@@ -197,7 +197,7 @@ def test_the_api_key_is_encrypted_at_rest_and_never_in_redis_or_the_logs(
     caplog.set_level(logging.DEBUG)
     em["customers"](3)
     EmailSettings.objects.filter(pk=em["settings"].pk).update(messages_per_minute=600)  # the limiter too
-    services.campaign_start(campaign=em["campaign"]())
+    lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     assert {r["token"] for r in postmark.requests()} == {TOKEN} and len(postmark.messages()) == 3
     with connection.cursor() as cursor:
@@ -218,7 +218,7 @@ def test_the_api_key_is_encrypted_at_rest_and_never_in_redis_or_the_logs(
 def test_the_rate_limit_paces_the_api_calls(em, postmark, run_jobs):
     em["customers"](11)
     EmailSettings.objects.filter(pk=em["settings"].pk).update(messages_per_minute=1200)  # 20/s
-    services.campaign_start(campaign=em["campaign"]())
+    lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     received = sorted(r["received_at"] for r in postmark.requests())
     assert len(received) == 11
@@ -233,7 +233,7 @@ def test_a_bad_api_key_pauses_the_organization_and_leaves_the_messages_queued(em
     em["customers"](3)
     em["settings"].set_esp_api_key("a-revoked-token")
     em["settings"].save()
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     org = Organization.objects.get(pk=em["org"].pk)
     assert org.email_paused_at is not None
@@ -249,7 +249,7 @@ def test_a_bad_api_key_pauses_the_organization_and_leaves_the_messages_queued(em
     em["settings"].set_esp_api_key(TOKEN)
     em["settings"].save()
     Organization.objects.filter(pk=org.pk).update(email_paused_at=None, email_paused_reason="")
-    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    lifecycle.requeue_unfinished_batches(campaign_id=campaign.pk)
     run_jobs()
     assert _statuses(campaign) == {"sent": 3}
     assert set(EmailMessage.objects.values_list("attempts", flat=True)) == {1}
@@ -259,7 +259,7 @@ def test_any_other_refusal_of_the_api_pauses_with_the_esps_own_words(em, run_job
     em["customers"](2)
     with PostmarkSandbox(server_tokens={TOKEN}, sender_signatures={"outro@loja.example.com.br"}) as strict:
         EmailSettings.objects.filter(pk=em["settings"].pk).update(esp_api_url=strict.url)
-        campaign = services.campaign_start(campaign=em["campaign"]())
+        campaign = lifecycle.campaign_start(campaign=em["campaign"]())
         run_jobs()
         assert not strict.messages()
     org = Organization.objects.get(pk=em["org"].pk)
@@ -274,7 +274,7 @@ def test_any_other_refusal_of_the_api_pauses_with_the_esps_own_words(em, run_job
 def test_an_inactive_recipient_is_a_hard_bounce_and_is_suppressed(em, postmark, run_jobs):
     good, dead = em["customers"](2)
     postmark.deactivate(dead.email)
-    first = services.campaign_start(campaign=em["campaign"]())
+    first = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs()
     msg = EmailMessage.objects.get(campaign=first, customer=dead)
     assert (msg.status, msg.bounce_type, msg.attempts, msg.esp_message_id) == (S.BOUNCED, "hard", 1, None)
@@ -287,7 +287,7 @@ def test_an_inactive_recipient_is_a_hard_bounce_and_is_suppressed(em, postmark, 
     assert first.status == Campaign.Status.SENT
     assert Organization.objects.get(pk=em["org"].pk).email_paused_at is None
 
-    second = services.campaign_start(campaign=em["campaign"](name="Natal"))
+    second = lifecycle.campaign_start(campaign=em["campaign"](name="Natal"))
     run_jobs()
     assert list(EmailMessage.objects.filter(campaign=second).values_list("customer_id", flat=True)) == [
         good.pk
@@ -312,7 +312,7 @@ def test_an_unavailable_api_keeps_messages_queued_and_the_batch_deferred_until_i
             s.bind(("127.0.0.1", 0))
             closed = f"http://127.0.0.1:{s.getsockname()[1]}"
         EmailSettings.objects.filter(pk=em["settings"].pk).update(esp_api_url=closed)
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     run_jobs(settle=0.5)  # returns once the batch waits for its backoff
 
     assert _statuses(campaign) == {"queued": 3}
@@ -408,7 +408,7 @@ def test_a_bounce_that_arrives_before_its_send_is_recorded_is_applied_once_it_is
     monkeypatch.setattr(inbox, "RETRY_DELAY", 0.5)  # retried 0.5 s, 1 s, 2 s… later: not 5 s
     EmailSettings.objects.filter(pk=em["settings"].pk).update(messages_per_minute=60)  # a chunk of 3: 2 s
     em["customers"](3)
-    campaign = services.campaign_start(campaign=em["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=em["campaign"]())
     seen: dict[str, object] = {}
 
     # Postmark holds its answer to the first send (not past the client's 30 s read timeout) until
@@ -541,7 +541,7 @@ def test_esp_block_events_mark_the_message_blocked_and_never_suppress(em, postma
 
     # the next campaign writes to the blocked addresses again (the 24-hour block off: it is not the point)
     Organization.objects.filter(pk=em["org"].pk).update(block_multiple_campaigns=False)
-    second = services.campaign_start(campaign=em["campaign"](name="Natal"))
+    second = lifecycle.campaign_start(campaign=em["campaign"](name="Natal"))
     run_jobs()
     assert _statuses(second) == {"sent": 2}
 
@@ -653,8 +653,8 @@ def test_a_spam_complaint_suppresses_the_address_and_opts_the_customer_out(em, p
 
     # the next campaign leaves both out: nobody would receive it, so it does not start
     second = em["campaign"](name="Natal")
-    with pytest.raises(services.EmptyAudience):
-        services.campaign_start(campaign=second)
+    with pytest.raises(lifecycle.EmptyAudience):
+        lifecycle.campaign_start(campaign=second)
     run_jobs()
     assert not EmailMessage.objects.filter(campaign=second).exists()
     assert len(postmark.messages()) == 2

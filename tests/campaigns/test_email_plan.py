@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from campaigns.email_sending import ATTEMPTS, chunk_classify
+from campaigns.email.sending import ATTEMPTS, chunk_classify
 from campaigns.models import OUTCOME_UNKNOWN, BounceType, EmailMessage
 from integrations.email.bounces import Failure, SmtpFailure
 from messaging.email_transport import Delivery

@@ -28,9 +28,9 @@ from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage
 from crm import inbox, intake
 from crm.models import Customer, InboxEvent, Organization
 from integrations.email import tracking
-from integrations.email.esp_sandbox import bounce_event
 from integrations.models import EmailSettings
 from messaging.models import EmailSuppression
+from project.sandboxes.esp import bounce_event
 from tests.crm.test_intake import HOSTILE, json_values
 
 S = EmailMessage.Status

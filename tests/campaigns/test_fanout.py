@@ -13,7 +13,7 @@ import pytest
 from django.db import connection, transaction
 from django.db.models import Count
 
-from campaigns import links, selectors, services
+from campaigns import fanout, lifecycle, links, selectors
 from campaigns import models as campaign_models
 from campaigns.models import Campaign, CampaignMetric, EmailMessage, WhatsappMessage
 from crm import fairshare, jobs
@@ -26,7 +26,7 @@ class Crash(Exception):
 
 def _crash_after(monkeypatch: pytest.MonkeyPatch, pages: int) -> None:
     """The worker dies after committing `pages` pages of messages."""
-    write = services._fanout_page
+    write = fanout._fanout_page
     written: list[int] = []
 
     def page_then_crash(*args, **kwargs):
@@ -35,7 +35,7 @@ def _crash_after(monkeypatch: pytest.MonkeyPatch, pages: int) -> None:
         written.append(1)
         return write(*args, **kwargs)
 
-    monkeypatch.setattr(services, "_fanout_page", page_then_crash)
+    monkeypatch.setattr(fanout, "_fanout_page", page_then_crash)
 
 
 def _batches(campaign: Campaign) -> dict[int, int]:
@@ -48,11 +48,11 @@ def test_a_fan_out_run_again_after_a_crash_writes_each_message_once(wa, run_jobs
     late = people[500]  # joins the audience between the two runs, inside a page already written
     late.marketing_consent = False
     late.save(update_fields=["marketing_consent"])
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
 
     _crash_after(monkeypatch, pages=2)
     with pytest.raises(Crash):
-        services.campaign_fanout(campaign_id=campaign.pk, chunk=1000)
+        fanout.campaign_fanout(campaign_id=campaign.pk, chunk=1000)
     monkeypatch.undo()
     first = _batches(campaign)
     assert len(first) == 2000  # two pages committed, the third never started
@@ -82,7 +82,7 @@ def test_a_fan_out_run_again_after_a_crash_writes_each_message_once(wa, run_jobs
     assert len(fairshare.queued_ids(jobs.get_connection(), "whatsapp-send")) == len(batches)
 
     # and once more: nothing written, nothing enqueued twice
-    assert services.campaign_fanout(campaign_id=campaign.pk, chunk=700) == 2500
+    assert fanout.campaign_fanout(campaign_id=campaign.pk, chunk=700) == 2500
     assert _batches(campaign) == again
     assert CampaignMetric.objects.get(campaign=campaign).queued == 2500
     assert len(fairshare.queued_ids(jobs.get_connection(), "whatsapp-send")) == len(batches)
@@ -93,8 +93,8 @@ def test_an_email_fan_out_writes_one_message_per_recipient_in_batches(wa, settin
     wa["customers"](250)
     campaign = wa["campaign"](channel="email", status=Campaign.Status.SENDING)
     CampaignMetric.objects.create(campaign=campaign)
-    assert services.campaign_fanout(campaign_id=campaign.pk, chunk=100) == 250
-    assert services.campaign_fanout(campaign_id=campaign.pk, chunk=100) == 250
+    assert fanout.campaign_fanout(campaign_id=campaign.pk, chunk=100) == 250
+    assert fanout.campaign_fanout(campaign_id=campaign.pk, chunk=100) == 250
     mail = EmailMessage.objects.filter(campaign=campaign)
     assert mail.count() == 250 and mail.values("customer_id").distinct().count() == 250
     assert sorted(mail.values_list("batch", flat=True).distinct()) == list(range(7))  # 250 / 40
@@ -112,7 +112,7 @@ def _sending(wa) -> Campaign:
 def test_the_tokens_made_by_the_database_are_the_ones_python_makes_and_links_find_their_message(wa):
     wa["customers"](300)
     campaign = _sending(wa)
-    assert services.campaign_fanout(campaign_id=campaign.pk, chunk=128) == 300
+    assert fanout.campaign_fanout(campaign_id=campaign.pk, chunk=128) == 300
     tokens = list(WhatsappMessage.objects.filter(campaign=campaign).values_list("token", flat=True))
     shape = re.compile(r"[A-Za-z0-9_-]{22}")  # secrets.token_urlsafe(16), the model's default
     assert shape.fullmatch(campaign_models._token())
@@ -131,8 +131,8 @@ def test_a_page_straight_insert_that_meets_messages_written_meanwhile_is_written
     WhatsappMessage.objects.create(campaign=campaign, organization=campaign.organization, customer=people[3])
     WhatsappMessage.objects.create(campaign=campaign, organization=campaign.organization, customer=people[70])
     page = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:100]
-    read, queued, last, again = services._fanout_page(
-        campaign, WhatsappMessage, page, plan=services.BatchPlan(size=50), again=False
+    read, queued, last, again = fanout._fanout_page(
+        campaign, WhatsappMessage, page, plan=fanout.FanoutPlan(size=50), again=False
     )
     assert (read, queued, last, again) == (100, 100, people[99].pk, True)
     messages = WhatsappMessage.objects.filter(campaign=campaign)
@@ -152,8 +152,8 @@ def test_a_campaign_deleted_while_a_page_is_written_takes_that_page_with_it(wa):
     def write_page() -> None:
         try:
             with transaction.atomic():
-                services._fanout_page(
-                    campaign, WhatsappMessage, page, plan=services.BatchPlan(size=50), again=False
+                fanout._fanout_page(
+                    campaign, WhatsappMessage, page, plan=fanout.FanoutPlan(size=50), again=False
                 )
                 written.set()
                 finish.wait(60)
@@ -195,7 +195,7 @@ def test_a_campaign_deleted_while_a_page_is_written_takes_that_page_with_it(wa):
     assert not WhatsappMessage.objects.filter(campaign_id=campaign.pk).exists()  # no orphan
     rest = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:300]
     assert (
-        services._fanout_page(campaign, WhatsappMessage, rest, plan=services.BatchPlan(size=50), again=True)
+        fanout._fanout_page(campaign, WhatsappMessage, rest, plan=fanout.FanoutPlan(size=50), again=True)
         is None
     )
     assert not WhatsappMessage.objects.filter(campaign_id=campaign.pk).exists()
@@ -206,8 +206,8 @@ def test_deleting_a_customer_or_a_campaign_deletes_their_messages(wa):
     campaign = _sending(wa)
     email = wa["campaign"](channel="email", status=Campaign.Status.SENDING)
     CampaignMetric.objects.create(campaign=email)
-    services.campaign_fanout(campaign_id=campaign.pk)
-    services.campaign_fanout(campaign_id=email.pk)
+    fanout.campaign_fanout(campaign_id=campaign.pk)
+    fanout.campaign_fanout(campaign_id=email.pk)
     people[0].delete()
     assert not WhatsappMessage.objects.filter(customer_id=people[0].pk).exists()
     assert not EmailMessage.objects.filter(customer_id=people[0].pk).exists()
@@ -219,7 +219,7 @@ def test_deleting_a_customer_or_a_campaign_deletes_their_messages(wa):
 def check_a_message_whose_customer_was_deleted_is_skipped(world: dict, run_jobs) -> None:
     """`world`: the wa or em fixture (the campaign factory makes a campaign of its channel)."""
     people = world["customers"](3)
-    campaign = services.campaign_start(campaign=world["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=world["campaign"]())
     run_jobs(["campaign-trigger"])
     model = campaign.message_model
     assert model.objects.filter(campaign=campaign).count() == 3
@@ -228,7 +228,7 @@ def check_a_message_whose_customer_was_deleted_is_skipped(world: dict, run_jobs)
         cursor.execute("DELETE FROM crm_customer WHERE id = %s", [people[1].pk])
     run_jobs()
     orphan = model.objects.get(campaign=campaign, customer_id=people[1].pk)
-    assert (orphan.status, orphan.error_reason) == ("skipped", services.CUSTOMER_DELETED)
+    assert (orphan.status, orphan.error_reason) == ("skipped", lifecycle.CUSTOMER_DELETED)
     statuses = set(model.objects.filter(campaign=campaign).values_list("status", flat=True))
     assert statuses == {"sent", "skipped"}
     metric = CampaignMetric.objects.get(campaign=campaign)

@@ -12,7 +12,7 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 from django.utils import timezone
 
-from campaigns import links, services
+from campaigns import lifecycle, links
 from campaigns.models import Campaign, SaleAttribution, WhatsappMessage
 from crm.models import Membership, Sale
 
@@ -35,7 +35,7 @@ def started(wa, django_capture_on_commit_callbacks) -> Campaign:
     wa["customers"](2)
     campaign = wa["campaign"](redirect_url=ORIGINAL)
     with django_capture_on_commit_callbacks(execute=False):
-        campaign = services.campaign_start(campaign=campaign)
+        campaign = lifecycle.campaign_start(campaign=campaign)
     customer = campaign.organization.customers.order_by("pk")[0]
     WhatsappMessage.objects.create(
         campaign=campaign,
@@ -155,6 +155,6 @@ def test_a_campaign_without_messages_can_still_be_deleted_by_a_manager(wa, manag
 
 
 def test_a_sending_campaign_cannot_be_archived(started):
-    with pytest.raises(services.CampaignError):
-        services.campaign_archive(campaign=started)
+    with pytest.raises(lifecycle.CampaignError):
+        lifecycle.campaign_archive(campaign=started)
     assert Campaign.objects.get(pk=started.pk).archived_at is None

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from campaigns import attribution, lift, selectors, services
+from campaigns import attribution, lifecycle, lift, selectors
 from campaigns.models import (
     Campaign,
     CampaignMetric,
@@ -63,7 +63,7 @@ def test_a_control_group_is_drawn_after_the_caps_and_receives_nothing(wa, sandbo
             status="sent",
             sent_at=timezone.now() - timedelta(hours=1),
         )
-    campaign = services.campaign_start(campaign=wa["campaign"](control_percent=30))
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"](control_percent=30))
     run_jobs()
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.SENT
@@ -93,7 +93,7 @@ def test_a_control_group_is_drawn_after_the_caps_and_receives_nothing(wa, sandbo
 
 def test_without_a_control_group_the_lift_is_null_and_nothing_is_held_out(wa, run_jobs):
     wa["customers"](20)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     data = _status_json(campaign)
     assert data["lift"] is None
@@ -103,7 +103,7 @@ def test_without_a_control_group_the_lift_is_null_and_nothing_is_held_out(wa, ru
 
 def test_the_lift_report_follows_sales_as_they_are_written(wa, run_jobs):
     people = wa["customers"](120)
-    campaign = services.campaign_start(campaign=wa["campaign"](control_percent=50))
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"](control_percent=50))
     run_jobs()
     # Sent ten days ago (a sale stamped in the future is never counted): both arms alike.
     WhatsappMessage.objects.filter(campaign=campaign).update(sent_at=F("sent_at") - timedelta(days=10))
@@ -194,7 +194,7 @@ def test_a_campaign_never_reaches_the_global_holdout(wa, sandbox, run_jobs):
     holdout.holdout_set(organization=wa["org"], percent=15)
     held = holdout.in_holdout(organization=wa["org"], customer_ids=[p.pk for p in people])
     assert held
-    services.campaign_start(campaign=wa["campaign"]())
+    lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     received = {m["to"] for m in sandbox.messages()}
     assert len(received) == 200 - len(held)
@@ -237,7 +237,7 @@ def test_the_campaign_page_shows_attributed_and_incremental_and_says_when_not_si
     _sale(wa["store"], people[0], timezone.now() - timedelta(days=1))
     page = admin_client.get(f"/admin/campaigns/campaign/{draft.pk}/change/").content.decode()
     assert "control group 20%: the smallest lift of the buyers rate it can detect is +" in page
-    campaign = services.campaign_start(campaign=draft)
+    campaign = lifecycle.campaign_start(campaign=draft)
     run_jobs()
     page = admin_client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
     assert 'id="campaign-lift"' in page
@@ -288,7 +288,7 @@ def test_the_demos_sales_respond_to_the_campaign_and_its_report_shows_the_lift(w
 
 def test_an_email_campaigns_control_group_receives_no_email(smtp, em, run_jobs):  # noqa: F811
     people = em["customers"](150)
-    campaign = services.campaign_start(campaign=em["campaign"](control_percent=40))
+    campaign = lifecycle.campaign_start(campaign=em["campaign"](control_percent=40))
     run_jobs()
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.SENT

@@ -9,7 +9,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.db import connection
 
-from campaigns import services, tasks
+from campaigns import lifecycle, recurring, tasks
 from campaigns.models import Campaign
 from crm import cron, locks, recovery
 from crm.models import JobRun, Organization
@@ -19,7 +19,7 @@ SP = ZoneInfo("America/Sao_Paulo")
 
 def _recurring(wa, cron_expr: str = "0 9 * * *", **fields) -> Campaign:
     campaign = wa["campaign"](recurrence=cron_expr, **fields)
-    campaign = services.campaign_recurrence_activate(campaign=campaign)
+    campaign = recurring.campaign_recurrence_activate(campaign=campaign)
     # Activated on the 1st at 08:00 São Paulo time: the first occurrence is the 1st at 09:00.
     Campaign.objects.filter(pk=campaign.pk).update(recurrence_until=datetime(2026, 12, 1, 8, 0, tzinfo=SP))
     campaign.refresh_from_db()
@@ -30,9 +30,9 @@ def test_each_occurrence_is_dispatched_once_at_local_time_and_sends(wa, sandbox,
     wa["customers"](3)
     template = _recurring(wa)
     assert template.status == Campaign.Status.RECURRING
-    assert services.recurring_dispatch(now=datetime(2026, 12, 1, 8, 59, tzinfo=SP)) == 0
-    assert services.recurring_dispatch(now=datetime(2026, 12, 1, 9, 2, tzinfo=SP)) == 1
-    assert services.recurring_dispatch(now=datetime(2026, 12, 1, 9, 7, tzinfo=SP)) == 0  # not twice
+    assert recurring.recurring_dispatch(now=datetime(2026, 12, 1, 8, 59, tzinfo=SP)) == 0
+    assert recurring.recurring_dispatch(now=datetime(2026, 12, 1, 9, 2, tzinfo=SP)) == 1
+    assert recurring.recurring_dispatch(now=datetime(2026, 12, 1, 9, 7, tzinfo=SP)) == 0  # not twice
     run_jobs()
     child = Campaign.objects.get(parent=template)
     assert child.occurrence_at == datetime(2026, 12, 1, 12, 0, tzinfo=UTC)  # 09:00 in São Paulo
@@ -52,7 +52,7 @@ def test_each_occurrence_is_dispatched_once_at_local_time_and_sends(wa, sandbox,
     Organization.objects.filter(pk=wa["org"].pk).update(
         block_multiple_campaigns=False, message_limit_count=10
     )
-    assert services.recurring_dispatch(now=datetime(2026, 12, 2, 9, 1, tzinfo=SP)) == 1
+    assert recurring.recurring_dispatch(now=datetime(2026, 12, 2, 9, 1, tzinfo=SP)) == 1
     run_jobs()
     assert Campaign.objects.filter(parent=template).count() == 2
     assert sandbox.stats()["by_recipient_max"] == 2  # one message per occurrence
@@ -67,7 +67,7 @@ def test_two_schedulers_dispatching_together_record_one_occurrence(wa, run_jobs)
     def scheduler() -> None:
         barrier.wait()
         try:
-            results.append(services.recurring_dispatch(now=at))
+            results.append(recurring.recurring_dispatch(now=at))
         finally:
             connection.close()
 
@@ -87,16 +87,16 @@ def test_a_held_lock_keeps_a_second_scheduler_out_and_the_watermark_guards_witho
     at = datetime(2026, 12, 1, 9, 3, tzinfo=SP)
     with locks.locked("campaigns:recurring-dispatch") as got:
         assert got
-        assert services.recurring_dispatch(now=at) == 0  # someone else is dispatching
-    assert services.recurring_dispatch(now=at) == 1
-    assert services.recurring_dispatch(now=at) == 0
+        assert recurring.recurring_dispatch(now=at) == 0  # someone else is dispatching
+    assert recurring.recurring_dispatch(now=at) == 1
+    assert recurring.recurring_dispatch(now=at) == 0
 
 
 def test_occurrences_missed_while_down_are_sent_once_or_skipped_by_policy(wa, run_jobs):
     once = _recurring(wa, name="Diária")
     skip = _recurring(wa, name="Só no horário", recurrence_misfire=Campaign.Misfire.SKIP)
     back = datetime(2026, 12, 4, 15, 0, tzinfo=SP)  # down since the 1st: 9:00 on 1st..4th missed
-    assert services.recurring_dispatch(now=back) == 1
+    assert recurring.recurring_dispatch(now=back) == 1
     run_jobs()
     [child] = Campaign.objects.filter(parent=once)
     assert child.occurrence_at == datetime(2026, 12, 4, 9, 0, tzinfo=SP)  # the latest, once
@@ -104,13 +104,13 @@ def test_occurrences_missed_while_down_are_sent_once_or_skipped_by_policy(wa, ru
     skip.refresh_from_db()
     assert skip.recurrence_until == datetime(2026, 12, 4, 9, 0, tzinfo=SP)  # skipped, not owed
     # the next occurrence on time goes out for both
-    assert services.recurring_dispatch(now=datetime(2026, 12, 5, 9, 4, tzinfo=SP)) == 2
+    assert recurring.recurring_dispatch(now=datetime(2026, 12, 5, 9, 4, tzinfo=SP)) == 2
 
 
 def test_a_lost_occurrence_job_is_recovered_once_and_never_sends_twice(wa, sandbox, run_jobs, redis_db):
     wa["customers"](2)
     template = _recurring(wa)
-    services.recurring_dispatch(now=datetime(2026, 12, 1, 9, 1, tzinfo=SP))
+    recurring.recurring_dispatch(now=datetime(2026, 12, 1, 9, 1, tzinfo=SP))
     redis_db.flushdb()  # Redis lost the occurrence's job
     JobRun.objects.filter(kind="campaign-occurrence").update(
         started_at=datetime(2026, 1, 1, tzinfo=UTC)  # well past the grace period
@@ -125,20 +125,20 @@ def test_a_lost_occurrence_job_is_recovered_once_and_never_sends_twice(wa, sandb
     # the job running again (a duplicate) finds it done and sends nothing more
     occurrence = child.occurrence_at.isoformat()
     assert tasks.campaign_occurrence(template.pk, occurrence) is None
-    assert services.campaign_occurrence(campaign_id=template.pk, occurrence=child.occurrence_at) == child
+    assert recurring.campaign_occurrence(campaign_id=template.pk, occurrence=child.occurrence_at) == child
     run_jobs()
     assert sandbox.stats()["accepted"] == 2 and sandbox.stats()["by_recipient_max"] == 1
 
 
 def test_recurrence_needs_a_valid_cron_and_a_draft(wa, english):
-    with pytest.raises(services.CampaignError, match="cannot be read as a schedule"):
-        services.campaign_recurrence_activate(campaign=wa["campaign"](recurrence="every monday"))
+    with pytest.raises(lifecycle.CampaignError, match="cannot be read as a schedule"):
+        recurring.campaign_recurrence_activate(campaign=wa["campaign"](recurrence="every monday"))
     template = _recurring(wa)
-    with pytest.raises(services.CampaignError, match="only a draft"):
-        services.campaign_recurrence_activate(campaign=template)
-    services.campaign_recurrence_stop(campaign=template)
+    with pytest.raises(lifecycle.CampaignError, match="only a draft"):
+        recurring.campaign_recurrence_activate(campaign=template)
+    recurring.campaign_recurrence_stop(campaign=template)
     assert template.status == Campaign.Status.DRAFT
-    assert services.recurring_dispatch(now=datetime(2026, 12, 9, 9, 1, tzinfo=SP)) == 0
+    assert recurring.recurring_dispatch(now=datetime(2026, 12, 9, 9, 1, tzinfo=SP)) == 0
 
 
 def test_the_cron_table_has_the_recurring_dispatch_every_five_minutes():

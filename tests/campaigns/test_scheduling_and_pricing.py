@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from campaigns import services
+from campaigns import lifecycle
 from campaigns.models import Campaign
 from crm import recovery
 from integrations import services as integration_services
@@ -22,24 +22,24 @@ def test_scheduling_puts_one_delayed_job_and_rescheduling_replaces_it(wa, redis_
     wa["customers"](3)
     campaign = wa["campaign"]()
     at = timezone.now() + timedelta(hours=2)
-    services.campaign_schedule(campaign=campaign, at=at)
-    services.campaign_schedule(campaign=campaign, at=at + timedelta(hours=1))
+    lifecycle.campaign_schedule(campaign=campaign, at=at)
+    lifecycle.campaign_schedule(campaign=campaign, at=at + timedelta(hours=1))
     assert redis_db.zrange("rq:scheduled:campaign-trigger", 0, -1) == [b"campaign-%d" % campaign.pk]
     score = redis_db.zscore("rq:scheduled:campaign-trigger", f"campaign-{campaign.pk}")
     assert abs(score - (at + timedelta(hours=1)).timestamp()) < 1
     assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SCHEDULED
-    services.campaign_unschedule(campaign=campaign)
+    lifecycle.campaign_unschedule(campaign=campaign)
     assert redis_db.zcard("rq:scheduled:campaign-trigger") == 0
     assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.DRAFT
-    with pytest.raises(services.CampaignError, match="in the past"):
-        services.campaign_schedule(campaign=campaign, at=timezone.now() - timedelta(minutes=1))
+    with pytest.raises(lifecycle.CampaignError, match="in the past"):
+        lifecycle.campaign_schedule(campaign=campaign, at=timezone.now() - timedelta(minutes=1))
 
 
 def test_the_trigger_starts_the_campaign_once_even_if_it_fires_twice(wa, sandbox, run_jobs):
     from campaigns import tasks
 
     wa["customers"](4)
-    campaign = services.campaign_schedule(campaign=wa["campaign"](), at=timezone.now() + timedelta(hours=1))
+    campaign = lifecycle.campaign_schedule(campaign=wa["campaign"](), at=timezone.now() + timedelta(hours=1))
     assert tasks.campaign_trigger(campaign.pk) == Campaign.Status.SENDING
     assert tasks.campaign_trigger(campaign.pk) == Campaign.Status.SENDING  # a second firing changes nothing
     run_jobs()
@@ -48,7 +48,7 @@ def test_the_trigger_starts_the_campaign_once_even_if_it_fires_twice(wa, sandbox
 
 
 def test_a_scheduled_start_lost_with_redis_is_put_back(wa, redis_db):
-    campaign = services.campaign_schedule(campaign=wa["campaign"](), at=timezone.now() + timedelta(hours=3))
+    campaign = lifecycle.campaign_schedule(campaign=wa["campaign"](), at=timezone.now() + timedelta(hours=3))
     redis_db.flushdb()
     assert recovery.recover()["campaign-triggers"] == 1
     assert redis_db.zscore("rq:scheduled:campaign-trigger", f"campaign-{campaign.pk}") is not None
@@ -60,7 +60,9 @@ def test_a_worker_pool_started_after_redis_was_lost_recovers_and_sends(wa, sandb
     from tests.conftest import wait_for
 
     wa["customers"](3)
-    campaign = services.campaign_schedule(campaign=wa["campaign"](), at=timezone.now() + timedelta(seconds=2))
+    campaign = lifecycle.campaign_schedule(
+        campaign=wa["campaign"](), at=timezone.now() + timedelta(seconds=2)
+    )
     redis_db.flushdb()  # the delayed start is gone; the database still says "scheduled"
     worker = worker_process("--queues", "campaign-trigger,whatsapp-send")  # long-running: recovers at start
     wait_for(
@@ -74,7 +76,7 @@ def test_a_worker_pool_started_after_redis_was_lost_recovers_and_sends(wa, sandb
 
 def test_the_admin_shows_live_progress_as_json(wa, client, sandbox, run_jobs):
     wa["customers"](5)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     user = get_user_model().objects.create_user(
         "ops", password="x-pw-12345", is_staff=True, is_superuser=True

@@ -17,10 +17,10 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from campaigns import segments, selectors, services, tasks
-from campaigns.admin import CappedCountPaginator, CustomerSegmentAdmin
-from campaigns.models import Campaign, CustomerSegment, SegmentMovement, WhatsappMessage
-from campaigns.segments import Segment
+from campaigns import lifecycle, segments, selectors, tasks
+from campaigns.admin.big_tables import CappedCountPaginator
+from campaigns.admin.segments import CustomerSegmentAdmin
+from campaigns.models import Campaign, CustomerSegment, Segment, SegmentMovement, WhatsappMessage
 from crm import cron, queues
 from crm.models import Customer, JobRun, Membership, Organization, Sale, Store
 
@@ -394,7 +394,7 @@ def test_a_segment_campaign_reaches_only_that_segment_of_the_latest_snapshot(wa,
     segments.segments_snapshot(organization_id=org.pk, day=day2)
     assert set(selectors.campaign_audience(campaign=campaign)) == {people[6], people[7]}
 
-    services.campaign_start(campaign=campaign)
+    lifecycle.campaign_start(campaign=campaign)
     run_jobs()
 
     messaged = set(WhatsappMessage.objects.filter(campaign=campaign).values_list("customer_id", flat=True))

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from campaigns import services
+from campaigns import lifecycle
 from campaigns.models import Campaign, WhatsappMessage
 from crm import fairshare, jobs, queues
 from crm.models import Customer, Organization
-from integrations.whatsapp.sandbox import SandboxServer
+from project.sandboxes.whatsapp import SandboxServer
 from tests.campaigns.conftest import PHONE_NUMBER_ID, TOKEN, whatsapp_number
 
 B_NUMBER_ID = "109876549999"
@@ -54,8 +54,8 @@ def test_a_tenants_send_batch_gives_its_turn_to_another_tenants_batch_between_ch
     settings.WHATSAPP_BATCH_SIZE = 60
     settings.WHATSAPP_SEND_CHUNK = 10
     wa["customers"](120)  # tenant A: two batches of 60
-    big = services.campaign_start(campaign=wa["campaign"]())
-    small = services.campaign_start(campaign=_tenant_b(sandbox, 20))  # tenant B: one batch of 20
+    big = lifecycle.campaign_start(campaign=wa["campaign"]())
+    small = lifecycle.campaign_start(campaign=_tenant_b(sandbox, 20))  # tenant B: one batch of 20
     run_jobs([queues.CAMPAIGN_TRIGGER])  # both fan out: A's batches and B's wait on whatsapp-send
     # Both tenants joined the queue at the same time: the first pick breaks the tie by the
     # tenant's id as text. The test wants A's batch first (it is running when B's work waits).
@@ -84,7 +84,7 @@ def test_a_tenants_batch_alone_never_gives_its_turn(wa, sandbox, run_jobs, setti
     settings.WHATSAPP_BATCH_SIZE = 60
     settings.WHATSAPP_SEND_CHUNK = 10
     wa["customers"](60)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs([queues.CAMPAIGN_TRIGGER])
     [job_id] = fairshare.queued_ids(jobs.get_connection(), queues.WHATSAPP_SEND)
     run_jobs([queues.WHATSAPP_SEND])

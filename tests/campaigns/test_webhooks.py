@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from campaigns import services, statuses
+from campaigns import lifecycle, recovery, statuses
 from campaigns.models import OUTCOME_UNKNOWN, Campaign, CampaignMetric, WhatsappMessage
 from crm import inbox, queues
 from crm.models import Customer, OptOutSource, Organization
@@ -496,7 +496,7 @@ def _unknown(outbox, n: int) -> list[WhatsappMessage]:
         status=S.SENDING, attempts=1, sending_at=timezone.now() - timedelta(hours=1)
     )
     CampaignMetric.objects.filter(campaign=outbox["campaign"]).update(queued=F("queued") + n)
-    assert services.reconcile_in_flight(older_than_seconds=60) == n
+    assert recovery.reconcile_in_flight(older_than_seconds=60) == n
     return messages
 
 
@@ -524,7 +524,7 @@ def test_reconciliation_settles_in_flight_messages_as_unknown_and_the_campaign_c
     assert value(samples, "crm_messages", channel="whatsapp", status="unknown") == 1
     assert value(samples, "crm_messages", channel="whatsapp", status="failed") == 0
     # "retry failed" never sends it again: Meta may have it
-    assert services.campaign_retry_failed(campaign=Campaign.objects.get(pk=campaign.pk)) == 0
+    assert lifecycle.campaign_retry_failed(campaign=Campaign.objects.get(pk=campaign.pk)) == 0
     assert WhatsappMessage.objects.get(pk=message.pk).status == S.UNKNOWN
 
 
@@ -805,7 +805,7 @@ AFTER_THE_JOB = [400.0, 500.0, 600.0]
 def test_sandbox_webhooks_bring_every_message_to_read(wa, sandbox, run_jobs, live_server, settings):
     _point_sandbox_at(live_server, sandbox, settings, status_delays_ms=AFTER_THE_JOB)
     wa["customers"](5)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     wait_for(
         lambda: _drained(run_jobs) and _counts(campaign) == {"read": 5} and _metric(campaign) == (5, 5, 5, 0),
@@ -828,7 +828,7 @@ def test_a_failed_status_webhook_fails_that_message_with_its_code(
     _point_sandbox_at(live_server, sandbox, settings, status_delays_ms=AFTER_THE_JOB)
     people = wa["customers"](3)
     sandbox.add_rule(to=people[1].phone.lstrip("+"), webhook_failure_code=131049)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     wait_for(
         lambda: _drained(run_jobs) and _counts(campaign) == {"read": 2, "failed": 1},
@@ -846,7 +846,7 @@ def test_a_status_that_beats_the_send_jobs_record_is_not_undone(wa, sandbox, run
     number.messages_per_second = 2  # the batch takes ~1 s, its first message is read long before
     number.save(update_fields=["messages_per_second"])
     wa["customers"](3)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     wait_for(lambda: sandbox.stats()["webhooks_delivered"] == 9, timeout=120, what="every webhook")
     _drained(run_jobs)

@@ -14,7 +14,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from campaigns import caps, services
+from campaigns import caps, fanout, lifecycle
+from campaigns import recovery as campaign_recovery
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
 from crm import fairshare, jobs, recovery
 from crm.models import Organization
@@ -33,7 +34,7 @@ def _statuses(campaign: Campaign) -> dict[str, int]:
 
 def test_a_campaign_sends_once_to_each_recipient_and_completes(wa, sandbox, run_jobs):
     people = wa["customers"](30)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     assert campaign.status == Campaign.Status.SENDING
     assert WhatsappMessage.objects.count() == 0  # the request returned before any fan-out
     run_jobs()
@@ -62,21 +63,21 @@ def test_a_campaign_sends_once_to_each_recipient_and_completes(wa, sandbox, run_
 def test_fan_out_is_bulk_not_one_round_trip_per_recipient(wa, run_jobs, settings):
     settings.WHATSAPP_BATCH_SIZE = 250
     wa["customers"](3000)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     with CaptureQueriesContext(connection) as queries:
-        total = services.campaign_fanout(campaign_id=campaign.pk, chunk=1000)
+        total = fanout.campaign_fanout(campaign_id=campaign.pk, chunk=1000)
     assert total == 3000
     assert len(queries) < 25, [q["sql"][:80] for q in queries]
     assert len(fairshare.queued_ids(jobs.get_connection(), "whatsapp-send")) == 12  # 3,000 / 250 batches
     # running the fan-out again (a crash and a retry) adds nothing
-    assert services.campaign_fanout(campaign_id=campaign.pk) == 3000
+    assert fanout.campaign_fanout(campaign_id=campaign.pk) == 3000
     assert len(fairshare.queued_ids(jobs.get_connection(), "whatsapp-send")) == 12
 
 
 def test_an_empty_template_variable_skips_the_message_and_meta_never_sees_it(wa, sandbox, run_jobs):
     wa["customers"](3)
     nameless = wa["customers"](1, start=10, name="")[0]
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     msg = WhatsappMessage.objects.get(customer=nameless)
     assert msg.status == S.SKIPPED
@@ -102,7 +103,7 @@ NAMES_AS_TYPED = [
 def test_customers_named_as_people_type_them_all_get_the_campaign(wa, sandbox, run_jobs):
     people = [wa["customers"](1, start=i, name=name)[0] for i, (name, _, _) in enumerate(NAMES_AS_TYPED)]
     blank = wa["customers"](1, start=50, name=" \t\n ")[0]
-    campaign = services.campaign_start(campaign=wa["campaign"](template_variables=["first_name", "name"]))
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"](template_variables=["first_name", "name"]))
     run_jobs()
     campaign.refresh_from_db()
     # Everyone is sent to (the sandbox refuses with 132018 what Meta refuses); the campaign completes.
@@ -122,7 +123,7 @@ def test_a_132018_from_meta_fails_that_message_and_the_campaign_completes(wa, sa
     settings.WHATSAPP_BATCH_SIZE = 3
     people = wa["customers"](7)
     sandbox.add_rule(to=people[1].phone.lstrip("+"), code=132018)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.SENT and not campaign.stop_reason
@@ -137,7 +138,7 @@ def test_a_132018_from_meta_fails_that_message_and_the_campaign_completes(wa, sa
 def test_131050_fails_the_message_and_records_the_opt_out(wa, sandbox, run_jobs):
     people = wa["customers"](5)
     sandbox.add_rule(to=people[2].phone.lstrip("+"), code=131050)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     msg = WhatsappMessage.objects.get(customer=people[2])
     assert (msg.status, msg.error_code) == (S.FAILED, 131050)
@@ -150,7 +151,7 @@ def test_a_retryable_error_gets_a_second_attempt_and_then_fails_with_its_code(wa
     flaky, broken, _fine = wa["customers"](3)
     sandbox.add_rule(to=flaky.phone.lstrip("+"), code=131056, times=1)
     sandbox.add_rule(to=broken.phone.lstrip("+"), http_status=503)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     flaky_msg = WhatsappMessage.objects.get(customer=flaky)
     broken_msg = WhatsappMessage.objects.get(customer=broken)
@@ -178,7 +179,7 @@ def test_a_send_that_times_out_is_unknown_never_resent_until_meta_reports_it(
     )
     sandbox.configure(latency_ms=1000)
     person = wa["customers"](1)[0]
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     msg = WhatsappMessage.objects.get(customer=person)
     # One attempt: a resend of a request Meta may have accepted could reach the customer twice.
@@ -221,7 +222,7 @@ def test_a_send_that_cannot_connect_fails_it_never_reached_meta(wa, sandbox, run
     number = wa["number"]
     number.graph_url = f"http://127.0.0.1:{free_port()}"  # nothing listens
     number.save(update_fields=["graph_url"])
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     msg = WhatsappMessage.objects.get(customer=person)
     assert (msg.status, msg.attempts) == (S.FAILED, 2) and msg.error_reason.startswith("connection error")
@@ -232,7 +233,7 @@ def test_a_send_that_cannot_connect_fails_it_never_reached_meta(wa, sandbox, run
 def test_throughput_errors_delay_without_spending_an_attempt(wa, sandbox, run_jobs):
     person = wa["customers"](1)[0]
     sandbox.add_rule(to=person.phone.lstrip("+"), code=130429, times=2)
-    services.campaign_start(campaign=wa["campaign"]())
+    lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs(settle=12)  # two 5 s throttle delays
     msg = WhatsappMessage.objects.get(customer=person)
     assert (msg.status, msg.attempts) == (S.SENT, 1)
@@ -242,7 +243,7 @@ def test_a_broken_template_stops_the_campaign(wa, sandbox, run_jobs, settings):
     settings.WHATSAPP_BATCH_SIZE = 5
     wa["customers"](20)
     sandbox.add_rule(to="*", code=132001)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.STOPPED
@@ -255,7 +256,7 @@ def test_a_broken_template_stops_the_campaign(wa, sandbox, run_jobs, settings):
 def test_a_locked_business_account_pauses_the_organization_and_loses_no_message(wa, sandbox, run_jobs):
     wa["customers"](4)
     sandbox.add_rule(to="*", code=131031)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs(settle=1)
     org = Organization.objects.get(pk=wa["org"].pk)
     assert org.whatsapp_paused_at is not None and "131031" in org.whatsapp_paused_reason
@@ -293,7 +294,7 @@ def test_the_message_limit_and_the_conflict_block_skip_customers(wa, sandbox, ru
     org.block_multiple_campaigns = True
     org.message_limit_count, org.message_limit_days = 2, 7
     org.save()
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs(["campaign-trigger", "whatsapp-send"])
     by_customer = {m.customer_id: m for m in WhatsappMessage.objects.filter(campaign=campaign)}
     assert by_customer[limited.pk].status == S.SKIPPED
@@ -309,8 +310,8 @@ def test_two_campaigns_started_together_send_once_to_a_shared_customer(wa, sandb
     org.block_multiple_campaigns = True
     org.save()
     wa["customers"](5)
-    first = services.campaign_start(campaign=wa["campaign"](name="First"))
-    second = services.campaign_start(campaign=wa["campaign"](name="Second"))
+    first = lifecycle.campaign_start(campaign=wa["campaign"](name="First"))
+    second = lifecycle.campaign_start(campaign=wa["campaign"](name="Second"))
     run_jobs()
     assert _statuses(first) == {"sent": 5}
     assert _statuses(second) == {"skipped": 5}
@@ -319,35 +320,35 @@ def test_two_campaigns_started_together_send_once_to_a_shared_customer(wa, sandb
 
 def test_cancel_pause_resume_and_retry_failed(wa, sandbox, run_jobs, english):
     people = wa["customers"](6)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
-    services.campaign_pause(campaign=campaign)
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
+    lifecycle.campaign_pause(campaign=campaign)
     run_jobs(settle=0)
     assert sandbox.messages() == [] and _statuses(campaign) == {"queued": 6}
-    services.campaign_resume(campaign=campaign)
+    lifecycle.campaign_resume(campaign=campaign)
     sandbox.add_rule(to=people[0].phone.lstrip("+"), code=131026)
     run_jobs(settle=0)
     assert _statuses(campaign) == {"sent": 5, "failed": 1}
     assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT
     sandbox.reset()
-    assert services.campaign_retry_failed(campaign=campaign) == 1
+    assert lifecycle.campaign_retry_failed(campaign=campaign) == 1
     run_jobs()
     assert _statuses(campaign) == {"sent": 6}
     assert [m["to"] for m in sandbox.messages()] == [people[0].phone.lstrip("+")]
-    with pytest.raises(services.CampaignError, match="cannot be cancelled"):
-        services.campaign_cancel(campaign=Campaign.objects.get(pk=campaign.pk))
+    with pytest.raises(lifecycle.CampaignError, match="cannot be cancelled"):
+        lifecycle.campaign_cancel(campaign=Campaign.objects.get(pk=campaign.pk))
     # Everyone got the first campaign today: the 24-hour block would skip them all at the fan-out.
     Organization.objects.filter(pk=wa["org"].pk).update(block_multiple_campaigns=False)
     fresh = wa["campaign"](name="To cancel")
-    services.campaign_start(campaign=fresh)
+    lifecycle.campaign_start(campaign=fresh)
     run_jobs(["campaign-trigger"])
-    assert services.campaign_cancel(campaign=fresh) == 6
+    assert lifecycle.campaign_cancel(campaign=fresh) == 6
     run_jobs()
     assert _statuses(fresh) == {"cancelled": 6}
 
 
 def test_redis_flushed_mid_campaign_is_finished_from_the_database(wa, sandbox, run_jobs, redis_db):
     wa["customers"](120)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs(["campaign-trigger"])  # fanned out: 3 batches queued in Redis
     redis_db.flushdb()
     assert recovery.recover()["whatsapp-batches"] == 3
@@ -360,7 +361,7 @@ def test_redis_flushed_mid_campaign_is_finished_from_the_database(wa, sandbox, r
 
 def test_no_access_token_is_ever_in_redis_or_in_the_database_in_clear(wa, run_jobs, redis_db):
     wa["customers"](10)
-    services.campaign_start(campaign=wa["campaign"]())
+    lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     assert redis_keys_holding(redis_db, TOKEN) == []
     redis_db.hset("probe", "field", f"Bearer {TOKEN}")  # the scan does find a token where one is
@@ -373,7 +374,7 @@ def test_no_access_token_is_ever_in_redis_or_in_the_database_in_clear(wa, run_jo
 
 def test_in_flight_messages_of_a_dead_worker_are_settled_not_resent(wa, sandbox, run_jobs):
     wa["customers"](3)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs(["campaign-trigger"])
     # A worker claimed the batch and died before recording the outcome.
     WhatsappMessage.objects.update(
@@ -381,7 +382,7 @@ def test_in_flight_messages_of_a_dead_worker_are_settled_not_resent(wa, sandbox,
     )
     conn = jobs.get_connection()
     conn.delete("rq:queue:whatsapp-send", *conn.scan_iter("crm:fair:whatsapp-send:*"))  # the jobs lost
-    assert services.reconcile_in_flight() == 3
+    assert campaign_recovery.reconcile_in_flight() == 3
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.SENT
     assert _statuses(campaign) == {"unknown": 3}  # Meta may still report them: not failed
@@ -393,8 +394,8 @@ def test_in_flight_messages_of_a_dead_worker_are_settled_not_resent(wa, sandbox,
 
 
 def test_campaign_commands(transactional_db, run_jobs, english):
-    from integrations.demo import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
-    from integrations.whatsapp.sandbox import SandboxServer
+    from project.demo.integrations import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
+    from project.sandboxes.whatsapp import SandboxServer
 
     with SandboxServer(numbers=dict.fromkeys(DEMO_PHONE_NUMBER_IDS, DEMO_ACCESS_TOKEN)) as sandbox:
         _run_commands(sandbox, run_jobs)
@@ -445,7 +446,7 @@ def test_a_token_under_a_retired_key_stops_the_campaign_for_good(wa, sandbox, ru
     number.set_access_token(TOKEN)
     number.save(update_fields=["access_token_encrypted"])
     settings.ENCRYPTION_KEYS = current
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.STOPPED
@@ -465,7 +466,7 @@ def test_a_batch_given_up_fails_its_messages_and_the_campaign_completes(wa, sand
     queued messages become FAILED with the reason, counted, and the campaign completes."""
     settings.WHATSAPP_BATCH_SIZE = 3
     wa["customers"](6)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs(["campaign-trigger"])  # fanned out, nothing sent yet
     assert _statuses(campaign) == {"queued": 6}
     messages = WhatsappMessage.objects.filter(campaign=campaign)
@@ -494,7 +495,7 @@ def test_a_throttle_waits_as_long_as_meta_asks_in_retry_after(wa, sandbox, run_j
 
     person = wa["customers"](1)[0]
     sandbox.add_rule(to=person.phone.lstrip("+"), code=130429, times=1, retry_after=120)
-    services.campaign_start(campaign=wa["campaign"]())
+    lifecycle.campaign_start(campaign=wa["campaign"]())
     before = time.time()
     run_jobs(settle=3)
     msg = WhatsappMessage.objects.get(customer=person)

@@ -8,9 +8,9 @@ from decimal import Decimal
 import pytest
 from django.db.models import Count
 
-from campaigns import services
+from campaigns import lifecycle, recovery
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
-from integrations.whatsapp.sandbox import SandboxServer
+from project.sandboxes.whatsapp import SandboxServer
 from tests.conftest import WorkerProcess, child_env, wait_for
 
 pytestmark = pytest.mark.slow
@@ -31,7 +31,7 @@ def kill_inside_a_send(victim: WorkerProcess, sandbox: SandboxServer, *, latency
 def test_a_worker_killed_mid_campaign_loses_nothing_and_sends_nobody_twice(wa, sandbox, worker_process):
     wa["customers"](2000)
     sandbox.configure(latency_ms=60)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     env = child_env(WHATSAPP_BATCH_SIZE="250")
     victim = worker_process("--queues", "campaign-trigger,whatsapp-send", env=env)
     wait_for(lambda: sandbox.stats()["accepted"] >= 400, timeout=90, what="sends to start")
@@ -59,7 +59,7 @@ def test_a_worker_killed_mid_campaign_loses_nothing_and_sends_nobody_twice(wa, s
     survivor.kill(signal.SIGTERM)
     survivor.wait(timeout=60)
     # Messages the dead worker had claimed have an unknown outcome: settled, never resent.
-    settled = services.reconcile_in_flight(older_than_seconds=0)
+    settled = recovery.reconcile_in_flight(older_than_seconds=0)
     statuses = dict(
         WhatsappMessage.objects.filter(campaign=campaign)
         .values_list("status")
@@ -100,7 +100,7 @@ def test_messages_of_a_killed_worker_are_unknown_until_meta_reports_them_then_co
         app_secret=APP_SECRET,
         status_delays_ms=[HOLD_MS, HOLD_MS],
     )
-    campaign = services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     env = child_env(WHATSAPP_BATCH_SIZE="150")
     victim = worker_process("--queues", "campaign-trigger,whatsapp-send", env=env)
     wait_for(lambda: sandbox.stats()["accepted"] >= 200, timeout=90, what="the second batch to be sending")
@@ -108,7 +108,7 @@ def test_messages_of_a_killed_worker_are_unknown_until_meta_reports_them_then_co
     survivor = worker_process("--queues", "campaign-trigger,whatsapp-send", "--burst", env=env)
     assert survivor.wait(timeout=180) == 0
 
-    settled = services.reconcile_in_flight(older_than_seconds=0)
+    settled = recovery.reconcile_in_flight(older_than_seconds=0)
     assert 0 < settled <= 150
     metric = CampaignMetric.objects.get(campaign=campaign)
     assert metric.unknown == settled and metric.failed == 0

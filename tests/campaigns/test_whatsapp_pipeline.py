@@ -7,8 +7,9 @@ from datetime import datetime
 
 import pytest
 
-from campaigns import sending, services
+from campaigns import fanout, lifecycle
 from campaigns.models import Campaign, WhatsappMessage
+from campaigns.whatsapp import sending
 from integrations.models import WhatsappNumber
 
 S = WhatsappMessage.Status
@@ -23,8 +24,8 @@ def _paced_campaign(wa, settings, *, people: int, pipeline: bool) -> Campaign:
     settings.WHATSAPP_SEND_PIPELINE = pipeline
     WhatsappNumber.objects.filter(pk=wa["number"].pk).update(messages_per_second=RATE)
     wa["customers"](people)
-    campaign = services.campaign_start(campaign=wa["campaign"]())
-    services.campaign_fanout(campaign_id=campaign.pk)
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
+    fanout.campaign_fanout(campaign_id=campaign.pk)
     assert set(WhatsappMessage.objects.filter(campaign=campaign).values_list("batch", flat=True)) == {0}
     return campaign
 

@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from campaigns.models import WhatsappMessage
-from campaigns.sending import (
+from campaigns.whatsapp.plan import (
     ATTEMPTS,
     PAUSED_DELAY,
     RETRY_BACKOFF,

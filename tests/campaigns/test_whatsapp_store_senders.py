@@ -13,13 +13,14 @@ from django.core.management import call_command
 from django.db.models import Count
 from django.utils import timezone
 
-from campaigns import selectors, sending, services
+from campaigns import fanout, lifecycle, selectors
 from campaigns.models import Campaign, Sender, WhatsappMessage
+from campaigns.whatsapp import sending
 from crm import jobs, ratelimit
 from crm.models import Customer, Organization, Sale, Store
 from integrations.models import WhatsappNumber
 from integrations.services import whatsapp_numbers_resume
-from integrations.whatsapp.sandbox import SandboxServer
+from project.sandboxes.whatsapp import SandboxServer
 from tests.campaigns.conftest import PHONE_NUMBER_ID, TOKEN
 
 S = WhatsappMessage.Status
@@ -96,7 +97,7 @@ def test_each_message_goes_from_the_store_of_the_customer_s_latest_sale(wa, stor
     stores["sale"](moved, stores["shopping"], days_ago=2)  # the latest: Shopping
     stores["sale"](centro_only, stores["centro"], days_ago=1)  # Centro has no number of its own
     stores["sale"](online_only, stores["online"], days_ago=5)
-    campaign = services.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
     run_jobs()
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.SENT
@@ -121,7 +122,7 @@ def test_the_campaign_sender_ignores_the_stores(wa, stores, sandbox, run_jobs):
     people = wa["customers"](3)
     for person in people:
         stores["sale"](person, stores["shopping"], days_ago=1)
-    services.campaign_start(campaign=wa["campaign"]())  # sender: the campaign (the default)
+    lifecycle.campaign_start(campaign=wa["campaign"]())  # sender: the campaign (the default)
     run_jobs()
     assert set(_sent_from(sandbox).values()) == {PHONE_NUMBER_ID}
 
@@ -137,8 +138,8 @@ def test_a_batch_sends_each_number_s_messages_at_that_number_s_pace_and_never_sl
         stores["sale"](person, stores["shopping"], days_ago=1)
     for person in people[5:8]:
         stores["sale"](person, stores["online"], days_ago=1)
-    campaign = services.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
-    services.campaign_fanout(campaign_id=campaign.pk)
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
+    fanout.campaign_fanout(campaign_id=campaign.pk)
     assert set(WhatsappMessage.objects.filter(campaign=campaign).values_list("batch", flat=True)) == {0}
     ratelimit.reserve(f"wa:{busy.pk}", 100, 1)  # another campaign booked its next 100 seconds
 
@@ -176,8 +177,8 @@ def _paced_store_campaign(
         if kind:
             stores["sale"](person, stores[("shopping", "online")[kind - 1]], days_ago=1)
         customers[numbers[kind].pk].append(person.pk)
-    campaign = services.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
-    services.campaign_fanout(campaign_id=campaign.pk, chunk=5)  # pages of 5: shares carried over
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
+    fanout.campaign_fanout(campaign_id=campaign.pk, chunk=5)  # pages of 5: shares carried over
     return campaign, customers
 
 
@@ -253,7 +254,7 @@ def test_a_number_meta_refuses_in_a_paced_campaign_holds_only_its_own_messages(
 
     sandbox.clear_rules()
     whatsapp_numbers_resume(numbers=WhatsappNumber.objects.filter(pk=shopping))
-    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    lifecycle.requeue_unfinished_batches(campaign_id=campaign.pk)
     run_jobs()
     assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT
     assert set(rows.values_list("status", flat=True)) == {S.SENT}
@@ -294,7 +295,7 @@ def test_a_graph_url_the_outbound_guard_refuses_pauses_its_number_and_strands_no
     people = wa["customers"](4)
     for person in people[:2]:
         stores["sale"](person, stores["shopping"], days_ago=1)
-    campaign = services.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
     run_jobs(settle=1)
 
     number = WhatsappNumber.objects.get(pk=shopping.pk)
@@ -306,7 +307,7 @@ def test_a_graph_url_the_outbound_guard_refuses_pauses_its_number_and_strands_no
 
     WhatsappNumber.objects.filter(pk=number.pk).update(graph_url=sandbox.url)  # the operator's fix
     whatsapp_numbers_resume(numbers=WhatsappNumber.objects.filter(pk=number.pk))
-    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    lifecycle.requeue_unfinished_batches(campaign_id=campaign.pk)
     run_jobs()
     assert set(rows.values_list("status", flat=True)) == {S.SENT}
     assert sandbox.stats()["by_recipient_max"] == 1
@@ -319,7 +320,7 @@ def test_a_number_meta_refuses_pauses_only_its_own_messages_until_resumed(wa, st
         stores["sale"](person, stores["shopping"], days_ago=1)
         # Meta answers every send from this number with "spam rate limit hit" (the number's quality).
         sandbox.add_rule(to=_digits(person), code=131048)
-    campaign = services.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"](sender=Sender.STORE))
     run_jobs(settle=1)
 
     number = WhatsappNumber.objects.get(pk=stores["shopping_number"].pk)
@@ -342,7 +343,7 @@ def test_a_number_meta_refuses_pauses_only_its_own_messages_until_resumed(wa, st
 
     sandbox.clear_rules()  # the operator fixed the cause, then resumes the number
     assert whatsapp_numbers_resume(numbers=WhatsappNumber.objects.filter(pk=number.pk)) == 1
-    services.requeue_unfinished_batches(campaign_id=campaign.pk)
+    lifecycle.requeue_unfinished_batches(campaign_id=campaign.pk)
     run_jobs()
     assert Campaign.objects.get(pk=campaign.pk).status == Campaign.Status.SENT
     assert set(rows.values_list("status", flat=True)) == {S.SENT}
@@ -359,7 +360,7 @@ def test_a_store_cannot_send_from_another_organization_s_number(wa, stores, engl
 
 
 def test_demo_campaign_sends_from_the_demo_stores_numbers(transactional_db, run_jobs, english):
-    from integrations.demo import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
+    from project.demo.integrations import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
 
     numbers = dict.fromkeys(DEMO_PHONE_NUMBER_IDS, DEMO_ACCESS_TOKEN)
     with SandboxServer(numbers=numbers) as sandbox:
@@ -368,7 +369,7 @@ def test_demo_campaign_sends_from_the_demo_stores_numbers(transactional_db, run_
         call_command("demo_campaign", "--channel", "whatsapp", "--sender", "store", stdout=out)
         campaign = Campaign.objects.get(pk=int(out.getvalue().strip()))
         assert campaign.sender == Sender.STORE
-        services.campaign_start(campaign=campaign)
+        lifecycle.campaign_start(campaign=campaign)
         run_jobs()
         sent = _sent_from(sandbox)
     assert len(sent) == 6

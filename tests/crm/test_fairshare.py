@@ -206,7 +206,7 @@ def test_the_prometheus_tenant_gauge_keeps_its_label_cardinality_bounded():
 
 
 def test_the_queue_pages_list_cancel_and_empty_the_jobs_waiting_in_tenants_lists(redis_db):
-    from crm import queue_ops
+    from crm import queue_actions, queue_ops
 
     ids = jobs.enqueue_many(
         "tests.jobs.record",
@@ -217,11 +217,11 @@ def test_the_queue_pages_list_cancel_and_empty_the_jobs_waiting_in_tenants_lists
     )
     page = queue_ops.list_jobs(QUEUE, "waiting")
     assert sorted(r.id for r in page.rows) == ids
-    assert queue_ops.state_sizes(QUEUE)["waiting"] == 4
-    assert queue_ops.job_cancel("fair-1") == QUEUE
-    assert queue_ops.state_sizes(QUEUE)["waiting"] == 3
-    assert queue_ops.bulk_run(QUEUE, "empty") == 3
-    assert queue_ops.state_sizes(QUEUE)["waiting"] == 0
+    assert queue_actions.state_sizes(QUEUE)["waiting"] == 4
+    assert queue_actions.job_cancel("fair-1") == QUEUE
+    assert queue_actions.state_sizes(QUEUE)["waiting"] == 3
+    assert queue_actions.bulk_run(QUEUE, "empty") == 3
+    assert queue_actions.state_sizes(QUEUE)["waiting"] == 0
     assert not any(redis_db.exists(f"rq:job:fair-{i}") for i in (0, 2, 3))
     _worker_run([QUEUE])
     assert recorded("order") == []  # nothing canceled or emptied ran

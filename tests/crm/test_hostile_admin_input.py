@@ -13,7 +13,7 @@ from django.core.management.base import CommandError
 from django.db import IntegrityError, transaction
 from django.test import Client
 
-from campaigns import services
+from campaigns import lifecycle
 from campaigns.models import Campaign, Channel
 from crm import recovery
 from crm.models import Membership
@@ -137,8 +137,8 @@ def test_a_sender_name_with_a_line_break_is_refused_by_the_form_and_at_the_start
         email_subject="Oi",
         email_body="<mjml><mj-body><mj-section><mj-column><mj-text>Oi</mj-text></mj-column></mj-section></mj-body></mjml>",
     )
-    with pytest.raises(services.CampaignError):
-        services.campaign_start(campaign=campaign)
+    with pytest.raises(lifecycle.CampaignError):
+        lifecycle.campaign_start(campaign=campaign)
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.DRAFT
 

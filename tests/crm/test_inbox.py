@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from campaigns.models import Campaign, CampaignMetric, Channel, EmailMessage, WhatsappMessage
-from crm import inbox, recovery
+from crm import inbox, inbox_intake, inbox_kinds, recovery
 from crm.models import Customer, Organization
 from runner.models import ExecutionItem, Handler, IntegrationType, RunnerSettings
 from tests.conftest import ROOT, child_env, free_port, wait_for
@@ -326,11 +326,11 @@ def test_statuses_of_one_message_in_any_order_and_batching_end_read_and_count_on
     campaign, (message,) = _campaign(1)
     bodies = [_meta_body(message.wamid or "", status, T0 + offset) for status, offset in order]
     for body in bodies[:split]:
-        inbox.accept(kind="whatsapp", payload=body.decode())
+        inbox_intake.accept(kind="whatsapp", payload=body.decode())
     drain_inbox()
     for body in bodies[split:]:
-        inbox.accept(kind="whatsapp", payload=body.decode())
-    inbox.accept(kind="whatsapp", payload=bodies[0].decode())  # a retried callback
+        inbox_intake.accept(kind="whatsapp", payload=body.decode())
+    inbox_intake.accept(kind="whatsapp", payload=bodies[0].decode())  # a retried callback
     drain_inbox()
     message.refresh_from_db()
     assert message.status == S.READ
@@ -342,8 +342,8 @@ def test_statuses_of_one_message_in_any_order_and_batching_end_read_and_count_on
 
 def test_an_event_its_handler_refuses_alone_is_set_aside_and_the_rest_of_the_batch_applied(db, drain_inbox):
     _, (message,) = _campaign(1)
-    inbox.accept(kind="whatsapp", payload='{"object": "not whatsapp"}')  # passed no intake: poison
-    inbox.accept(kind="whatsapp", payload=_meta_body(message.wamid or "", "read").decode())
+    inbox_intake.accept(kind="whatsapp", payload='{"object": "not whatsapp"}')  # passed no intake: poison
+    inbox_intake.accept(kind="whatsapp", payload=_meta_body(message.wamid or "", "read").decode())
     drain_inbox()
     message.refresh_from_db()
     assert message.status == S.READ
@@ -362,13 +362,13 @@ def test_the_safety_sweep_drains_every_kind_whose_wake_up_was_lost(db, django_ca
     from crm.models import InboxEvent
 
     old = timezone.now() - inbox.SWEEP_AFTER * 2
-    for kind in inbox.kinds():
+    for kind in inbox_kinds.kinds():
         InboxEvent.objects.create(kind=kind, payload="{}", received_at=old)
     with django_capture_on_commit_callbacks(execute=True):
         result = recovery.recover()
-    assert result["inbox"] == len(inbox.kinds()) >= 3  # whatsapp, esp, runner.webhook
+    assert result["inbox"] == len(inbox_kinds.kinds()) >= 3  # whatsapp, esp, runner.webhook
     queued = get_queue(inbox.queues.INBOX).get_jobs()
-    assert sorted(job.kwargs["kind"] for job in queued) == inbox.kinds()
+    assert sorted(job.kwargs["kind"] for job in queued) == inbox_kinds.kinds()
 
 
 def test_a_write_that_fails_in_a_group_commit_fails_alone(transactional_db):
@@ -380,7 +380,7 @@ def test_a_write_that_fails_in_a_group_commit_fails_alone(transactional_db):
 
     from crm.models import InboxEvent
 
-    statement = inbox.Statement(
+    statement = inbox_intake.Statement(
         f"WITH ins AS (INSERT INTO {InboxEvent._meta.db_table} (kind, organization_id, payload, error) "  # noqa: S608
         "SELECT kind, NULL, payload, '' FROM requests ORDER BY n RETURNING id, payload) "
         "SELECT r.n, ins.id FROM requests r JOIN ins USING (payload)",
@@ -394,7 +394,7 @@ def test_a_write_that_fails_in_a_group_commit_fails_alone(transactional_db):
     def write(i: int) -> None:
         start.wait()
         try:
-            results[i] = inbox.write(statement, ["whatsapp", payloads[i]])
+            results[i] = inbox_intake.write(statement, ["whatsapp", payloads[i]])
         except (IntegrityError, DataError) as exc:
             results[i] = exc
         finally:
@@ -426,19 +426,19 @@ def test_an_event_its_handler_cannot_apply_yet_is_kept_and_given_again_in_accept
     kind = "test.later"
     given: list[list[tuple[int, str]]] = []
 
-    def handler(events: list[inbox.Event]) -> dict[int, inbox.Retry]:
+    def handler(events: list[inbox_kinds.Event]) -> dict[int, inbox_kinds.Retry]:
         given.append([(e.retries, e.payload) for e in events])
         if any(e.payload == "poison" for e in events):
             raise ValueError("poison")
         return {
-            e.id: inbox.Retry(payload=e.payload.replace("a+", ""), reason="not yet")
+            e.id: inbox_kinds.Retry(payload=e.payload.replace("a+", ""), reason="not yet")
             for e in events
             if e.payload.startswith("a+")
         }
 
-    monkeypatch.setitem(inbox._HANDLERS, kind, handler)
+    monkeypatch.setitem(inbox_kinds._HANDLERS, kind, handler)
     for payload in ("a+b", "c", "poison"):
-        inbox.accept(kind=kind, payload=payload)
+        inbox_intake.accept(kind=kind, payload=payload)
     with django_capture_on_commit_callbacks(execute=True) as wake_ups:
         assert inbox.drain_batch(kind) == 3
     assert given[0] == [(0, "a+b"), (0, "c"), (0, "poison")]  # the batch, then one by one
@@ -460,12 +460,12 @@ def test_an_event_its_handler_cannot_apply_yet_is_kept_and_given_again_in_accept
     assert inbox.drain_batch(kind) == 0 and not given  # not due
     assert inbox.pending(kind) == 1
     assert not any(spec.kwargs["kind"] == kind for spec in inbox.stranded())  # nor the sweep's
-    inbox.accept(kind=kind, payload="d")
+    inbox_intake.accept(kind=kind, payload="d")
     assert inbox.drain_batch(kind) == 1 and given == [[(0, "d")]]
 
     InboxEvent.objects.filter(pk=kept.pk).update(not_before=timezone.now() - inbox.SWEEP_AFTER * 2)
     assert [spec.kwargs["kind"] for spec in inbox.stranded() if spec.kwargs["kind"] == kind] == [kind]
-    inbox.accept(kind=kind, payload="e")
+    inbox_intake.accept(kind=kind, payload="e")
     given.clear()
     assert inbox.drain_batch(kind) == 2
     assert given == [[(1, "b"), (0, "e")]]  # the older one first, with what was left of it
@@ -496,14 +496,14 @@ def test_the_group_commit_thread_closes_its_connection_when_asked_not_only_when_
 
     from crm.models import InboxEvent
 
-    statement = inbox.Statement(
+    statement = inbox_intake.Statement(
         f"WITH ins AS (INSERT INTO {InboxEvent._meta.db_table} (kind, organization_id, payload, error) "  # noqa: S608
         "SELECT kind, NULL, payload, '' FROM requests ORDER BY n RETURNING id, payload) "
         "SELECT r.n, ins.id FROM requests r JOIN ins USING (payload)",
         (("kind", "text"), ("payload", "text")),
     )
-    monkeypatch.setattr(inbox, "GROUP_IDLE_CLOSE", 600.0)  # it would not close on its own
-    inbox.group_commit_close(timeout=60)
+    monkeypatch.setattr(inbox_intake, "GROUP_IDLE_CLOSE", 600.0)  # it would not close on its own
+    inbox_intake.group_commit_close(timeout=60)
 
     def others() -> int:
         with connection.cursor() as cursor:
@@ -514,11 +514,11 @@ def test_the_group_commit_thread_closes_its_connection_when_asked_not_only_when_
             return cursor.fetchone()[0]
 
     before = others()
-    inbox.write(statement, ["whatsapp", '{"n": 1}'])  # the thread now holds a connection
+    inbox_intake.write(statement, ["whatsapp", '{"n": 1}'])  # the thread now holds a connection
     assert others() == before + 1
-    assert inbox.group_commit_close(timeout=60)  # at once, not after GROUP_IDLE_CLOSE
+    assert inbox_intake.group_commit_close(timeout=60)  # at once, not after GROUP_IDLE_CLOSE
     # The server ends the backend a moment after the client closes: wait for it (a hang guard only;
     # GROUP_IDLE_CLOSE is 600 s here, so a thread that kept its connection still fails).
     wait_for(lambda: others() == before, timeout=60, what="the group commit's backend to end")
-    inbox.write(statement, ["whatsapp", '{"n": 2}'])  # and it reconnects for the next write
+    inbox_intake.write(statement, ["whatsapp", '{"n": 2}'])  # and it reconnects for the next write
     assert InboxEvent.objects.count() == 2

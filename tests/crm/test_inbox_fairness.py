@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
-from crm import inbox
+from crm import inbox, inbox_kinds
 from crm.models import Customer, InboxEvent, Organization
 from integrations.models import WhatsappNumber
 from integrations.whatsapp import webhooks
@@ -110,10 +110,10 @@ def test_each_tenants_events_keep_their_acceptance_order(db, monkeypatch):
     """The handler gets, per organization, a prefix of its events in acceptance order."""
     seen: list[tuple[int | None, int]] = []
 
-    def record(events: list[inbox.Event]) -> None:
+    def record(events: list[inbox_kinds.Event]) -> None:
         seen.extend((e.organization_id, e.id) for e in events)
 
-    monkeypatch.setitem(inbox._HANDLERS, "test.fair-order", record)
+    monkeypatch.setitem(inbox_kinds._HANDLERS, "test.fair-order", record)
 
     orgs = [Organization.objects.create(name=f"Ordem {i}", slug=f"ordem-{i}") for i in range(3)]
     rows = [
@@ -134,10 +134,10 @@ def test_organizations_beyond_a_batchs_turns_are_served_in_the_next_one(db, monk
     monkeypatch.setattr(inbox, "ORGS_PER_BATCH", 3)
     batches: list[set[int | None]] = []
 
-    def record(events: list[inbox.Event]) -> None:
+    def record(events: list[inbox_kinds.Event]) -> None:
         batches.append({e.organization_id for e in events})
 
-    monkeypatch.setitem(inbox._HANDLERS, "test.fair-rotate", record)
+    monkeypatch.setitem(inbox_kinds._HANDLERS, "test.fair-rotate", record)
 
     orgs = [Organization.objects.create(name=f"Giro {i}", slug=f"giro-{i}") for i in range(5)]
     InboxEvent.objects.bulk_create(
@@ -169,7 +169,7 @@ def test_a_drain_whose_shared_batches_are_slow_takes_smaller_ones_and_still_appl
     settings.INBOX_BATCH_SECONDS = 1e-9  # every batch is slower than that
     sizes: list[int] = []
 
-    def record(events: list[inbox.Event]) -> None:
+    def record(events: list[inbox_kinds.Event]) -> None:
         sizes.append(len(events))
 
     monkeypatch.setitem(inbox._HANDLERS, "test.fair-slow", record)

@@ -14,14 +14,14 @@ from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from campaigns import services as campaign_services
+from campaigns import lifecycle
 from campaigns.models import CampaignMetric
 from crm import jobs, prometheus, stats
 from crm.logfmt import JsonFormatter
 from crm.models import Organization
 from crm.resilience import BreakerPolicy, Gate
 from erp import services as erp_services
-from integrations.millennium.sandbox import MillenniumSandbox
+from project.sandboxes.millennium import MillenniumSandbox
 from runner import operator
 from runner.models import Execution, ExecutionItem, Handler, IntegrationType
 from tests.campaigns import conftest as campaign_world
@@ -269,11 +269,11 @@ def test_an_erp_customer_sync_counts_its_rows(client):
 
 def test_a_campaign_batch_job_logs_its_organization(wa, run_jobs, caplog):
     wa["customers"](3)
-    campaign = campaign_services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     with caplog.at_level(logging.INFO, logger="crm.jobs"):
         run_jobs()
     org_id = wa["org"].pk
-    batch_id = campaign_services.batch_job_id(campaign.pk, 0)
+    batch_id = lifecycle.batch_job_id(campaign.pk, 0)
     assert jobs.fetch_job(batch_id).meta["organization_id"] == org_id  # carried in meta, not kwargs
     line = next(r for r in caplog.records if r.name == "crm.jobs" and r.job_id == batch_id)
     assert line.outcome == "succeeded" and line.func == "campaigns.tasks.whatsapp_send_batch"
@@ -286,7 +286,7 @@ def test_a_campaign_batch_job_logs_its_organization(wa, run_jobs, caplog):
 def test_the_messages_gauge_sums_the_campaign_counters_by_channel(wa, run_jobs, client):
     wa["customers"](4)
     wa["customers"](1, start=10, name="")  # an empty template variable: skipped, never sent
-    campaign = campaign_services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     metric = CampaignMetric.objects.get(campaign=campaign)
     assert (metric.sent, metric.skipped) == (4, 1)
@@ -300,6 +300,6 @@ def test_the_messages_gauge_sums_the_campaign_counters_by_channel(wa, run_jobs, 
 
 def test_a_rescheduled_campaign_start_carries_its_organization(wa):
     campaign = wa["campaign"]()
-    campaign_services.campaign_schedule(campaign=campaign, at=timezone.now() + timedelta(hours=1))
-    job = jobs.fetch_job(campaign_services.trigger_job_id(campaign.pk))
+    lifecycle.campaign_schedule(campaign=campaign, at=timezone.now() + timedelta(hours=1))
+    job = jobs.fetch_job(lifecycle.trigger_job_id(campaign.pk))
     assert job is not None and job.meta["organization_id"] == wa["org"].pk

@@ -12,12 +12,8 @@ from django.utils import timezone
 
 from crm.models import Customer, Organization, Store
 from erp.models import ErpConnection
-from integrations.millennium.sandbox import (
-    DEFAULT_PASSWORD,
-    DEFAULT_STORES,
-    DEFAULT_USERNAME,
-    MillenniumSandbox,
-)
+from project.sandboxes.millennium import MillenniumSandbox
+from project.sandboxes.millennium_data import DEFAULT_PASSWORD, DEFAULT_STORES, DEFAULT_USERNAME
 
 
 @pytest.fixture

@@ -16,7 +16,8 @@ from integrations.millennium.client import (
     normalize_cpf_cnpj,
     parse_date,
 )
-from integrations.millennium.sandbox import DEFAULT_PASSWORD, DEFAULT_USERNAME, OFFSET, MillenniumSandbox
+from project.sandboxes.millennium import MillenniumSandbox
+from project.sandboxes.millennium_data import DEFAULT_PASSWORD, DEFAULT_USERNAME, OFFSET
 
 
 def client_for(server: MillenniumSandbox, **kwargs) -> MillenniumClient:

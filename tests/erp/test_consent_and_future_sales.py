@@ -17,7 +17,8 @@ from crm.services import customers_consent_set
 from erp import services
 from erp.models import ErpSyncIssue
 from integrations.millennium.client import OPT_IN_FIELD, parse_opt_in
-from integrations.millennium.sandbox import OFFSET, MillenniumSandbox
+from project.sandboxes.millennium import MillenniumSandbox
+from project.sandboxes.millennium_data import OFFSET
 
 
 def _customer(org, i: int) -> Customer:

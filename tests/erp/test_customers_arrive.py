@@ -14,7 +14,7 @@ from crm.models import Customer, Sale
 from erp import services
 from flows import services as flow_services
 from flows.models import Enrollment
-from integrations.millennium.sandbox import OFFSET
+from project.sandboxes.millennium_data import OFFSET
 from tests.erp.conftest import recent_day
 
 

@@ -16,7 +16,7 @@ from crm import crypto
 from crm.models import Customer, Organization, Sale
 from erp import services
 from erp.models import ErpConnection, ErpSyncIssue
-from integrations.millennium.sandbox import DEFAULT_PASSWORD, DEFAULT_STORES
+from project.sandboxes.millennium_data import DEFAULT_PASSWORD, DEFAULT_STORES
 from tests.conftest import ROOT, child_env
 from tests.erp.conftest import make_world, recent_day
 

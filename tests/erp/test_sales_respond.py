@@ -9,13 +9,14 @@ from datetime import UTC, datetime, timedelta
 
 from django.utils import timezone
 
-from campaigns import lift, services
+from campaigns import lifecycle, lift
 from campaigns.models import Campaign, WhatsappMessage
 from crm.models import Customer
 from erp import services as erp_services
 from integrations.millennium.client import mobile_e164, parse_date
-from integrations.millennium.sandbox import DEFAULT_STORES, MillenniumSandbox
 from integrations.models import WhatsappPrice
+from project.sandboxes.millennium import MillenniumSandbox
+from project.sandboxes.millennium_data import DEFAULT_STORES
 from tests.campaigns.conftest import sandbox, whatsapp_number  # noqa: F401 - fixture
 from tests.erp.conftest import make_world
 
@@ -71,7 +72,7 @@ def test_a_campaigns_treated_customers_buy_more_in_the_erps_own_sales(transactio
             template_name="promo_bf",
             control_percent=30,
         )
-        services.campaign_start(campaign=campaign)
+        lifecycle.campaign_start(campaign=campaign)
         run_jobs()
         rows = WhatsappMessage.objects.filter(campaign=campaign)
         held = set(rows.filter(status="held_out").values_list("customer__erp_id", flat=True))

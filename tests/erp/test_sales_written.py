@@ -14,7 +14,7 @@ from django.utils import timezone
 from crm import hooks
 from crm.models import Organization, Sale, Store
 from erp import services
-from integrations.millennium.sandbox import OFFSET
+from project.sandboxes.millennium_data import OFFSET
 from tests.erp.conftest import recent_day
 
 

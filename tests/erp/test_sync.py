@@ -13,7 +13,7 @@ from crm.models import Customer, Sale
 from erp import services, upserts
 from erp.models import ErpConnection, ErpSyncIssue
 from integrations.millennium.client import ErpCustomer
-from integrations.millennium.sandbox import OFFSET
+from project.sandboxes.millennium_data import OFFSET
 from surveys.models import Survey
 from tests.erp.conftest import customers_snapshot, make_world, recent_day
 

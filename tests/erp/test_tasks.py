@@ -9,7 +9,7 @@ from crm import cron, jobs, queues
 from crm.models import JobRun, Sale
 from erp import services
 from erp.models import ErpConnection
-from integrations.millennium.sandbox import OFFSET
+from project.sandboxes.millennium_data import OFFSET
 from tests.erp.conftest import recent_day
 
 

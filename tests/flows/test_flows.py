@@ -319,7 +319,7 @@ def test_redis_flush_then_recover_sends_each_due_step_once(wa, sandbox, make_flo
 
 def test_the_demo_loads_three_flows_and_again_changes_nothing(db):
     from crm.models import Organization
-    from flows.demo import flows_demo
+    from project.demo.flows import flows_demo
 
     org = Organization.objects.create(name="Demo", slug="demo")
     first = flows_demo(organization=org)
@@ -346,7 +346,7 @@ def test_a_sale_after_a_flow_message_is_attributed_to_the_flow_and_its_step(
 def test_revenue_is_last_touch_across_flows_and_campaigns_per_flow_and_step_on_every_surface(
     wa, sandbox, make_flow, sell, run_jobs, admin_client, english
 ):
-    from campaigns import services as campaign_services
+    from campaigns import lifecycle
 
     org = wa["org"]
     org.block_multiple_campaigns, org.message_limit_count = False, 10  # the caps let the campaign reach bia
@@ -358,7 +358,7 @@ def test_revenue_is_last_touch_across_flows_and_campaigns_per_flow_and_step_on_e
     run_jobs()
     assert selectors.flow_status(flow=flow)["revenue"] == "0.00"
     sell(ana, "80.00")  # after the flow's message: the flow's, and its step's
-    campaign = campaign_services.campaign_start(campaign=wa["campaign"]())
+    campaign = lifecycle.campaign_start(campaign=wa["campaign"]())
     run_jobs()
     assert WhatsappMessage.objects.get(campaign=campaign, customer=bia).status == "sent"
     sell(bia, "40.00")  # after a campaign's message, later than the flow's: the campaign's (last touch)

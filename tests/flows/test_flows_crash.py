@@ -18,7 +18,7 @@ from django.db import connection
 from django.db.models import Count
 from django.utils import timezone
 
-from campaigns import services as campaign_services
+from campaigns import lifecycle, recovery
 from campaigns.models import WhatsappMessage
 from crm import jobs
 from crm.embedded import Postgres
@@ -89,14 +89,14 @@ def test_workers_killed_mid_flow_and_a_redis_flush_message_nobody_twice_and_skip
         wait_for(_all_sent, timeout=300, interval=2, what="every queued message to be sent")
     except BaseException:
         queued = list(WhatsappMessage.objects.filter(status="queued").values_list("campaign_id", "batch")[:5])
-        ids = [campaign_services.batch_job_id(c, b) for c, b in queued]
+        ids = [lifecycle.batch_job_id(c, b) for c, b in queued]
         conn = jobs.get_connection()
         print("QUEUED", queued, [conn.hgetall(f"rq:job:{i}") for i in ids][:2])
         print(survivor.output()[-3000:])
         raise
     survivor.kill(signal.SIGTERM)
     survivor.wait(timeout=60)
-    campaign_services.reconcile_in_flight(older_than_seconds=0)
+    recovery.reconcile_in_flight(older_than_seconds=0)
 
     assert sandbox.stats()["by_recipient_max"] <= 2  # two steps: at most one message per step each
     each_step_once(sandbox, n)
@@ -192,6 +192,6 @@ def test_postgresql_restarted_mid_flow_messages_nobody_twice_and_skips_nobody(wa
         raise
     workers.kill(signal.SIGTERM)
     workers.wait(timeout=60)
-    campaign_services.reconcile_in_flight(older_than_seconds=0)
+    recovery.reconcile_in_flight(older_than_seconds=0)
 
     each_step_once(sandbox, n)

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from flows.models import Enrollment, EnrollmentStep
-from integrations.chatwoot.sandbox import ChatwootSandbox
 from integrations.models import ChatwootAccount
 from messaging import chatwoot_inbound
 from messaging.models import ConversationMessage
+from project.sandboxes.chatwoot import ChatwootSandbox
 
 ACCOUNT_ID = 7
 INBOX_ID = 3

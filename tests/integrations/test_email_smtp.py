@@ -11,8 +11,8 @@ from django.db import connection
 
 from crm.models import Organization
 from integrations.email.smtp import SmtpConnection, SmtpServer
-from integrations.email.smtp_sandbox import SmtpSandbox
 from integrations.models import EmailSettings
+from project.sandboxes.smtp import SmtpSandbox
 
 
 @pytest.fixture

@@ -35,11 +35,11 @@ from integrations.email.smtp import (
     SmtpUnreachable,
     send_test_email,
 )
-from integrations.email.smtp_sandbox import SmtpSandbox
 from integrations.models import EmailSettings
-from integrations.sandbox_server import ThreadedAppServer
 from integrations.whatsapp.client import GraphClient, TemplateMessage
 from integrations.whatsapp.errors import Action
+from project.sandboxes.server import ThreadedAppServer
+from project.sandboxes.smtp import SmtpSandbox
 
 
 class _Internal(ThreadedAppServer):

@@ -20,9 +20,9 @@ from integrations.errors import IntegrationError
 from integrations.millennium.client import MillenniumClient
 from integrations.runner import client as runner_client
 from integrations.runner.contract import ItemIn
-from integrations.sandbox_server import ThreadedAppServer
 from integrations.whatsapp.client import GraphClient, SendResult, TemplateMessage
 from integrations.whatsapp.errors import Action
+from project.sandboxes.server import ThreadedAppServer
 
 SHORT = httpx.Timeout(connect=2.0, read=0.3, write=2.0, pool=2.0)
 
@@ -150,7 +150,7 @@ def test_a_request_that_went_out_unanswered_is_maybe_delivered_unless_idempotent
     erp = _millennium(server.url)
     assert erp.retryable and not erp.maybe_delivered
     sent = _whatsapp(server.url, read_timeout=0.3)
-    assert sent.action is Action.RETRY and sent.maybe_accepted  # campaigns.sending: UNKNOWN, never resent
+    assert sent.action is Action.RETRY and sent.maybe_accepted  # campaigns.whatsapp: UNKNOWN, never resent
 
 
 def test_a_connection_never_made_is_retryable_and_not_delivered():

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from integrations.email.smtp_sandbox import SmtpSandbox
+from project.sandboxes.smtp import SmtpSandbox
 
 ROOT = Path(__file__).resolve().parents[2]
 SENDER = "loja@example.com"

@@ -24,7 +24,7 @@ import aiohttp
 import httpx
 import pytest
 
-from integrations.whatsapp.sandbox import SandboxServer
+from project.sandboxes.whatsapp import SandboxServer
 from tests.conftest import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]

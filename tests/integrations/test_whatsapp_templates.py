@@ -15,9 +15,9 @@ from crm.models import Organization
 from integrations import services
 from integrations.errors import IntegrationError
 from integrations.models import WhatsappNumber, WhatsappTemplate
-from integrations.whatsapp import sandbox_templates
-from integrations.whatsapp.sandbox import SandboxServer
 from integrations.whatsapp.templates import fetch_templates, parse_page, parse_template
+from project.sandboxes.whatsapp import SandboxServer
+from project.sandboxes.whatsapp import templates as sandbox_templates
 
 TOKEN = "EAAG-templates-token-0123456789"
 WABA = "102290129340398"

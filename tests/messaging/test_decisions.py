@@ -10,10 +10,10 @@ from datetime import UTC, datetime
 from hypothesis import given
 from hypothesis import strategies as st
 
-from campaigns.email_sending import ATTEMPTS as EMAIL_ATTEMPTS
-from campaigns.email_sending import chunk_classify
+from campaigns.email.sending import ATTEMPTS as EMAIL_ATTEMPTS
+from campaigns.email.sending import chunk_classify
 from campaigns.models import EmailMessage
-from campaigns.sending import ATTEMPTS, Outcome, batch_classify
+from campaigns.whatsapp.plan import ATTEMPTS, Outcome, batch_classify
 from integrations.email.bounces import Failure, SmtpFailure
 from integrations.errors import IntegrationError
 from integrations.whatsapp.client import SendResult

@@ -18,10 +18,11 @@ from django.utils import timezone
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from campaigns import email_sending, sending
-from campaigns.email_sending import chunk_classify
+from campaigns.email import sending as email_sending
+from campaigns.email.sending import chunk_classify
 from campaigns.models import EmailMessage
-from campaigns.sending import Outcome, batch_classify
+from campaigns.whatsapp import plan as whatsapp_plan
+from campaigns.whatsapp.plan import Outcome, batch_classify
 from crm.jobs import Defer
 from crm.models import Customer, Organization, Sale, Store
 from integrations.models import WhatsappNumber
@@ -30,7 +31,7 @@ from messaging import decisions
 from messaging.decisions import Verdict
 from messaging.email_transport import Delivery
 from messaging.models import EmailSuppression
-from surveys import services as surveys
+from surveys import sending, services
 from surveys.models import Survey
 from tests.messaging.test_decisions import email_answers, meta_answers
 
@@ -113,7 +114,7 @@ def _storable(*texts: str | None) -> None:
 
 def _record(call) -> None:
     """A sender that waits says so by raising; what it wrote is what is compared."""
-    with contextlib.suppress(Defer, surveys.SurveyRetry):
+    with contextlib.suppress(Defer, services.SurveyRetry):
         call()
 
 
@@ -156,14 +157,14 @@ def test_both_whatsapp_senders_apply_the_decision_to_every_meta_answer(
 ) -> None:
     if result.error is not None:
         _storable(result.error.message, result.error.details)
-    attempts = _attempts(last, surveys.ATTEMPTS)
-    decision = decisions.whatsapp(result, attempts=attempts, max_attempts=surveys.ATTEMPTS)
-    campaign_attempts = _attempts(last, sending.ATTEMPTS)
-    same = decisions.whatsapp(result, attempts=campaign_attempts, max_attempts=sending.ATTEMPTS)
+    attempts = _attempts(last, services.ATTEMPTS)
+    decision = decisions.whatsapp(result, attempts=attempts, max_attempts=services.ATTEMPTS)
+    campaign_attempts = _attempts(last, whatsapp_plan.ATTEMPTS)
+    same = decisions.whatsapp(result, attempts=campaign_attempts, max_attempts=whatsapp_plan.ATTEMPTS)
     assert same == decision  # the decision depends on the answer and on whether attempts are left
     survey = world.sending(attempts)
 
-    _record(lambda: surveys._whatsapp_outcome(survey, world.number, result))
+    _record(lambda: sending._whatsapp_outcome(survey, world.number, result))
 
     assert world.applied(attempts) is decision.verdict
     assert _campaign_whatsapp(result, campaign_attempts) is decision.verdict
@@ -181,14 +182,14 @@ def test_both_email_senders_apply_the_decision_to_every_server_answer(
     world: World, outcome: Delivery, last: bool
 ) -> None:
     _storable(outcome.unknown, outcome.transient, outcome.failure.message if outcome.failure else "")
-    attempts = _attempts(last, surveys.ATTEMPTS)
-    decision = decisions.email(outcome, attempts=attempts, max_attempts=surveys.ATTEMPTS)
+    attempts = _attempts(last, services.ATTEMPTS)
+    decision = decisions.email(outcome, attempts=attempts, max_attempts=services.ATTEMPTS)
     campaign_attempts = _attempts(last, email_sending.ATTEMPTS)
     same = decisions.email(outcome, attempts=campaign_attempts, max_attempts=email_sending.ATTEMPTS)
     assert same == decision
     survey = world.sending(attempts)
 
-    _record(lambda: surveys._email_outcome(survey, outcome))
+    _record(lambda: sending._email_outcome(survey, outcome))
 
     assert world.applied(attempts) is decision.verdict
     assert _campaign_email(outcome, campaign_attempts) is decision.verdict

@@ -6,7 +6,7 @@ import pytest
 
 from crm import jobs
 from crm.models import Organization
-from integrations.runner.sandbox import HandlerSandbox
+from project.sandboxes.runner import HandlerSandbox
 from runner.models import Handler, IntegrationType
 
 

@@ -12,9 +12,9 @@ import pytest
 from django.utils import timezone
 
 from crm.models import Customer, Organization, Sale, Store
-from integrations.email.smtp_sandbox import SmtpSandbox
 from integrations.models import EmailSettings, WhatsappNumber
-from integrations.whatsapp.sandbox import SandboxServer
+from project.sandboxes.smtp import SmtpSandbox
+from project.sandboxes.whatsapp import SandboxServer
 from surveys.models import Survey
 
 PHONE_NUMBER_ID = "109876500001"  # the Shopping store's own number

@@ -10,11 +10,11 @@ from django.utils import timezone
 
 from crm import cron, jobs, queues, ratelimit
 from crm.models import Organization
-from integrations.email.smtp_sandbox import SmtpSandbox, Stage
 from integrations.models import EmailSettings
 from messaging import pacing
 from messaging.models import EmailSuppression
-from surveys import links, services
+from project.sandboxes.smtp import SmtpSandbox, Stage
+from surveys import links, sending, services
 from surveys.models import OUTCOME_UNKNOWN, Survey
 from tests.surveys.conftest import SENDER, Shop, reload
 
@@ -66,7 +66,7 @@ def test_running_dispatch_and_send_twice_sends_once(email_shop: Shop, smtp: Smtp
     _send_due(run_jobs)
 
     assert len(smtp.messages()) == 1
-    assert services.survey_send(survey_id=survey.pk) == "nothing to do"
+    assert sending.survey_send(survey_id=survey.pk) == "nothing to do"
     assert len(smtp.messages()) == 1
     assert reload(survey).attempts == 1
 
@@ -157,7 +157,7 @@ def test_a_hard_bounce_fails_the_survey_suppresses_the_address_and_never_resends
     assert EmailSuppression.objects.filter(organization=email_shop.org, email="ana@example.com.br").exists()
     assert smtp.messages() == []
     assert services.surveys_dispatch() == 0
-    assert services.survey_send(survey_id=survey.pk) == "nothing to do"
+    assert sending.survey_send(survey_id=survey.pk) == "nothing to do"
 
 
 def test_a_policy_block_fails_the_survey_and_keeps_the_address(email_shop: Shop, smtp: SmtpSandbox, run_jobs):
@@ -188,7 +188,7 @@ def test_a_soft_bounce_goes_back_to_scheduled_and_rq_retries_it(
     assert job is not None and job.get_status() == "scheduled"  # RQ's retry, 60 s later
     assert services.surveys_dispatch() == 0  # the retry is pending: not enqueued twice
     # the retry, run now rather than in 60 s
-    assert services.survey_send(survey_id=survey.pk) == "sent"
+    assert sending.survey_send(survey_id=survey.pk) == "sent"
     assert (reload(survey).status, reload(survey).attempts) == (S.SENT, 2)
     assert len(smtp.messages()) == 1
 
@@ -198,7 +198,7 @@ def test_a_soft_bounce_on_the_last_attempt_fails_the_survey(email_shop: Shop, sm
     survey = email_shop.due_survey(email_shop.ana)
     Survey.objects.filter(pk=survey.pk).update(attempts=2)
 
-    assert services.survey_send(survey_id=survey.pk) == "failed"
+    assert sending.survey_send(survey_id=survey.pk) == "failed"
 
     survey = reload(survey)
     assert (survey.status, survey.attempts) == (S.FAILED, 3)
@@ -230,7 +230,7 @@ def test_a_sender_failure_pauses_the_organization_and_keeps_the_survey(
     # The operator fixes the settings and clears the pause: the survey goes out.
     smtp.reset()
     Organization.objects.filter(pk=org.pk).update(email_paused_at=None, email_paused_reason="")
-    assert services.survey_send(survey_id=survey.pk) == "sent"
+    assert sending.survey_send(survey_id=survey.pk) == "sent"
     assert len(smtp.messages()) == 1
 
 
@@ -330,7 +330,7 @@ def test_a_rate_slot_far_ahead_defers_the_survey_without_spending_an_attempt(
 
 
 def test_an_organization_on_an_esp_surveys_through_its_api(shop: Shop, run_jobs, settings):
-    from integrations.email.esp_sandbox import PostmarkSandbox
+    from project.sandboxes.esp import PostmarkSandbox
 
     settings.EMAIL_RETRY_BACKOFF = 0.5
     token = "pm-survey-token-0123456789"

@@ -9,8 +9,8 @@ from django.utils import timezone
 from crm import jobs, queues
 from crm.models import Organization
 from integrations.models import WhatsappNumber
-from integrations.whatsapp.sandbox import SandboxServer
-from surveys import links, services
+from project.sandboxes.whatsapp import SandboxServer
+from surveys import links, sending, services
 from surveys.models import Survey
 from tests.conftest import wait_for
 from tests.surveys.conftest import ORG_NUMBER_ID, PHONE_NUMBER_ID, Shop, reload
@@ -52,7 +52,7 @@ def test_a_due_survey_goes_out_as_the_template_with_the_survey_link_from_the_sto
     assert survey.status == S.SENT and survey.provider_reference == sent["wamid"]
     # again: nothing more is sent
     assert _send_due(run_jobs) == 0
-    assert services.survey_send(survey_id=survey.pk) == "nothing to do"
+    assert sending.survey_send(survey_id=survey.pk) == "nothing to do"
     assert len(meta.messages()) == 1
 
 
@@ -186,7 +186,7 @@ def test_a_graph_outage_spends_an_attempt_and_rq_retries_the_survey(
     job = jobs.fetch_job(f"survey-{survey.pk}")
     assert job is not None and job.get_status() == "scheduled"  # RQ's retry, 60 s later
     # the retry, run now
-    assert services.survey_send(survey_id=survey.pk) == "sent"
+    assert sending.survey_send(survey_id=survey.pk) == "sent"
     assert (reload(survey).status, reload(survey).attempts) == (S.SENT, 2)
     assert len(meta.messages()) == 1
 
@@ -214,7 +214,7 @@ def test_a_survey_whose_send_timed_out_is_never_sent_twice(
     assert survey.reason.startswith("outcome unknown")
     # Nothing sends it again: not the job's retries, not the next dispatch, not a direct send.
     assert _send_due(run_jobs) == 0
-    assert services.survey_send(survey_id=survey.pk) == "nothing to do"
+    assert sending.survey_send(survey_id=survey.pk) == "nothing to do"
     assert len(meta.messages()) == 1
 
 
@@ -233,5 +233,5 @@ def test_a_survey_whose_connection_dropped_after_the_request_is_never_sent_twice
     assert survey.status == S.FAILED and survey.attempts == 1
     assert survey.reason.startswith("outcome unknown")
     assert _send_due(run_jobs) == 0
-    assert services.survey_send(survey_id=survey.pk) == "nothing to do"
+    assert sending.survey_send(survey_id=survey.pk) == "nothing to do"
     assert len(meta.messages()) == 1

@@ -5,7 +5,7 @@ from typing import Any
 from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 
-from campaigns import services
+from campaigns import lifecycle
 from campaigns.management.commands._campaign import campaign_or_error
 from crm import cli
 
@@ -20,8 +20,8 @@ class Command(cli.CrmCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         campaign = campaign_or_error(options["campaign_id"])
         try:
-            services.campaign_start(campaign=campaign)
-        except services.CampaignError as exc:
+            lifecycle.campaign_start(campaign=campaign)
+        except lifecycle.CampaignError as exc:
             raise CommandError(str(exc)) from None
         self.stdout.write(
             _("campaign %(id)s is %(status)s") % {"id": campaign.pk, "status": campaign.get_status_display()}

@@ -6,9 +6,9 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 
 from crm import cli
-from integrations.chatwoot.sandbox import ChatwootSandbox
-from integrations.demo import DEMO_CHATWOOT_TOKEN
-from integrations.sandbox_server import wait_for_stop_signal
+from project.demo.integrations import DEMO_CHATWOOT_TOKEN
+from project.sandboxes.chatwoot import ChatwootSandbox
+from project.sandboxes.server import wait_for_stop_signal
 
 
 class Command(cli.CrmCommand):

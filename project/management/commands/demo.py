@@ -11,16 +11,16 @@ from django.utils.translation import gettext as _
 from tqdm import tqdm
 
 from crm import cli, services
-from crm.demo import demo_load
 from crm.models import Membership, Organization
-from erp.demo import erp_connection_demo
 from erp.upserts import customers_upsert
-from flows.demo import flows_demo
 from integrations import outbound
-from integrations.demo import chatwoot_account_demo, email_settings_demo, whatsapp_number_demo
 from integrations.errors import IntegrationError
 from integrations.models import WhatsappNumber
 from integrations.services import whatsapp_templates_sync, whatsapp_templates_sync_enqueue
+from project.demo.crm import demo_load
+from project.demo.erp import erp_connection_demo
+from project.demo.flows import flows_demo
+from project.demo.integrations import chatwoot_account_demo, email_settings_demo, whatsapp_number_demo
 from runner import demo
 
 

@@ -7,9 +7,9 @@ from django.utils.translation import gettext as _
 
 from campaigns.models import BodyFormat, Campaign, Channel, Sender
 from crm import cli
-from crm.demo import DEMO_SLUG
 from crm.models import Organization
-from integrations.demo import DEMO_PHONE_NUMBER_ID
+from project.demo.crm import DEMO_SLUG
+from project.demo.integrations import DEMO_PHONE_NUMBER_ID
 
 DEMO_EMAIL_SUBJECT = "{{ first_name }}, ofertas da semana na {{ store_name }}"
 DEMO_EMAIL_BODY = """<mjml>

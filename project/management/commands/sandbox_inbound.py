@@ -7,7 +7,7 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 
 from crm import cli
-from integrations.demo import DEMO_PHONE_NUMBER_IDS
+from project.demo.integrations import DEMO_PHONE_NUMBER_IDS
 
 
 class Command(cli.CrmCommand):

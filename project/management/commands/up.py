@@ -14,7 +14,7 @@ from django.utils.translation import gettext as _
 
 from crm import embedded, services
 from crm.supervisor import Supervisor
-from integrations.demo import DEMO_ACCESS_TOKEN, DEMO_CHATWOOT_TOKEN, DEMO_PHONE_NUMBER_IDS
+from project.demo.integrations import DEMO_ACCESS_TOKEN, DEMO_CHATWOOT_TOKEN, DEMO_PHONE_NUMBER_IDS
 
 # The chance that a demo customer sent a WhatsApp message buys once more within six days: with the
 # ERP sandbox's default traffic (about 36% of its customers buy in a 7-day window) a lift of about

@@ -40,7 +40,7 @@ from typing import Any
 
 from aiohttp import web
 
-from integrations.sandbox_server import ThreadedAppServer
+from project.sandboxes.server import ThreadedAppServer
 
 logger = logging.getLogger(__name__)
 

@@ -6,19 +6,15 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 
 from crm import cli
-from integrations.millennium.sandbox import (
-    DEFAULT_PASSWORD,
-    DEFAULT_STORES,
-    DEFAULT_USERNAME,
-    MillenniumSandbox,
-)
-from integrations.sandbox_server import wait_for_stop_signal
+from project.sandboxes.millennium import MillenniumSandbox
+from project.sandboxes.millennium_data import DEFAULT_PASSWORD, DEFAULT_STORES, DEFAULT_USERNAME
+from project.sandboxes.server import wait_for_stop_signal
 
 
 class Command(cli.CrmCommand):
     help = (
         "Run the Linx Millennium ERP sandbox (deterministic customers and sales) in the foreground "
-        "until Ctrl-C or SIGTERM. Controls live under /_sandbox/ (see integrations/millennium/sandbox.py)."
+        "until Ctrl-C or SIGTERM. Controls live under /_sandbox/ (see project/sandboxes/millennium.py)."
     )
     # It touches neither the database nor the models: skip the checks so it starts at once.
     requires_system_checks: list[str] = []

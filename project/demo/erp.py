@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from crm.models import Organization
 from erp.models import ErpConnection
-from integrations.millennium.sandbox import DEFAULT_PASSWORD, DEFAULT_USERNAME
+from project.sandboxes.millennium_data import DEFAULT_PASSWORD, DEFAULT_USERNAME
 
 
 def erp_connection_demo(*, organization: Organization, base_url: str) -> ErpConnection:

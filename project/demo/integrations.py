@@ -5,10 +5,10 @@ contract)."""
 
 from __future__ import annotations
 
-from crm.demo import DEMO_STORES
 from crm.models import Organization, Store
 from crm.services import organizations_resume
 from integrations.models import ChatwootAccount, EmailSettings, WhatsappNumber, WhatsappPrice
+from project.demo.crm import DEMO_STORES
 
 DEMO_PHONE_NUMBER_ID = "100000000000001"
 DEMO_ACCESS_TOKEN = "demo-access-token"  # noqa: S105 - the sandbox's token, not a real credential

@@ -32,7 +32,7 @@ from typing import Any, TypeVar
 
 from aiohttp import web
 
-from integrations.sandbox_server import ThreadedAppServer
+from project.sandboxes.server import ThreadedAppServer
 
 logger = logging.getLogger(__name__)
 

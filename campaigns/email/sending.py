@@ -22,12 +22,10 @@ pure) and `chunk_apply` (one transaction, metrics with F()). What it guarantees:
 - Or through the organization's ESP (EmailSettings.provider, integrations.email.esp with
   django-anymail): the same claims, limiter and outcomes, the ESP's message id stored for its
   tracking webhooks (campaigns.esp_tracking); an ESP that cannot take messages now (429, 5xx,
-  unreachable) releases them and defers the batch, unpaused.
-"""
+  unreachable) releases them and defers the batch, unpaused."""
 
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 import time
@@ -43,7 +41,8 @@ from django.db import transaction
 from django.db.models import F, Min, Q
 from django.utils import timezone
 
-from campaigns import caps, lift, links, services
+from campaigns import caps, lifecycle, lift, links
+from campaigns.email.content import compiled_email, variables_for
 from campaigns.models import (
     OUTCOME_UNKNOWN,
     BounceType,
@@ -52,10 +51,9 @@ from campaigns.models import (
     Channel,
     EmailMessage,
 )
-from campaigns.variables import customer_variables
 from crm import bulk, jobs, ratelimit
 from crm.jobs import Defer
-from crm.models import Customer, Organization
+from crm.models import Organization
 from crm.services import organizations_pause
 from integrations.email import esp
 from integrations.email.bounces import Failure
@@ -69,25 +67,10 @@ logger = logging.getLogger(__name__)
 
 Status = EmailMessage.Status
 ATTEMPTS = 3  # the seed: 3 attempts, exponential backoff from 60 s (EMAIL_RETRY_BACKOFF)
-PAUSED_DELAY = services.PAUSED_DELAY
+PAUSED_DELAY = lifecycle.PAUSED_DELAY
 # A job sends for at most this long, then yields its worker and continues as a new run (a slow
 # organization's rate must not hold a worker past the queue's timeout).
 JOB_BUDGET = 60.0
-
-
-@functools.lru_cache(maxsize=64)
-def _compile(subject: str, body: str, body_format: str) -> email_render.CompiledEmail:
-    return email_render.compile_email(subject=subject, body=body, body_format=body_format)
-
-
-def compiled_email(campaign: Campaign) -> email_render.CompiledEmail:
-    """The campaign's subject and body compiled once per process (and again only when edited)."""
-    return _compile(campaign.email_subject, campaign.email_body, campaign.email_body_format)
-
-
-def variables_for(customer: Customer, *, store_name: str, unsubscribe_url: str = "") -> dict[str, str]:
-    """An email's variables: the template variables (campaigns.variables) and its unsubscribe link."""
-    return {**customer_variables(customer, store_name=store_name), "unsubscribe_url": unsubscribe_url}
 
 
 @dataclass
@@ -155,7 +138,7 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
     """
     campaign = Campaign.objects.select_related("organization", "audience_store").get(pk=campaign_id)
     org: Organization = campaign.organization
-    if not services.batch_may_send(campaign=campaign, batch=batch):
+    if not lifecycle.batch_may_send(campaign=campaign, batch=batch):
         return {}
     email_settings = EmailSettings.objects.filter(organization_id=org.pk).first()  # read fresh
     if email_settings is None:
@@ -172,7 +155,7 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
         if counts:  # a pause, a cancel or a paused organization takes effect between claims
             campaign.refresh_from_db(fields=["status"])
             org.refresh_from_db(fields=["email_paused_at", "email_paused_reason"])
-            if not services.batch_may_send(campaign=campaign, batch=batch):
+            if not lifecycle.batch_may_send(campaign=campaign, batch=batch):
                 return dict(counts)
         size = _claim_size(per_second)
         ids = _claim(campaign_id, batch, size)
@@ -195,7 +178,7 @@ def email_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
     ).aggregate(at=Min("retry_at"))["at"]
     if next_retry is not None:
         raise Defer(max((next_retry - timezone.now()).total_seconds(), 0.0), "soft bounces wait for a retry")
-    services.campaign_complete_if_done(campaign_id=campaign_id, channel=Channel.EMAIL)
+    lifecycle.campaign_complete_if_done(campaign_id=campaign_id, channel=Channel.EMAIL)
     return dict(counts)
 
 
@@ -233,7 +216,7 @@ def chunk_eligible(*, campaign: Campaign, ids: list[int]) -> tuple[list[EmailMes
     opted out or without consent, suppressed, over a contact cap (checked again now, at send time)
     or with an invalid address. A message whose customer is gone is skipped on the spot."""
     messages = list(EmailMessage.objects.filter(id__in=ids).select_related("customer").order_by("id"))
-    services.skip_without_customer(model=EmailMessage, campaign_id=campaign.pk, ids=ids, found=messages)
+    lifecycle.skip_without_customer(model=EmailMessage, campaign_id=campaign.pk, ids=ids, found=messages)
     suppressed = suppression.suppressed_addresses(
         organization_id=campaign.organization_id, addresses=[m.customer.email for m in messages]
     )

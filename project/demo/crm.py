@@ -10,12 +10,15 @@ from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
-import phonenumbers
 from django.db import transaction
 from django.utils import timezone
 
 from crm.models import Customer, Organization, Sale, Store
 from integrations.millennium.client import ErpCustomer
+
+# The one generator of demo phone numbers lives in runner.demo: the runner loads that module by its
+# stored path, and it may import no other demo module (the `demo` import contract).
+from runner.demo import demo_phone
 
 DEMO_SLUG = "demo"
 DEMO_STORES = [("001", "Centro"), ("002", "Shopping Ibirapuera"), ("003", "Loja online")]
@@ -42,19 +45,10 @@ _FIRST = [
     "Yuri",
 ]
 _LAST = ["Silva", "Santos", "Oliveira", "Souza", "Rodrigues", "Ferreira", "Alves", "Pereira", "Lima", "Gomes"]
-_DDD = ["11", "21", "31", "41", "47", "51", "61", "71", "81", "85", "91", "62"]
 
 
 def _ascii(name: str) -> str:
     return unicodedata.normalize("NFKD", name).encode("ascii", "ignore").decode().lower()
-
-
-def demo_phone(i: int) -> str:
-    """A valid Brazilian mobile number in E.164, deterministic in i (+55 DD 9 9XXX XXXX)."""
-    number = f"+55{_DDD[i % len(_DDD)]}99{(i * 7919) % 10_000_000:07d}"
-    parsed = phonenumbers.parse(number)
-    assert phonenumbers.is_valid_number(parsed), number
-    return phonenumbers.format_number(parsed, phonenumbers.PhoneNumberFormat.E164)
 
 
 def demo_load(

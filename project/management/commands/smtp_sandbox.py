@@ -7,8 +7,8 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 
 from crm import cli
-from integrations.email.smtp_sandbox import SmtpSandbox
-from integrations.sandbox_server import wait_for_stop_signal
+from project.sandboxes.server import wait_for_stop_signal
+from project.sandboxes.smtp import SmtpSandbox
 
 
 def user_and_password(value: str) -> tuple[str, str]:
@@ -22,7 +22,7 @@ def user_and_password(value: str) -> tuple[str, str]:
 class Command(cli.CrmCommand):
     help = (
         "Run the SMTP sandbox (a loopback stand-in for mail servers) in the foreground until Ctrl-C "
-        "or SIGTERM. See integrations/email/smtp_sandbox.py."
+        "or SIGTERM. See project/sandboxes/smtp.py."
     )
     # It touches neither the database nor the models: skip the checks so it starts at once.
     requires_system_checks: list[str] = []

@@ -6,8 +6,8 @@ from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 
 from crm import cli
-from integrations.sandbox_server import wait_for_stop_signal
-from integrations.whatsapp.sandbox import SandboxServer
+from project.sandboxes.server import wait_for_stop_signal
+from project.sandboxes.whatsapp import SandboxServer
 
 
 def number_and_token(value: str) -> tuple[str, str]:
@@ -21,7 +21,7 @@ def number_and_token(value: str) -> tuple[str, str]:
 class Command(cli.CrmCommand):
     help = (
         "Run the WhatsApp Cloud API sandbox (a stand-in for Meta's Graph API) in the foreground "
-        "until Ctrl-C or SIGTERM. Controls live under /_sandbox/ (see integrations/whatsapp/sandbox.py)."
+        "until Ctrl-C or SIGTERM. Controls live under /_sandbox/ (see project/sandboxes/whatsapp/)."
     )
     # It touches neither the database nor the models: skip the checks so it starts at once.
     requires_system_checks: list[str] = []

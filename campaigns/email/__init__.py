@@ -1,0 +1,1 @@
+"""Campaign emails: the content (compiled once per process) and the send job."""

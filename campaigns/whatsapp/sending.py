@@ -1,0 +1,351 @@
+"""Sending one batch of WhatsApp messages: the seed's send job, for many messages at once.
+
+`whatsapp_send_batch` claims the batch's queued messages and runs them through named steps:
+
+- `batch_eligible`: who may receive it now (consent, a phone in E.164, the contact caps checked
+  again at send time, template values as Meta takes them: integrations.whatsapp.parameters folds
+  new-lines, tabs and runs of spaces (132018 prevented) and none may be empty (131008 prevented)),
+  the rest grouped by the number they go from, each with its template message and URL buttons.
+- `_book_lanes`: each number's credentials, fresh from the database and decrypted in memory only,
+  and its pacing slots; the messages beyond the pacing horizon go back to QUEUED and wait.
+- `batch_send`: the Graph API calls, every number's concurrently, no transaction open, started on
+  the process's event loop: while a paced chunk is in flight the job claims the next chunk and
+  books its slots (`_send_chunks`), so the number's schedule never idles.
+- `batch_classify`: Meta's answers into a `BatchPlan`, pure: which messages are sent (and their
+  cost), failed, of unknown outcome, retried or released, which customers opted out, whether the
+  organization or a number is paused and why, how long the batch waits.
+- `batch_apply`: the plan in one transaction of bulk statements, only over rows still SENDING
+  (`BatchPlan.reconciled`), metrics with F(); then the Chatwoot mirror (its own job) and the
+  campaign stopped when its template is broken.
+
+The last run of the batch marks the campaign complete. Exactly once: messages are claimed
+(QUEUED -> SENDING) in the database before Meta is called, so a retry, a second worker or a re-run
+after a crash only ever sees the ones still QUEUED."""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import time
+from dataclasses import dataclass, field
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q
+from django.utils import timezone
+
+from campaigns import lifecycle, lift
+from campaigns.models import Campaign, WhatsappMessage
+from campaigns.whatsapp.apply import _cost_currency, _release, batch_apply
+from campaigns.whatsapp.eligibility import _Lane, batch_eligible
+from campaigns.whatsapp.plan import (
+    PAUSED_DELAY,
+    Outcome,
+    batch_classify,
+)
+from crm import aio, jobs, ratelimit
+from crm.jobs import Defer
+from integrations.clients import graph_client
+from integrations.models import WhatsappNumber, WhatsappPrice
+from integrations.whatsapp.client import TemplateMessage
+from messaging import pacing
+
+logger = logging.getLogger(__name__)
+
+Status = WhatsappMessage.Status
+
+
+# --- The job -------------------------------------------------------------------------------------
+
+
+def whatsapp_send_batch(*, campaign_id: int, batch: int) -> dict[str, int]:
+    """Send every still-queued message of one batch. Returns counts by outcome.
+
+    Raises Defer (no attempt spent) while the campaign is paused, the organization's sending is
+    paused, messages wait for their paused number, for their number's pacing (beyond
+    WHATSAPP_PACE_WINDOW), or for a retry or a throttle to pass.
+    """
+    campaign = Campaign.objects.select_related(
+        "organization", "whatsapp_number", "whatsapp_number__store"
+    ).get(pk=campaign_id)
+    if not lifecycle.batch_may_send(campaign=campaign, batch=batch):
+        return {}
+    paused = paused_numbers(organization_id=campaign.organization_id)
+    of_paused = _of_paused(campaign, paused)
+    counts = _send_chunks(campaign, batch, paused=of_paused)
+    _defer_while_paused(campaign_id, batch, of_paused, paused)
+    lifecycle.campaign_complete_if_done(campaign_id=campaign_id)
+    return counts
+
+
+@dataclass
+class _Flight:
+    """A chunk's claimed messages on their way: their sends run on the process's event loop while
+    the job goes on (claims and books the next chunk); `_land` takes Meta's answers and writes them."""
+
+    claimed: int
+    messages: list[WhatsappMessage]
+    skipped: dict[int, str]
+    lanes: list[_Lane]
+    pace_wait: float | None  # how long until the messages held beyond the pacing horizon may go
+    sends: concurrent.futures.Future[list[Outcome]] | None
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def pipelines(self) -> bool:
+        """Whether the next chunk is claimed and booked while this one is in flight: every number
+        paced and every message within the pacing horizon (none waits)."""
+        paced = bool(self.lanes) and all(lane.number.messages_per_second for lane in self.lanes)
+        return bool(settings.WHATSAPP_SEND_PIPELINE) and paced and self.pace_wait is None
+
+
+def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[str, int]:
+    """The batch's queued messages, WHATSAPP_SEND_CHUNK at a time; returns counts by outcome.
+    Raises Defer when some wait for a retry, a throttle or their number's pacing (the rest waits
+    too), Yield after a full chunk when another tenant's work waits ahead (the next run takes the
+    rest).
+
+    Pipelined: while a paced chunk's sends are in flight, the next chunk is claimed and its slots
+    booked right after them, so the number's schedule never waits for a chunk's last answers
+    (Meta's latency) and its writes. At most two chunks in flight, both landed (their answers
+    written) before the job defers or yields."""
+    counts: dict[str, int] = {}
+    handled: list[int] = []
+    chunk = max(int(settings.WHATSAPP_SEND_CHUNK), 1)
+    flight = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
+    while flight is not None:
+        following = None
+        if flight.pipelines:
+            try:
+                following = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
+            except Exception:
+                _land(campaign, batch, flight, counts)  # Meta has them: their answers are written first
+                raise
+        delays = _land(campaign, batch, flight, counts)
+        try:
+            if delays:
+                # Before the batches queued meanwhile: its numbers' next slots are its own.
+                raise Defer(
+                    min(delays),
+                    "messages wait for a retry, a throttle or their number's pacing",
+                    at_front=True,
+                )
+            if flight.claimed == chunk:
+                # Another tenant's batch waiting on this queue runs now, not after this one: the job
+                # goes back to the head of its tenant's list and its next run takes the rest.
+                jobs.yield_turn(f"batch {campaign.pk}/{batch}: another tenant's work waits")
+        except Defer as stop:
+            if following is not None:  # in flight too: its answers are written before the job goes
+                waits = _land(campaign, batch, following, counts)
+                if waits and isinstance(stop, jobs.Yield):  # then its messages wait for their time
+                    raise Defer(min(waits), stop.reason, at_front=True) from None
+            raise
+        if following is None and not flight.pipelines:
+            following = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
+        flight = following
+    return counts
+
+
+def _next_chunk(
+    campaign: Campaign, batch: int, *, paused: Q | None, limit: int, handled: list[int]
+) -> _Flight | None:
+    """The batch's next chunk claimed (its ids added to `handled`), its eligible messages' slots
+    booked (those beyond the pacing horizon back to QUEUED) and their sends started; None when
+    nothing is left to claim."""
+    ids = _claim(campaign.pk, batch, paused=paused, limit=limit, exclude=handled)
+    if not ids:
+        return None
+    handled += ids
+    messages, skipped, lanes = batch_eligible(campaign=campaign, ids=ids)
+    held, pace_wait = _book_lanes(lanes, claimed=ids)
+    if held:
+        messages = [m for m in messages if m.pk not in held]
+        lanes = [lane for lane in lanes if lane.items]
+    return _Flight(len(ids), messages, skipped, lanes, pace_wait, batch_send(lanes))
+
+
+def _land(campaign: Campaign, batch: int, flight: _Flight, counts: dict[str, int]) -> list[float]:
+    """Meta's answers for a chunk in flight, classified and written, its counts added to `counts`;
+    returns how long its messages that wait must (none: [])."""
+    outcomes = flight.sends.result() if flight.sends is not None else []
+    for lane in flight.lanes:
+        lane.token = ""
+    if outcomes:
+        logger.info(
+            "batch %s/%s: %s sends from %s number(s) in %.2fs",
+            campaign.pk,
+            batch,
+            len(outcomes),
+            len(flight.lanes),
+            time.monotonic() - flight.started,
+            extra={"campaign_id": campaign.pk, "organization_id": campaign.organization_id},
+        )
+    prices = _prices(campaign) if outcomes else {}
+    plan = batch_apply(
+        campaign, batch_classify(outcomes, skipped=flight.skipped, prices=prices), flight.messages
+    )
+    for outcome, n in plan.counts.items():
+        counts[outcome] = counts.get(outcome, 0) + n
+    return [d for d in (plan.delay, flight.pace_wait) if d is not None]
+
+
+def _claim(
+    campaign_id: int,
+    batch: int,
+    *,
+    paused: Q | None = None,
+    limit: int | None = None,
+    exclude: list[int] | None = None,
+) -> list[int]:
+    """Claim (QUEUED -> SENDING) up to `limit` of the batch's queued messages, in id order, but
+    those in `exclude` (already handled by this run: released for a later retry)."""
+    with transaction.atomic():
+        queued = WhatsappMessage.objects.select_for_update(skip_locked=True).filter(
+            campaign_id=campaign_id, batch=batch, status=Status.QUEUED
+        )
+        if paused is not None:
+            queued = queued.exclude(paused)
+        if exclude:
+            queued = queued.exclude(id__in=exclude)
+        ids = list(queued.order_by("id").values_list("id", flat=True)[:limit])
+        if ids:
+            WhatsappMessage.objects.filter(id__in=ids).update(
+                status=Status.SENDING, attempts=F("attempts") + 1, sending_at=timezone.now()
+            )
+            if not exclude:
+                # The batch's control group would have been sent now: its purchase window starts too.
+                lift.held_out_stamp(model=WhatsappMessage, campaign_id=campaign_id, batch=batch)
+    return ids
+
+
+def paused_numbers(*, organization_id: int) -> dict[int, str]:
+    """The organization's WhatsApp numbers Meta refused (WhatsappNumber.paused_at): id -> reason."""
+    return dict(
+        WhatsappNumber.objects.filter(organization_id=organization_id, paused_at__isnull=False).values_list(
+            "pk", "paused_reason"
+        )
+    )
+
+
+def _of_paused(campaign: Campaign, paused: dict[int, str]) -> Q | None:
+    """The messages that would go from a paused number (no number of their own: the campaign's)."""
+    if not paused:
+        return None
+    of_paused = Q(whatsapp_number_id__in=list(paused))
+    if campaign.whatsapp_number_id in paused:
+        of_paused |= Q(whatsapp_number_id__isnull=True)
+    return of_paused
+
+
+def _defer_while_paused(campaign_id: int, batch: int, of_paused: Q | None, paused: dict[int, str]) -> None:
+    """Raise Defer while messages of this batch wait for a paused number (an operator resumes it)."""
+    if of_paused is None:
+        return
+    queued = WhatsappMessage.objects.filter(campaign_id=campaign_id, batch=batch, status=Status.QUEUED)
+    if queued.filter(of_paused).exists():
+        reasons = "; ".join(sorted(set(paused.values())))[:200]
+        raise Defer(PAUSED_DELAY * 2, f"WhatsApp number paused: {reasons}")
+
+
+# --- Pacing and send -----------------------------------------------------------------------------
+
+
+def _book_lanes(lanes: list[_Lane], *, claimed: list[int]) -> tuple[set[int], float | None]:
+    """Each lane's credentials, client and pacing slots, booked up to the pacing horizon. A lane's
+    messages beyond it go back to QUEUED: they wait in the database, not in a sleeping worker, and
+    the job sends the others' and comes back for them. Returns their ids and how long until the
+    first of them may go (None when none wait). Should anything fail here nothing was sent: every
+    claimed message is released, its attempt not spent, and the error raised for RQ to retry."""
+    if not lanes:
+        return set(), None
+    horizon = _pace_horizon(lanes)
+    try:
+        for lane in lanes:
+            _prepare(lane, within=horizon)
+    except Exception:
+        _release(claimed)
+        raise
+    held: list[int] = []
+    waits: list[float] = []
+    for lane in lanes:
+        booked = lane.slots.booked(len(lane.items))
+        if booked < len(lane.items):
+            held += [m.pk for m, _ in lane.items[booked:]]
+            waits.append(max(0.5, lane.slots.free_in - horizon))
+        lane.items = lane.items[:booked]
+    _release(held)
+    return set(held), min(waits, default=None)
+
+
+def _pace_horizon(lanes: list[_Lane]) -> float:
+    """How far ahead each number books its pacing slots: WHATSAPP_PACE_WINDOW; when paced numbers
+    share the batch, until a second after the first of them would be done with its share, its
+    wait for the slots other jobs booked before counted: a batch's shares take about as long
+    (fanout.batch_shares) and jobs that run side by side book one after the other, while a number
+    whose schedule is further ahead, or whose share is out of proportion, keeps neither the job
+    nor the others' next messages waiting."""
+    window = float(settings.WHATSAPP_PACE_WINDOW)
+    paced = [lane for lane in lanes if lane.number.messages_per_second]
+    if len(paced) < 2:
+        return window
+    waits = ratelimit.free_in([pacing.whatsapp_key(lane.number.pk) for lane in paced])
+    done = [
+        wait + len(lane.items) / lane.number.messages_per_second
+        for wait, lane in zip(waits, paced, strict=True)
+    ]
+    return min(window, 1.0 + min(done))
+
+
+def _prepare(lane: _Lane, *, within: float) -> None:
+    """Credentials (fresh from the database, decrypted in memory only), client and pacing slots."""
+    number = lane.number
+    lane.token = number.get_access_token()
+    lane.client = graph_client(number.graph_url or settings.WHATSAPP_GRAPH_URL)
+    lane.slots = ratelimit.reserve(
+        pacing.whatsapp_key(number.pk), len(lane.items), number.messages_per_second, within=within
+    )
+
+
+def batch_send(lanes: list[_Lane]) -> concurrent.futures.Future[list[Outcome]] | None:
+    """Every lane's messages handed to Meta on the process's event loop, no transaction open;
+    returns at once (None with no lane), its result one outcome per message (`_land` takes it)."""
+    return aio.start(_send_all(lanes)) if lanes else None
+
+
+async def _send_all(lanes: list[_Lane]) -> list[Outcome]:
+    """Every lane's messages concurrently, each lane on its own number's slots: a slow number's
+    pacing never holds up another's sends."""
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+
+    async def one(lane: _Lane, i: int, message: WhatsappMessage, payload: TemplateMessage) -> Outcome:
+        wait = lane.slots.offset(i) - (loop.time() - started)
+        if wait > 0:
+            await asyncio.sleep(wait)
+        assert lane.client is not None
+        result = await lane.client.send_template(
+            phone_number_id=lane.number.phone_number_id, access_token=lane.token, message=payload
+        )
+        return Outcome(
+            message_id=message.pk,
+            customer_id=message.customer_id,
+            number_id=lane.number.pk,
+            attempts=message.attempts,
+            phone=message.phone,
+            result=result,
+        )
+
+    return list(
+        await asyncio.gather(*(one(lane, i, m, p) for lane in lanes for i, (m, p) in enumerate(lane.items)))
+    )
+
+
+def _prices(campaign: Campaign) -> dict[str, Decimal]:
+    """The rate card's prices of the campaign's category in the currency of its cost total (the
+    card's when it started): a card changed to another currency since prices nothing, so a total
+    never adds two currencies."""
+    currency = _cost_currency(campaign)
+    rows = WhatsappPrice.objects.filter(category=campaign.template_category, currency=currency)
+    return dict(rows.values_list("country", "price"))
