@@ -116,6 +116,11 @@ def with_backlog(
         )
     else:
         case.how = f"not paced: within a minute of its limit, all {args.a_items:,} items queued at once"
+    if args.a_limit_after:
+        # A's jobs are queued; now they meet its own limit (a limit lowered, or many runs each
+        # within it): B runs beside a tenant whose waiting jobs its limit refuses.
+        rc.org(a.slug, rate_limit_per_minute=args.a_limit_after)
+        case.how += f"; then A's limit lowered to {args.a_limit_after:,}/min"
     print(f"  {case.label}: {case.how}; stored and queued in {case.stored:.1f}s", flush=True)
     with rc.Workers(args.processes, burst=False):
         rc.wait_for(lambda: rc.items_started([backlog.pk]) > 0, timeout=60, what="the workers to start")
@@ -193,6 +198,13 @@ def main() -> int:
         help="only the raised limits (A's store is long at 1,000,000)",
     )
     parser.add_argument("--skip-fairness", action="store_true", help="only the pick figures")
+    parser.add_argument(
+        "--a-limit-after",
+        type=int,
+        default=0,
+        help="A's limit (items/minute) once its run is queued, 0: unchanged; below A's queued items, "
+        "A's waiting jobs meet its own limit while B runs",
+    )
     args = parser.parse_args()
     rc.check_scratch()
     pick_tenants = [int(x) for x in args.pick_tenants.split(",") if x.strip()]

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crm import fairshare, jobs, workers
+from crm import fairshare, jobs, stats, workers
 from tests.conftest import recorded
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -248,6 +248,7 @@ def test_a_parked_tenant_is_not_picked_until_its_time_then_rejoins_in_turn(redis
     assert fairshare.queued_ids(redis_db, QUEUE)[0] == job_id
     assert fairshare.tenant_counts(redis_db, QUEUE) == [("1", 4)]
     assert fairshare.parked_waiting(redis_db, [QUEUE]) == 4
+    assert QUEUE in stats.oldest_waiting()  # /healthz and the gauges see the parked tenant's jobs
     # Its time comes: the next pick re-admits it, and the job it put back comes first.
     redis_db.zadd(fairshare.parked_key(QUEUE), {"1": time.time() - 1})
     picked = fairshare.pick(redis_db, [QUEUE])
