@@ -43,8 +43,10 @@ import django
 
 django.setup()
 
+from rq.utils import as_text  # noqa: E402
+
 from benchmarks import runner_common as rc  # noqa: E402
-from crm import fairshare, jobs  # noqa: E402
+from crm import fairshare, jobs, prometheus  # noqa: E402
 from crm.models import Organization  # noqa: E402
 from runner import events, executions  # noqa: E402
 from runner.models import DEFAULT_TENANT_LIMIT, Execution, ExecutionItem, Handler  # noqa: E402
@@ -61,6 +63,7 @@ class Case:
     seconds: float = 0.0  # B's completion time
     a_done: int = 0  # A's items done when B completed
     a_rate: float = 0.0  # A's items/s while B ran
+    outcomes: dict[str, int] = field(default_factory=dict)  # job outcomes while B ran (B is never deferred)
     runs: list[float] = field(default_factory=list)  # B's completion times beside A (median: seconds)
     load: float = 0.0
 
@@ -113,19 +116,36 @@ def with_backlog(
         )
     else:
         case.how = f"not paced: within a minute of its limit, all {args.a_items:,} items queued at once"
+    if args.a_limit_after:
+        # A's jobs are queued; now they meet its own limit (a limit lowered, or many runs each
+        # within it): B runs beside a tenant whose waiting jobs its limit refuses.
+        rc.org(a.slug, rate_limit_per_minute=args.a_limit_after)
+        case.how += f"; then A's limit lowered to {args.a_limit_after:,}/min"
     print(f"  {case.label}: {case.how}; stored and queued in {case.stored:.1f}s", flush=True)
     with rc.Workers(args.processes, burst=False):
         rc.wait_for(lambda: rc.items_started([backlog.pk]) > 0, timeout=60, what="the workers to start")
         time.sleep(args.warm)  # the workers in full swing on A
         case.ahead = queued_ahead(backlog)
-        before, t0 = done(backlog), time.monotonic()
+        before, t0, counted = done(backlog), time.monotonic(), outcomes()
         case.runs = [
             b_completion(handler, b.pk, args.b_items, timeout=args.timeout) for _ in range(args.b_repeat)
         ]
         case.seconds = statistics.median(case.runs)
         case.a_done = done(backlog)
+        case.outcomes = {k: v - counted.get(k, 0) for k, v in outcomes().items() if v - counted.get(k, 0)}
     case.a_rate = (case.a_done - before) / (time.monotonic() - t0)
     case.load = os.getloadavg()[0]
+
+
+def outcomes() -> dict[str, int]:
+    """Job outcomes on the item queues so far (the workers' counts for /metrics), all queues
+    together: deferred ones are picks that ran no item."""
+    totals: dict[str, int] = {}
+    for key, value in jobs.get_connection().hgetall(prometheus.JOBS_KEY).items():
+        queue, kind, outcome = (*as_text(key).split("|", 2), "", "")[:3]
+        if kind == "outcome" and queue.startswith("items-"):
+            totals[outcome] = totals.get(outcome, 0) + int(value)
+    return totals
 
 
 def _evalsha_usec(connection) -> tuple[int, int]:
@@ -178,6 +198,13 @@ def main() -> int:
         help="only the raised limits (A's store is long at 1,000,000)",
     )
     parser.add_argument("--skip-fairness", action="store_true", help="only the pick figures")
+    parser.add_argument(
+        "--a-limit-after",
+        type=int,
+        default=0,
+        help="A's limit (items/minute) once its run is queued, 0: unchanged; below A's queued items, "
+        "A's waiting jobs meet its own limit while B runs",
+    )
     args = parser.parse_args()
     rc.check_scratch()
     pick_tenants = [int(x) for x in args.pick_tenants.split(",") if x.strip()]
@@ -220,7 +247,8 @@ def main() -> int:
             f"    B with A's backlog: {case.seconds:.2f}s ({case.seconds / alone:.1f}x alone; median of "
             f"{', '.join(f'{r:.2f}' for r in case.runs)}, load {case.load:.1f}); "
             f"A's items queued ahead of B: {case.ahead:,}; A done by then: {case.a_done:,} of "
-            f"{args.a_items:,} ({case.a_rate:,.0f} items/s while B waited)",
+            f"{args.a_items:,} ({case.a_rate:,.0f} items/s while B waited); jobs run meanwhile by "
+            f"outcome: {', '.join(f'{k} {v:,}' for k, v in sorted(case.outcomes.items())) or 'none'}",
             flush=True,
         )
     rc.reset()

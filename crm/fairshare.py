@@ -45,6 +45,7 @@ WAKE_CAP = 16  # wake tokens kept per queue: enough to wake the idle workers, bo
 # tenant that stays busy is served strictly in turn.
 BURST = 4
 MAX_STALE = 100  # deleted or canceled ids a pick skips before it gives up for this call
+PARKED_BATCH = 100  # parked tenants a pick re-admits per queue and call (the rest at the next)
 
 
 def ready_key(queue: str) -> str:
@@ -63,14 +64,19 @@ def wake_key(queue: str) -> str:
     return f"{PREFIX}{queue}:wake"
 
 
-# KEYS: ready, tenant list, virtual time, count, wake, weights. ARGV: tenant, job id, at_front,
-# wake cap, burst, start. A tenant joining the ready set starts `burst` turns before the queue's
-# virtual time: never more (an idle tenant banks nothing beyond it), so it is served at once; or at
-# `start` when given (a job that gave its turn: where its tenant stood).
+def parked_key(queue: str) -> str:
+    return f"{PREFIX}{queue}:parked"
+
+
+# KEYS: ready, tenant list, virtual time, count, wake, weights, parked. ARGV: tenant, job id,
+# at_front, wake cap, burst, start. A tenant joining the ready set starts `burst` turns before the
+# queue's virtual time: never more (an idle tenant banks nothing beyond it), so it is served at
+# once; or at `start` when given (a job that gave its turn: where its tenant stood). A parked
+# tenant does not join: the pick re-admits it when its time comes.
 _PUSH = """
 if ARGV[3] == '1' then redis.call('LPUSH', KEYS[2], ARGV[2]) else redis.call('RPUSH', KEYS[2], ARGV[2]) end
 redis.call('INCR', KEYS[4])
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) then
+if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and not redis.call('ZSCORE', KEYS[7], ARGV[1]) then
   local start = tonumber(ARGV[6])
   if not start then start = tonumber(redis.call('GET', KEYS[3]) or '0') - tonumber(ARGV[5]) end
   redis.call('ZADD', KEYS[1], string.format('%.17g', start), ARGV[1])
@@ -79,10 +85,13 @@ if redis.call('LLEN', KEYS[5]) < tonumber(ARGV[4]) then redis.call('RPUSH', KEYS
 return 1
 """
 
-# KEYS: weights. ARGV: prefix, max stale, burst, then the queue names in priority order.
-# Returns {queue, job id, tenant, the tenant's score after this turn} or nil. The id moves to RQ's
-# intermediate list in this script.
-_PICK = """
+# KEYS: weights. ARGV: prefix, max stale, burst, now (unix s), then the queue names in priority
+# order. Returns {queue, job id, tenant, the tenant's score after this turn} or nil. The id moves to
+# RQ's intermediate list in this script. Parked tenants whose time has come rejoin the ready set
+# first, at the queue's virtual time (in turn, no newly-ready credit): at most PARKED_BATCH per
+# queue and call, so a pick costs what is due, never a pass over the parked.
+_PICK = (
+    """
 local P = ARGV[1]
 local function stride(t)
   local w = tonumber(redis.call('HGET', KEYS[1], t) or '1') or 1
@@ -90,11 +99,21 @@ local function stride(t)
   return 1 / w
 end
 local stale = 0
-for i = 4, #ARGV do
+for i = 5, #ARGV do
   local q = ARGV[i]
   local ready = P .. q .. ':ready'
   local vt = P .. q .. ':vt'
   local plain = 'rq:queue:' .. q
+  local parked = P .. q .. ':parked'
+  local due = redis.call('ZRANGEBYSCORE', parked, '-inf', ARGV[4], 'LIMIT', 0, """
+    + str(PARKED_BATCH)
+    + """)
+  for _, t in ipairs(due) do
+    redis.call('ZREM', parked, t)
+    if redis.call('LLEN', P .. q .. ':t:' .. t) > 0 and not redis.call('ZSCORE', ready, t) then
+      redis.call('ZADD', ready, redis.call('GET', vt) or '0', t)
+    end
+  end
   if redis.call('LLEN', plain) > 0 and not redis.call('ZSCORE', ready, '_') then
     local start = tonumber(redis.call('GET', vt) or '0') - tonumber(ARGV[3])
     redis.call('ZADD', ready, string.format('%.17g', start), '_')
@@ -131,6 +150,7 @@ for i = 4, #ARGV do
 end
 return nil
 """
+)
 
 _scripts: dict[str, Any] = {}
 
@@ -170,6 +190,7 @@ def push(
             count_key(queue),
             wake_key(queue),
             WEIGHTS,
+            parked_key(queue),
         ],
         args=[
             tenant,
@@ -188,7 +209,7 @@ def pick(connection: Redis, queue_names: Sequence[str]) -> tuple[str, str, str, 
     tenant's score after this turn), already moved to the queue's intermediate list; None when
     every queue is empty."""
     result = _script(connection, _PICK)(
-        keys=[WEIGHTS], args=[PREFIX, MAX_STALE, BURST, *queue_names], client=connection
+        keys=[WEIGHTS], args=[PREFIX, MAX_STALE, BURST, repr(time.time()), *queue_names], client=connection
     )
     if not result:
         return None
@@ -206,6 +227,50 @@ def turn_score(job: Job) -> float | None:
 def wait_for_work(connection: Redis, queue_names: Sequence[str], timeout: int) -> bool:
     """Block up to `timeout` s until a producer signals work on one of these queues."""
     return connection.blpop([wake_key(q) for q in queue_names], timeout) is not None
+
+
+# KEYS: ready, tenant list, count, parked. ARGV: tenant, job id, until (unix s). The job goes back
+# to the head of its tenant's list and the tenant leaves the ready set until `until`.
+_PARK = """
+redis.call('LPUSH', KEYS[2], ARGV[2])
+redis.call('INCR', KEYS[3])
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+return 1
+"""
+
+
+def park(connection: Any, *, queue: str, tenant: str, job_id: str, until: float) -> None:
+    """Put a job back at the head of its tenant's list on `queue` and keep the tenant out of the
+    ready set until `until` (unix s; a pipeline works too): a tenant that can run nothing before
+    then (its own rate limit) is not picked only to be put back, each such pick a turn the other
+    tenants lose. The first pick after `until` re-admits it, in turn; jobs pushed meanwhile wait in
+    its list."""
+    keys = [ready_key(queue), tenant_key(queue, tenant), count_key(queue), parked_key(queue)]
+    _script(connection, _PARK)(keys=keys, args=[tenant, job_id, repr(until)], client=connection)
+
+
+def parked_waiting(connection: Redis, queue_names: Sequence[str]) -> int:
+    """Jobs waiting in the lists of parked tenants of these queues (a burst worker's check)."""
+    with connection.pipeline(transaction=False) as pipe:
+        for q in queue_names:
+            pipe.zrange(parked_key(q), 0, -1)
+        parked = [(q, as_text(t)) for q, row in zip(queue_names, pipe.execute(), strict=True) for t in row]
+    if not parked:
+        return 0
+    with connection.pipeline(transaction=False) as pipe:
+        for q, t in parked:
+            pipe.llen(tenant_key(q, t))
+        return sum(int(n) for n in pipe.execute())
+
+
+def next_parked(connection: Redis, queue_names: Sequence[str]) -> float | None:
+    """When the first parked tenant of these queues is due (unix s), or None."""
+    with connection.pipeline(transaction=False) as pipe:
+        for q in queue_names:
+            pipe.zrange(parked_key(q), 0, 0, withscores=True)
+        heads = [row[0][1] for row in pipe.execute() if row]
+    return min(heads) if heads else None
 
 
 # KEYS: ready, virtual time, RQ's list. ARGV: tenant, burst, its score after its last turn. 1 when
@@ -266,13 +331,25 @@ def waiting(connection: Redis, queue_names: Iterable[str]) -> dict[str, int]:
 def tenant_counts(connection: Redis, queue: str, *, limit: int = 1000) -> list[tuple[str, int]]:
     """(tenant, waiting) of up to `limit` ready tenants of a queue, most waiting first; the plain
     list counts as tenant `_`. Bounded: one ZRANGE and `limit` LLENs in one round trip."""
-    tenants = [as_text(t) for t in cast(list[bytes], connection.zrange(ready_key(queue), 0, limit - 1))]
+    tenants = waiting_tenants(connection, queue, limit)
     with connection.pipeline(transaction=False) as pipe:
         for t in tenants:
             pipe.llen(f"rq:queue:{queue}" if t == PLAIN else tenant_key(queue, t))
         counts = pipe.execute()
     rows = [(t, int(c)) for t, c in zip(tenants, counts, strict=True) if c]
     return sorted(rows, key=lambda r: (-r[1], r[0]))
+
+
+def waiting_tenants(connection: Redis, queue: str, limit: int) -> list[str]:
+    """Up to `limit` (-1: all) tenants with work waiting on a queue in the order they are served:
+    the ready set, then the parked tenants by the time they rejoin. One round trip."""
+    stop = -1 if limit < 0 else limit - 1
+    with connection.pipeline(transaction=False) as pipe:
+        pipe.zrange(ready_key(queue), 0, stop)
+        pipe.zrange(parked_key(queue), 0, stop)
+        ready, parked = pipe.execute()
+    tenants = list(dict.fromkeys(as_text(t) for t in [*ready, *parked]))
+    return tenants if limit < 0 else tenants[:limit]
 
 
 def ready_tenants(connection: Redis, queue: str) -> int:
@@ -316,6 +393,20 @@ class FairQueue(DjangoRQ):
             pipeline.ltrim(wake_key(self.name), 0, WAKE_CAP - 1)
         else:
             push(pipeline, queue=self.name, tenant=tenant, job_id=job.id, at_front=at_front)
+
+    def parks(self, job: Job) -> bool:
+        """Whether `park_job` can take this job: it has a tenant on a fair queue (else crm.jobs.Park
+        is a Defer)."""
+        return queues.is_fair(self.name) and job_tenant(job) is not None
+
+    def park_job(self, job: Job, pipeline: Any, *, seconds: float) -> None:
+        """Queue a job whose tenant can run nothing on this queue for `seconds` (crm.jobs.Park)
+        again at the head of its tenant's list, the tenant parked until then (`park`)."""
+        tenant = job_tenant(job)
+        assert tenant is not None and queues.is_fair(self.name)
+        self._prepare_for_queue(job)
+        self._persist_job(job, pipeline)
+        park(pipeline, queue=self.name, tenant=tenant, job_id=job.id, until=time.time() + seconds)
 
     def push_yielded(self, job: Job, pipeline: Any) -> None:
         """Queue a job that gave its turn (crm.jobs.Yield) again at the head of its tenant's list;
@@ -391,9 +482,15 @@ class FairQueue(DjangoRQ):
             picked = pick(connection, list(by_name))
             if picked is None:
                 if deadline is None:
-                    return None
+                    return None  # a burst worker: parked tenants are waited for as delayed jobs are
+                due = next_parked(connection, list(by_name))
+                # A parked tenant's time bounds the wait: it is picked when due, whoever wakes.
                 left = deadline - time.monotonic()
-                if left <= 0 or not wait_for_work(connection, list(by_name), max(int(left + 0.999), 1)):
+                until_due = float("inf") if due is None else max(due - time.time(), 0.0)
+                if left <= 0:
+                    raise DequeueTimeout(timeout, list(by_name))
+                woken = wait_for_work(connection, list(by_name), max(int(min(left, until_due) + 0.999), 1))
+                if not woken and until_due >= left:
                     raise DequeueTimeout(timeout, list(by_name))
                 continue
             name, job_id, _tenant, score = picked
@@ -414,7 +511,7 @@ class FairQueue(DjangoRQ):
 
 def queued_ids(connection: Redis, queue: str, *, limit: int = 1000) -> list[str]:
     """Ids waiting on a queue, RQ's own list first, then each ready tenant's (up to `limit` each)."""
-    tenants = [as_text(t) for t in cast(list[bytes], connection.zrange(ready_key(queue), 0, -1))]
+    tenants = waiting_tenants(connection, queue, -1)
     with connection.pipeline(transaction=False) as pipe:
         pipe.lrange(f"rq:queue:{queue}", 0, limit - 1)
         for t in tenants:
@@ -423,27 +520,38 @@ def queued_ids(connection: Redis, queue: str, *, limit: int = 1000) -> list[str]
         return [as_text(i) for ids in pipe.execute() for i in ids]
 
 
-# KEYS: ready, tenant list, count. ARGV: tenant, job id. Removes the id from the tenant's list.
+# KEYS: ready, tenant list, count, parked. ARGV: tenant, job id. Removes the id from the tenant's
+# list.
 _REMOVE = """
 local n = redis.call('LREM', KEYS[2], 1, ARGV[2])
 if n > 0 then
   redis.call('DECRBY', KEYS[3], n)
-  if redis.call('LLEN', KEYS[2]) == 0 then redis.call('ZREM', KEYS[1], ARGV[1]) end
+  if redis.call('LLEN', KEYS[2]) == 0 then
+    redis.call('ZREM', KEYS[1], ARGV[1])
+    redis.call('ZREM', KEYS[4], ARGV[1])
+  end
 end
 return n
 """
 
-# KEYS: ready, tenant list, count. ARGV: how many, job key prefix, tenant. Pops up to ARGV[1] ids
-# of one tenant and deletes their jobs (the queue page's "empty").
+# KEYS: ready, tenant list, count, parked. ARGV: how many, job key prefix, tenant. Pops up to
+# ARGV[1] ids of one tenant and deletes their jobs (the queue page's "empty").
 _DRAIN = """
 local ids = redis.call('LPOP', KEYS[2], tonumber(ARGV[1]))
-if not ids then redis.call('ZREM', KEYS[1], ARGV[3]) return 0 end
+if not ids then
+  redis.call('ZREM', KEYS[1], ARGV[3])
+  redis.call('ZREM', KEYS[4], ARGV[3])
+  return 0
+end
 for _, id in ipairs(ids) do
   redis.call('DEL', ARGV[2] .. id, ARGV[2] .. id .. ':dependents', ARGV[2] .. id .. ':dependencies',
              'rq:results:' .. id)
 end
 redis.call('DECRBY', KEYS[3], #ids)
-if redis.call('LLEN', KEYS[2]) == 0 then redis.call('ZREM', KEYS[1], ARGV[3]) end
+if redis.call('LLEN', KEYS[2]) == 0 then
+  redis.call('ZREM', KEYS[1], ARGV[3])
+  redis.call('ZREM', KEYS[4], ARGV[3])
+end
 return #ids
 """
 
@@ -455,7 +563,7 @@ def remove(connection: Redis, queue: str, job: Job) -> bool:
     tenant = job_tenant(job)
     if tenant is None:
         return False
-    keys = [ready_key(queue), tenant_key(queue, tenant), count_key(queue)]
+    keys = [ready_key(queue), tenant_key(queue, tenant), count_key(queue), parked_key(queue)]
     return bool(_script(connection, _REMOVE)(keys=keys, args=[tenant, job.id], client=connection))
 
 
@@ -463,12 +571,12 @@ def drain(connection: Redis, queue: str, limit: int, *, batch: int = 1000) -> in
     """Delete up to `limit` waiting jobs of the tenants' lists, tenant after tenant; how many."""
     done = 0
     while done < limit:
-        tenants = [as_text(t) for t in cast(list[bytes], connection.zrange(ready_key(queue), 0, 99))]
+        tenants = waiting_tenants(connection, queue, 100)
         tenants = [t for t in tenants if t != PLAIN]
         if not tenants:
             break
         for tenant in tenants:
-            keys = [ready_key(queue), tenant_key(queue, tenant), count_key(queue)]
+            keys = [ready_key(queue), tenant_key(queue, tenant), count_key(queue), parked_key(queue)]
             args = [min(batch, limit - done), "rq:job:", tenant]
             done += int(_script(connection, _DRAIN)(keys=keys, args=args, client=connection))
             if done >= limit:
@@ -479,11 +587,7 @@ def drain(connection: Redis, queue: str, limit: int, *, batch: int = 1000) -> in
 def waiting_page(connection: Redis, queue: str, start: int, stop: int) -> list[str]:
     """Ids at positions [start, stop) of the tenants' lists, tenant after tenant in the order they
     are served next (at most the first 1,000 tenants: a page, not an export)."""
-    tenants = [
-        t
-        for t in (as_text(x) for x in cast(list[bytes], connection.zrange(ready_key(queue), 0, 999)))
-        if t != PLAIN
-    ]
+    tenants = [t for t in waiting_tenants(connection, queue, 1000) if t != PLAIN]
     with connection.pipeline(transaction=False) as pipe:
         for t in tenants:
             pipe.llen(tenant_key(queue, t))

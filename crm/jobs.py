@@ -76,6 +76,14 @@ class Yield(Defer):
         super().__init__(0, reason or "gives its turn to another tenant", at_front=True)
 
 
+class Park(Defer):
+    """Raise when the job's tenant can run nothing on this queue for `seconds` (its own rate limit):
+    on a fair queue the job goes back to the head of its tenant's list, attempts untouched, and the
+    tenant leaves the queue's ready set until then (crm.fairshare.park), so its other waiting jobs
+    are not picked only to be put back, each such pick a turn lost by the other tenants. Off a fair
+    queue, or for a job without a tenant, it is a Defer."""
+
+
 def yield_turn(reason: str = "") -> None:
     """Between the chunks of a long job on a fair queue (a send batch): raise Yield when another
     tenant's work waiting on the job's queue would be served before this tenant's next job, so its

@@ -55,7 +55,8 @@ TENANT_HEADS = 200  # tenants per fair queue whose oldest job oldest_waiting loo
 def oldest_waiting() -> dict[str, float]:
     """Seconds the oldest job waiting on each non-empty queue has waited: the head of RQ's list
     and, on a fair queue, the heads of its tenants' lists (the first TENANT_HEADS tenants in
-    serving order); three pipelined round trips. Queues with nothing waiting are left out."""
+    serving order, and as many parked ones); three pipelined round trips. Queues with nothing
+    waiting are left out."""
     connection = jobs.get_connection()
     fair = [name for name in queues.QUEUE_NAMES if queues.is_fair(name)]
     with connection.pipeline(transaction=False) as pipe:
@@ -63,13 +64,14 @@ def oldest_waiting() -> dict[str, float]:
             pipe.lindex(f"rq:queue:{name}", 0)
         for name in fair:
             pipe.zrange(fairshare.ready_key(name), 0, TENANT_HEADS - 1)
+            pipe.zrange(fairshare.parked_key(name), 0, TENANT_HEADS - 1)  # parked tenants wait too
         raw = pipe.execute()
-    heads, ready = raw[: len(queues.QUEUE_NAMES)], raw[len(queues.QUEUE_NAMES) :]
+    heads, sets = raw[: len(queues.QUEUE_NAMES)], raw[len(queues.QUEUE_NAMES) :]
     present = [(name, _text(h)) for name, h in zip(queues.QUEUE_NAMES, heads, strict=True) if h]
     tenants = [
         (name, _text(t))
-        for name, members in zip(fair, ready, strict=True)
-        for t in members
+        for name, ready, parked in zip(fair, sets[::2], sets[1::2], strict=True)
+        for t in [*ready, *parked]
         if _text(t) != fairshare.PLAIN
     ]
     if tenants:

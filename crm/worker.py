@@ -44,7 +44,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from crm import prometheus, promote
 from crm.fairshare import FairQueue
-from crm.jobs import Defer, Yield
+from crm.jobs import Defer, Park, Yield
 
 logger = logging.getLogger("crm.jobs")
 
@@ -271,6 +271,22 @@ class Worker(SimpleWorker):
                 queue.push_yielded(job, pipeline)
                 pipeline.execute()
             job._status = JobStatus.QUEUED
+            return
+        if (
+            isinstance(exc, Park)
+            and isinstance(queue, FairQueue)
+            and queue.parks(job)
+            and self._stopped_job_id != job.id
+        ):
+            # Its tenant out of turn until its limit has room again (no pick wasted on it).
+            with self.connection.pipeline() as pipeline:
+                self.cleanup_execution(job, pipeline=pipeline)
+                job.meta["deferrals"] = int(job.meta.get("deferrals", 0)) + 1
+                job.meta["deferred_reason"] = exc.reason
+                queue.park_job(job, pipeline, seconds=exc.seconds)
+                pipeline.execute()
+            job._status = JobStatus.QUEUED
+            self._deferred = True
             return
         if isinstance(exc, Defer) and self._stopped_job_id != job.id:
             when = now() + timedelta(seconds=exc.seconds)

@@ -50,7 +50,19 @@ def _active(queue_names: Sequence[str]) -> int:
             pipe.llen(f"rq:queue:{name}")
             pipe.llen(f"rq:queue:{name}:intermediate")
         listed = sum(pipe.execute())
-    return listed + sum(fairshare.waiting(connection, queue_names).values())
+    # Parked tenants' jobs are not runnable yet: waited for like delayed jobs (`_next_due`).
+    parked = fairshare.parked_waiting(connection, queue_names)
+    return listed + sum(fairshare.waiting(connection, queue_names).values()) - parked
+
+
+def _next_due(queue_names: Sequence[str]) -> float | None:
+    """Seconds until a delayed job is due or a parked tenant rejoins its queue (None: neither)."""
+    waits = [promote.seconds_until_next_due(queue_names)]
+    parked = fairshare.next_parked(jobs.get_connection(), queue_names)
+    if parked is not None:
+        waits.append(max(parked - time.time(), 0.0))
+    known = [w for w in waits if w is not None]
+    return min(known) if known else None
 
 
 def run_burst(queue_names: Sequence[str], *, settle: float = 3.0) -> int:
@@ -66,7 +78,7 @@ def run_burst(queue_names: Sequence[str], *, settle: float = 3.0) -> int:
         # that nothing is left (a long-running worker sweeps every CRM_MAINTENANCE_INTERVAL).
         _sweep_abandoned(queue_names, worker)
         promote.promote_due(queue_names)
-        wait = promote.seconds_until_next_due(queue_names)
+        wait = _next_due(queue_names)
         if _active(queue_names):
             time.sleep(0.1)
             continue

@@ -231,8 +231,10 @@ def _admit(
         partial=not batch,
     )
     if not admission.admitted:
-        wait = conf.get("RUNNER_TENANT_DEFER") if admission.reason == "tenant rate limit" else admission.wait
-        raise jobs.Defer(wait, admission.reason)
+        if admission.reason == "tenant rate limit":
+            # The whole tenant waits (its window is the organization's): parked, not re-picked.
+            raise jobs.Park(conf.get("RUNNER_TENANT_DEFER"), admission.reason)
+        raise jobs.Defer(admission.wait, admission.reason)
     return admission
 
 

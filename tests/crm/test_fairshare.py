@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from crm import fairshare, jobs, workers
+from crm import fairshare, jobs, stats, workers
 from tests.conftest import recorded
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -225,3 +225,59 @@ def test_the_queue_pages_list_cancel_and_empty_the_jobs_waiting_in_tenants_lists
     assert not any(redis_db.exists(f"rq:job:fair-{i}") for i in (0, 2, 3))
     _worker_run([QUEUE])
     assert recorded("order") == []  # nothing canceled or emptied ran
+
+
+def _picked_tenants(connection, n: int) -> list[str | None]:
+    picks = [fairshare.pick(connection, [QUEUE]) for _ in range(n)]
+    return [p[2] if p else None for p in picks]
+
+
+def test_a_parked_tenant_is_not_picked_until_its_time_then_rejoins_in_turn(redis_db):
+    _flood(1, 3)
+    _flood(2, 2)
+    picked = fairshare.pick(redis_db, [QUEUE])  # tenant 1's first job (tied with 2, named first)
+    assert picked is not None and picked[2] == "1"
+    job_id = picked[1]
+    # Its job meets the tenant's limit: back at the head of its list, the tenant parked.
+    redis_db.lrem(f"rq:queue:{QUEUE}:intermediate", 1, job_id)
+    fairshare.park(redis_db, queue=QUEUE, tenant="1", job_id=job_id, until=time.time() + 3600)
+    _flood(1, 1)  # work arriving for a parked tenant waits in its list, the tenant still parked
+    assert _picked_tenants(redis_db, 3) == ["2", "2", None]
+    # Still counted and listed while parked (queue pages, queue_stats).
+    assert fairshare.waiting(redis_db, [QUEUE]) == {QUEUE: 4}
+    assert fairshare.queued_ids(redis_db, QUEUE)[0] == job_id
+    assert fairshare.tenant_counts(redis_db, QUEUE) == [("1", 4)]
+    assert fairshare.parked_waiting(redis_db, [QUEUE]) == 4
+    assert QUEUE in stats.oldest_waiting()  # /healthz and the gauges see the parked tenant's jobs
+    # Its time comes: the next pick re-admits it, and the job it put back comes first.
+    redis_db.zadd(fairshare.parked_key(QUEUE), {"1": time.time() - 1})
+    picked = fairshare.pick(redis_db, [QUEUE])
+    assert picked is not None and picked[1] == job_id
+    assert redis_db.zcard(fairshare.parked_key(QUEUE)) == 0
+    assert _picked_tenants(redis_db, 4) == ["1", "1", "1", None]
+
+
+def test_a_waiting_worker_picks_a_parked_tenants_job_when_its_time_comes_without_a_wake_signal(redis_db):
+    _flood(5, 1)
+    picked = fairshare.pick(redis_db, [QUEUE])
+    assert picked is not None
+    redis_db.lrem(f"rq:queue:{QUEUE}:intermediate", 1, picked[1])
+    redis_db.delete(fairshare.wake_key(QUEUE))
+    fairshare.park(redis_db, queue=QUEUE, tenant="5", job_id=picked[1], until=time.time() + 1)
+    queue = jobs.get_queue(QUEUE)
+    got = fairshare.FairQueue.dequeue_any([queue], timeout=60, connection=redis_db)
+    assert got is not None and got[0].id == picked[1]
+
+
+def test_emptying_a_parked_tenants_list_takes_it_out_of_the_parked_set(redis_db):
+    ids = jobs.enqueue_many(
+        "tests.jobs.record", queue=QUEUE, kwargs_list=[{"key": "order", "value": "x"}], organization_id=3
+    )
+    picked = fairshare.pick(redis_db, [QUEUE])
+    assert picked is not None and picked[1] == ids[0]
+    redis_db.lrem(f"rq:queue:{QUEUE}:intermediate", 1, ids[0])
+    fairshare.park(redis_db, queue=QUEUE, tenant="3", job_id=ids[0], until=time.time() + 3600)
+    job = jobs.fetch_job(ids[0])
+    assert job is not None and fairshare.remove(redis_db, QUEUE, job)
+    assert redis_db.zcard(fairshare.parked_key(QUEUE)) == 0
+    assert fairshare.waiting(redis_db, [QUEUE]) == {QUEUE: 0}

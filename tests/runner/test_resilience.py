@@ -4,7 +4,8 @@ import threading
 import time
 from typing import Any
 
-from crm import jobs, resilience
+from crm import fairshare, jobs, prometheus, resilience
+from crm.models import Organization
 from crm.resilience import BreakerPolicy, Gate
 from runner import cache, executions, operator, tasks
 from runner.models import ExecutionItem, Handler, RunnerSettings
@@ -150,6 +151,42 @@ def test_items_over_the_tenant_limit_wait_without_spending_attempts(py_handler, 
     deferred = [jobs.fetch_job(j.decode()) for j in scheduled]
     in_deferred = {i for job in deferred if job for i in job.kwargs["item_ids"]}
     assert {i.pk for i in waiting} <= in_deferred
+
+
+def test_a_tenant_over_its_rate_limit_is_parked_instead_of_picked_between_another_tenants_items(
+    py_handler, integration, org, run_jobs, settings
+):
+    """Tenant A floods the queue and hits its own limit while tenant B's ten jobs wait beside it: A
+    is picked once, refused and parked, and B's jobs then run without A's jobs being picked (each
+    of those picks, only to be put back, was a turn B lost). Counted, not timed."""
+    settings.RUNNER_TENANT_DEFER = 60.0  # A stays parked for the whole run
+    connection = jobs.get_connection()
+    tenant = RunnerSettings.objects.create(organization=org, rate_limit_per_minute=1000)
+    connection.set("runner:test:produce", 200)
+    a = executions.execution_start(handler=py_handler, organization_id=org.pk, trigger="manual")
+    tasks.execution_run(a.pk)  # twenty jobs of ten items queued at once (under a minute of the limit)
+    tenant.rate_limit_per_minute = 10  # then A's limit allows one of them
+    tenant.save()
+    other = Organization.objects.create(name="Loja B", slug="runner-b")
+    shared = Handler.objects.create(
+        integration=integration,
+        handler_key="shared",
+        direction="inbound",
+        callable_path="tests.runner.handlers",
+    )
+    connection.set("runner:test:produce", 100)
+    b = executions.execution_start(handler=shared, organization_id=other.pk, trigger="manual")
+    tasks.execution_run(b.pk)  # B's ten jobs
+    run_jobs(settle=0)
+    assert ExecutionItem.objects.filter(execution=b, status="succeeded").count() == 100
+    assert ExecutionItem.objects.filter(execution=a, status="succeeded").count() == 10
+    # A's jobs were refused by its limit once in all (B is under its own): not once per job.
+    refused = int(connection.hget(prometheus.JOBS_KEY, "items-p2|outcome|deferred") or 0)
+    assert refused == 1
+    # Nothing lost nor spent: A's other 190 items wait in its list, attempts untouched.
+    waiting = ExecutionItem.objects.filter(execution=a, status="pending")
+    assert waiting.count() == 190 and not waiting.filter(attempts__gt=0).exists()
+    assert fairshare.waiting(connection, ["items-p2"])["items-p2"] == 19
 
 
 def test_items_over_the_handlers_rate_limit_wait_without_spending_attempts(
