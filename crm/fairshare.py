@@ -3,15 +3,15 @@
 A job enqueued with an organization (job.meta["organization_id"]) does not go on RQ's list of its
 queue but on that tenant's own list (`crm:fair:<queue>:t:<org>`), and the tenant joins the queue's
 ready set (`crm:fair:<queue>:ready`, a sorted set scored by virtual time). A worker takes its next
-job with one Lua script (`_PICK`): for each of its queues in priority order, the ready tenant with
-the lowest virtual time gives its head, which moves in the same script into RQ's intermediate
-list (RQ's "dequeued, not yet started" state), and the tenant's time advances by 1/weight (stride
-scheduling; weight per organization in `crm:fair:weights`, default 1). A tenant that joins the
-ready set starts BURST turns before the queue's current time, so it is served at once whatever
-the others' backlogs, and a small batch finishes in about its time alone. Jobs without a tenant
-(RQ's own list) take part as one more tenant, `_`. Priorities keep their meaning: a queue is
-served only when every queue before it in the worker's order is empty, across tenants too. A
-pick costs O(queues + log tenants).
+job with one Lua script (`fairshare_scripts.PICK`): for each of its queues in priority order, the
+ready tenant with the lowest virtual time gives its head, which moves in the same script into RQ's
+intermediate list (RQ's "dequeued, not yet started" state), and the tenant's time advances by
+1/weight (stride scheduling; weight per organization in `crm:fair:weights`, default 1). A tenant
+that joins the ready set starts BURST turns before the queue's current time, so it is served at once
+whatever the others' backlogs, and a small batch finishes in about its time alone. Jobs without a
+tenant (RQ's own list) take part as one more tenant, `_`. Priorities keep their meaning: a queue is
+served only when every queue before it in the worker's order is empty, across tenants too. A pick
+costs O(queues + log tenants).
 
 Nothing is lost or run twice when a worker dies between its pick and the job's start: the job is
 in the intermediate list; `FairIntermediateQueue.cleanup` (the registry sweep) puts a job still
@@ -34,6 +34,7 @@ from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
 from rq.utils import as_text
 
+from crm import fairshare_scripts as scripts
 from crm import queues
 
 PREFIX = "crm:fair:"
@@ -45,7 +46,6 @@ WAKE_CAP = 16  # wake tokens kept per queue: enough to wake the idle workers, bo
 # tenant that stays busy is served strictly in turn.
 BURST = 4
 MAX_STALE = 100  # deleted or canceled ids a pick skips before it gives up for this call
-PARKED_BATCH = 100  # parked tenants a pick re-admits per queue and call (the rest at the next)
 
 
 def ready_key(queue: str) -> str:
@@ -67,90 +67,6 @@ def wake_key(queue: str) -> str:
 def parked_key(queue: str) -> str:
     return f"{PREFIX}{queue}:parked"
 
-
-# KEYS: ready, tenant list, virtual time, count, wake, weights, parked. ARGV: tenant, job id,
-# at_front, wake cap, burst, start. A tenant joining the ready set starts `burst` turns before the
-# queue's virtual time: never more (an idle tenant banks nothing beyond it), so it is served at
-# once; or at `start` when given (a job that gave its turn: where its tenant stood). A parked
-# tenant does not join: the pick re-admits it when its time comes.
-_PUSH = """
-if ARGV[3] == '1' then redis.call('LPUSH', KEYS[2], ARGV[2]) else redis.call('RPUSH', KEYS[2], ARGV[2]) end
-redis.call('INCR', KEYS[4])
-if not redis.call('ZSCORE', KEYS[1], ARGV[1]) and not redis.call('ZSCORE', KEYS[7], ARGV[1]) then
-  local start = tonumber(ARGV[6])
-  if not start then start = tonumber(redis.call('GET', KEYS[3]) or '0') - tonumber(ARGV[5]) end
-  redis.call('ZADD', KEYS[1], string.format('%.17g', start), ARGV[1])
-end
-if redis.call('LLEN', KEYS[5]) < tonumber(ARGV[4]) then redis.call('RPUSH', KEYS[5], '1') end
-return 1
-"""
-
-# KEYS: weights. ARGV: prefix, max stale, burst, now (unix s), then the queue names in priority
-# order. Returns {queue, job id, tenant, the tenant's score after this turn} or nil. The id moves to
-# RQ's intermediate list in this script. Parked tenants whose time has come rejoin the ready set
-# first, at the queue's virtual time (in turn, no newly-ready credit): at most PARKED_BATCH per
-# queue and call, so a pick costs what is due, never a pass over the parked.
-_PICK = (
-    """
-local P = ARGV[1]
-local function stride(t)
-  local w = tonumber(redis.call('HGET', KEYS[1], t) or '1') or 1
-  if w <= 0 then w = 1 end
-  return 1 / w
-end
-local stale = 0
-for i = 5, #ARGV do
-  local q = ARGV[i]
-  local ready = P .. q .. ':ready'
-  local vt = P .. q .. ':vt'
-  local plain = 'rq:queue:' .. q
-  local parked = P .. q .. ':parked'
-  local due = redis.call('ZRANGEBYSCORE', parked, '-inf', ARGV[4], 'LIMIT', 0, """
-    + str(PARKED_BATCH)
-    + """)
-  for _, t in ipairs(due) do
-    redis.call('ZREM', parked, t)
-    if redis.call('LLEN', P .. q .. ':t:' .. t) > 0 and not redis.call('ZSCORE', ready, t) then
-      redis.call('ZADD', ready, redis.call('GET', vt) or '0', t)
-    end
-  end
-  if redis.call('LLEN', plain) > 0 and not redis.call('ZSCORE', ready, '_') then
-    local start = tonumber(redis.call('GET', vt) or '0') - tonumber(ARGV[3])
-    redis.call('ZADD', ready, string.format('%.17g', start), '_')
-  end
-  while true do
-    local head = redis.call('ZRANGE', ready, 0, 0, 'WITHSCORES')
-    if #head == 0 then break end
-    local t, score = head[1], tonumber(head[2])
-    local src = plain
-    if t ~= '_' then src = P .. q .. ':t:' .. t end
-    local id = redis.call('LPOP', src)
-    if id and t ~= '_' then redis.call('DECR', P .. q .. ':n') end
-    local after = string.format('%.17g', score + stride(t))
-    if redis.call('LLEN', src) == 0 then
-      redis.call('ZREM', ready, t)
-    else
-      redis.call('ZADD', ready, after, t)
-    end
-    if score > tonumber(redis.call('GET', vt) or '0') then
-      redis.call('SET', vt, string.format('%.17g', score))  -- never backwards (a burst's credit)
-    end
-    if id then
-      -- queued; or a hash without a status (another writer's, maybe unreadable: the worker fails
-      -- it with the reason). Deleted (no hash) and canceled ids are skipped.
-      local st = redis.call('HGET', 'rq:job:' .. id, 'status')
-      if st == 'queued' or (not st and redis.call('EXISTS', 'rq:job:' .. id) == 1) then
-        redis.call('RPUSH', plain .. ':intermediate', id)
-        return {q, id, t, after}
-      end
-      stale = stale + 1
-      if stale >= tonumber(ARGV[2]) then return nil end
-    end
-  end
-end
-return nil
-"""
-)
 
 _scripts: dict[str, Any] = {}
 
@@ -181,7 +97,7 @@ def push(
 ) -> None:
     """Put a job id at the tail (or head) of its tenant's list on `queue` (a pipeline works too); a
     tenant that had nothing waiting joins BURST turns before the queue's time, or at `start`."""
-    script = _script(connection, _PUSH)
+    script = _script(connection, scripts.PUSH)
     script(
         keys=[
             ready_key(queue),
@@ -208,7 +124,7 @@ def pick(connection: Redis, queue_names: Sequence[str]) -> tuple[str, str, str, 
     """The next job of these queues (priority order), tenants in turn: (queue, job id, tenant, the
     tenant's score after this turn), already moved to the queue's intermediate list; None when
     every queue is empty."""
-    result = _script(connection, _PICK)(
+    result = _script(connection, scripts.PICK)(
         keys=[WEIGHTS], args=[PREFIX, MAX_STALE, BURST, repr(time.time()), *queue_names], client=connection
     )
     if not result:
@@ -229,17 +145,6 @@ def wait_for_work(connection: Redis, queue_names: Sequence[str], timeout: int) -
     return connection.blpop([wake_key(q) for q in queue_names], timeout) is not None
 
 
-# KEYS: ready, tenant list, count, parked. ARGV: tenant, job id, until (unix s). The job goes back
-# to the head of its tenant's list and the tenant leaves the ready set until `until`.
-_PARK = """
-redis.call('LPUSH', KEYS[2], ARGV[2])
-redis.call('INCR', KEYS[3])
-redis.call('ZREM', KEYS[1], ARGV[1])
-redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
-return 1
-"""
-
-
 def park(connection: Any, *, queue: str, tenant: str, job_id: str, until: float) -> None:
     """Put a job back at the head of its tenant's list on `queue` and keep the tenant out of the
     ready set until `until` (unix s; a pipeline works too): a tenant that can run nothing before
@@ -247,7 +152,7 @@ def park(connection: Any, *, queue: str, tenant: str, job_id: str, until: float)
     tenants lose. The first pick after `until` re-admits it, in turn; jobs pushed meanwhile wait in
     its list."""
     keys = [ready_key(queue), tenant_key(queue, tenant), count_key(queue), parked_key(queue)]
-    _script(connection, _PARK)(keys=keys, args=[tenant, job_id, repr(until)], client=connection)
+    _script(connection, scripts.PARK)(keys=keys, args=[tenant, job_id, repr(until)], client=connection)
 
 
 def parked_waiting(connection: Redis, queue_names: Sequence[str]) -> int:
@@ -273,31 +178,13 @@ def next_parked(connection: Redis, queue_names: Sequence[str]) -> float | None:
     return min(heads) if heads else None
 
 
-# KEYS: ready, virtual time, RQ's list. ARGV: tenant, burst, its score after its last turn. 1 when
-# the next pick would serve another tenant before `tenant` (at its score in the ready set, or
-# where a job it gives back rejoins when it has nothing else waiting: `push_yielded`); the plain
-# list joins at its pick's credit.
-_AHEAD = """
-local vt = tonumber(redis.call('GET', KEYS[2]) or '0')
-local own = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or ARGV[3])
-if not own then own = vt end
-local head = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #head > 0 and head[1] ~= ARGV[1] and tonumber(head[2]) < own then return 1 end
-if ARGV[1] ~= '_' and not redis.call('ZSCORE', KEYS[1], '_') and redis.call('LLEN', KEYS[3]) > 0
-   and vt - tonumber(ARGV[2]) < own then
-  return 1
-end
-return 0
-"""
-
-
 def others_ahead(connection: Redis, queue: str, tenant: str, score: float | None = None) -> bool:
     """Whether another tenant's work waiting on `queue` would be picked before `tenant`'s next job
     (`score`: the tenant's after its last turn, `turn_score`), one script, O(log tenants): a long
     job of `tenant` gives its turn then (crm.jobs.yield_turn)."""
     keys = [ready_key(queue), f"{PREFIX}{queue}:vt", f"rq:queue:{queue}"]
     args = [tenant, BURST, "" if score is None else repr(score)]
-    return bool(_script(connection, _AHEAD)(keys=keys, args=args, client=connection))
+    return bool(_script(connection, scripts.AHEAD)(keys=keys, args=args, client=connection))
 
 
 def set_weight(connection: Redis, organization_id: int, weight: int) -> None:
@@ -520,42 +407,6 @@ def queued_ids(connection: Redis, queue: str, *, limit: int = 1000) -> list[str]
         return [as_text(i) for ids in pipe.execute() for i in ids]
 
 
-# KEYS: ready, tenant list, count, parked. ARGV: tenant, job id. Removes the id from the tenant's
-# list.
-_REMOVE = """
-local n = redis.call('LREM', KEYS[2], 1, ARGV[2])
-if n > 0 then
-  redis.call('DECRBY', KEYS[3], n)
-  if redis.call('LLEN', KEYS[2]) == 0 then
-    redis.call('ZREM', KEYS[1], ARGV[1])
-    redis.call('ZREM', KEYS[4], ARGV[1])
-  end
-end
-return n
-"""
-
-# KEYS: ready, tenant list, count, parked. ARGV: how many, job key prefix, tenant. Pops up to
-# ARGV[1] ids of one tenant and deletes their jobs (the queue page's "empty").
-_DRAIN = """
-local ids = redis.call('LPOP', KEYS[2], tonumber(ARGV[1]))
-if not ids then
-  redis.call('ZREM', KEYS[1], ARGV[3])
-  redis.call('ZREM', KEYS[4], ARGV[3])
-  return 0
-end
-for _, id in ipairs(ids) do
-  redis.call('DEL', ARGV[2] .. id, ARGV[2] .. id .. ':dependents', ARGV[2] .. id .. ':dependencies',
-             'rq:results:' .. id)
-end
-redis.call('DECRBY', KEYS[3], #ids)
-if redis.call('LLEN', KEYS[2]) == 0 then
-  redis.call('ZREM', KEYS[1], ARGV[3])
-  redis.call('ZREM', KEYS[4], ARGV[3])
-end
-return #ids
-"""
-
-
 def remove(connection: Redis, queue: str, job: Job) -> bool:
     """Take a waiting job off its tenant's list; False if it is not there (a worker took it).
     (RQ's own delete and cancel only leave its id behind: a pick skips ids whose job is not
@@ -564,7 +415,7 @@ def remove(connection: Redis, queue: str, job: Job) -> bool:
     if tenant is None:
         return False
     keys = [ready_key(queue), tenant_key(queue, tenant), count_key(queue), parked_key(queue)]
-    return bool(_script(connection, _REMOVE)(keys=keys, args=[tenant, job.id], client=connection))
+    return bool(_script(connection, scripts.REMOVE)(keys=keys, args=[tenant, job.id], client=connection))
 
 
 def drain(connection: Redis, queue: str, limit: int, *, batch: int = 1000) -> int:
@@ -578,7 +429,7 @@ def drain(connection: Redis, queue: str, limit: int, *, batch: int = 1000) -> in
         for tenant in tenants:
             keys = [ready_key(queue), tenant_key(queue, tenant), count_key(queue), parked_key(queue)]
             args = [min(batch, limit - done), "rq:job:", tenant]
-            done += int(_script(connection, _DRAIN)(keys=keys, args=args, client=connection))
+            done += int(_script(connection, scripts.DRAIN)(keys=keys, args=args, client=connection))
             if done >= limit:
                 break
     return done
