@@ -219,6 +219,26 @@ def child_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every process below `pid`, read from /proc (children, their children...)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        parent = int(stat.rsplit(")", 1)[1].split()[1])
+        children.setdefault(parent, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 class WorkerProcess:
     """`manage.py workers` as a real process (its own process group, killed at teardown)."""
 
@@ -236,8 +256,15 @@ class WorkerProcess:
         )
 
     def kill(self, sig: int = signal.SIGKILL) -> None:
+        """`sig` to the supervisor's process group; SIGKILL to its worker processes too: each runs
+        in a session of its own (crm.supervisor), and one left alive by its supervisor's death
+        only gets SIGTERM (a warm stop: it finishes its job, connected to the test's database)."""
+        pool = _descendants(self.popen.pid) if sig == signal.SIGKILL else []
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.popen.pid, sig)
+        for pid in pool:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
 
     def wait(self, timeout: float) -> int:
         return self.popen.wait(timeout=timeout)
