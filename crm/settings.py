@@ -228,6 +228,8 @@ CRM_WORKER_TTL = env.int("CRM_WORKER_TTL", default=20)
 # seconds at its rate: under load it takes fewer events, so another organization's webhook accepted
 # mid-batch waits about two of them (crm.inbox.shared_limit; 0: always crm.inbox.BATCH events).
 INBOX_BATCH_SECONDS = env.float("INBOX_BATCH_SECONDS", default=0.2)
+# Conversations an organization's Chatwoot push delivers side by side (each in order).
+CHATWOOT_PUSH_CONCURRENCY = env.int("CHATWOOT_PUSH_CONCURRENCY", default=64)
 # A JobRun still `running` with no live job after this long is re-dispatched by `recover`.
 CRM_STALE_RUN_AFTER = env.int("CRM_STALE_RUN_AFTER", default=600)
 # Benchmarks: workers add the SQL statements each job ran to the Redis counter crm:stats:db_queries.

@@ -27,6 +27,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
 
+from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import connection, transaction
 from django.db.models import Count, Q
@@ -40,6 +41,12 @@ from integrations.errors import IntegrationError
 from integrations.models import ChatwootAccount
 from messaging.models import ChatwootThread, ConversationMessage
 
+
+def _concurrency() -> int:
+    """Conversations delivered side by side (each in order): Chatwoot's latency is paid per message."""
+    return max(int(settings.CHATWOOT_PUSH_CONCURRENCY), 1)
+
+
 logger = logging.getLogger(__name__)
 
 PUSH_TASK = "messaging.tasks.chatwoot_push"
@@ -47,8 +54,6 @@ PUSH_TASK = "messaging.tasks.chatwoot_push"
 # private note, and its conversation opened and assigned.
 HANDOFF_KIND = "handoff"
 PUSH_CHUNK = 500
-# Conversations delivered side by side (each in order): Chatwoot's latency is paid per message.
-PUSH_CONCURRENCY = 64
 STREAM_POLL = 0.05  # seconds between reads of newly committed rows while conversations are in flight
 DOWN_DEFER = 10.0  # seconds before trying a Chatwoot that did not answer again
 BUSY_DEFER = 1.0  # another push of the organization holds its lock
@@ -151,7 +156,7 @@ def push(*, organization_id: int) -> int:
             base_url=account.base_url,
             account_id=account.account_id,
             api_token=account.get_api_token(),
-            max_connections=PUSH_CONCURRENCY,
+            max_connections=_concurrency(),
         ) as client:
             try:
                 return _push_all(client, account)
@@ -262,10 +267,10 @@ class _Stream:
 
 
 def _push_all(client: ChatwootClient, account: ChatwootAccount) -> int:
-    """Conversations side by side (PUSH_CONCURRENCY), each in order, new rows read every
+    """Conversations side by side (CHATWOOT_PUSH_CONCURRENCY), each in order, new rows read every
     STREAM_POLL seconds while conversations are in flight; a Chatwoot down or a refused token
     ends the push once what is in flight came back and was written."""
-    with ThreadPoolExecutor(max_workers=PUSH_CONCURRENCY, thread_name_prefix="chatwoot-push") as pool:
+    with ThreadPoolExecutor(max_workers=_concurrency(), thread_name_prefix="chatwoot-push") as pool:
         stream = _Stream(client, account, pool)
         while True:
             stream.read()

@@ -21,7 +21,7 @@ from integrations.models import ChatwootAccount
 from messaging import chatwoot_inbound
 from messaging.models import ChatwootThread, ConversationMessage
 from project.sandboxes.chatwoot import ChatwootSandbox
-from tests.conftest import redis_keys_holding, wait_for
+from tests.conftest import child_env, redis_keys_holding, wait_for
 
 S = WhatsappMessage.Status
 ACCOUNT_ID = 7
@@ -238,12 +238,14 @@ def test_after_a_redis_flush_recover_delivers_the_waiting_mirror(wa, cw, run_job
 @pytest.mark.slow
 def test_a_worker_killed_mid_mirror_loses_no_mirror(wa, run_jobs, worker_process):
     with ChatwootSandbox(
-        accounts={ACCOUNT_ID: CW_TOKEN}, inboxes={INBOX_ID: ACCOUNT_ID}, latency_ms=50
+        accounts={ACCOUNT_ID: CW_TOKEN}, inboxes={INBOX_ID: ACCOUNT_ID}, latency_ms=100
     ) as cw:
         _account(wa["org"], cw)
         campaign = _send(wa, run_jobs, 40, queues=["campaign-trigger", "whatsapp-send"])
         assert _waiting(wa["org"]) == 40
-        workers = worker_process("--processes", "1")
+        # One conversation at a time (3 calls of 100 ms each): the push is still going when the
+        # first mirror shows, however slow this process is to see it.
+        workers = worker_process("--processes", "1", env=child_env(CHATWOOT_PUSH_CONCURRENCY="1"))
         wait_for(lambda: cw.messages(), timeout=120, what="the first mirror in Chatwoot")
         workers.kill()  # SIGKILL mid-push
         assert _waiting(wa["org"]) > 0
