@@ -44,6 +44,8 @@ def detectable(campaign: Campaign, audience: int) -> str:
 
 def _verdict(report: dict[str, Any], *, flow: bool = False) -> str:
     if report["buyers_rate_lift"] is None:
+        if report["treatment"]["customers"] and report["control"]["customers"]:
+            return str(_("No sale yet in either group: nothing to compare."))
         return str(_("No one has been sent or held out yet."))
     low, high = report["buyers_rate_lift_ci95"]
     if report["significant"]:

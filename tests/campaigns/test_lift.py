@@ -242,6 +242,11 @@ def test_the_campaign_page_shows_attributed_and_incremental_and_says_when_not_si
     page = admin_client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
     assert 'id="campaign-lift"' in page
     assert "attributed (last touch)" in page and "incremental" in page
+    # No sale in either group yet: nothing to compare (no "lift" made of the groups' sizes).
+    assert 'data-significant="no"' in page and "No sale yet in either group" in page
+    treated = WhatsappMessage.objects.filter(campaign=campaign).exclude(status="held_out").first()
+    _sale(wa["store"], treated.customer, timezone.now())
+    page = admin_client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
     assert 'data-significant="no"' in page and "Not significant" in page
     plain = wa["campaign"](name="No control")
     page = admin_client.get(f"/admin/campaigns/campaign/{plain.pk}/change/").content.decode()
