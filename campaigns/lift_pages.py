@@ -150,18 +150,17 @@ def report_side_by_side(report: dict[str, Any], *, revenue: Decimal, buyers: int
 
 
 def summary_line(report: dict[str, Any]) -> str:
-    """A lift report in one line (`campaign_status`, `flows status`)."""
+    """A lift report in one line (`campaign_status`, `flows status`); with nothing to compare yet,
+    dashes and why (not "None")."""
     low, high = report["buyers_rate_lift_ci95"] or [None, None]
-    return str(
+    empty = report["buyers_rate_lift"] is None
+    values = {"lift": report["buyers_rate_lift"], "low": low, "high": high, "p": report["p_value"]}
+    shown = {k: "—" if v is None else v for k, v in values.items()}
+    line = str(
         _(
             "lift: buyers rate %(lift)s (95%% interval %(low)s to %(high)s, p %(p)s), "
             "incremental revenue %(revenue)s"
         )
-        % {
-            "lift": report["buyers_rate_lift"],
-            "low": low,
-            "high": high,
-            "p": report["p_value"],
-            "revenue": report["incremental_revenue"],
-        }
+        % {**shown, "revenue": report["incremental_revenue"]}
     )
+    return f"{line} — {_verdict(report)}" if empty else line

@@ -45,6 +45,12 @@ def _sale(store, customer: Customer | None, at, total: str = "100.00") -> Sale:
     )
 
 
+def _status_text(campaign: Campaign) -> str:
+    out = io.StringIO()
+    call_command("campaign_status", str(campaign.pk), stdout=out)
+    return out.getvalue()
+
+
 def _status_json(campaign: Campaign) -> dict:
     out = io.StringIO()
     call_command("campaign_status", str(campaign.pk), "--json", stdout=out)
@@ -244,6 +250,7 @@ def test_the_campaign_page_shows_attributed_and_incremental_and_says_when_not_si
     assert "attributed (last touch)" in page and "incremental" in page
     # No sale in either group yet: nothing to compare (no "lift" made of the groups' sizes).
     assert 'data-significant="no"' in page and "No sale yet in either group" in page
+    assert "No sale yet in either group" in _status_text(campaign) and "None" not in _status_text(campaign)
     treated = WhatsappMessage.objects.filter(campaign=campaign).exclude(status="held_out").first()
     _sale(wa["store"], treated.customer, timezone.now())
     page = admin_client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
