@@ -18,6 +18,7 @@ the campaign's buyers' sales) — never the sales table. Statistics: crm.liftsta
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -270,7 +271,9 @@ def _money(value: float | Decimal) -> str:
 
 
 def _rounded(value: float | None, places: int = 6) -> float | None:
-    return None if value is None else round(value, places)
+    """Rounded; None for nothing or for a bound without limit (JSON has no infinity: an interval's
+    upper end is null when an empty control group leaves it open)."""
+    return None if value is None or math.isinf(value) else round(value, places)
 
 
 def lift_report(*, treatment: ArmFigures, control: ArmFigures, window_days: int) -> dict[str, Any]:

@@ -21,6 +21,11 @@ def _percent(value: float | None) -> str:
     return "—" if value is None else f"{'+' if value > 0 else ''}{number(100 * value, 1)}%"
 
 
+def _upper(high: float | None) -> str:
+    """An interval's upper end; null in a report means without limit (no buyer held out yet)."""
+    return "+∞" if high is None else _percent(high)
+
+
 def detectable(campaign: Campaign, audience: int) -> str:
     """Before the start, a sentence: the smallest lift of the buyers rate the chosen control group
     can detect among `audience` recipients (or a hint to set one)."""
@@ -48,6 +53,7 @@ def _verdict(report: dict[str, Any], *, flow: bool = False) -> str:
             return str(_("No sale yet in either group: nothing to compare."))
         return str(_("No one has been sent or held out yet."))
     low, high = report["buyers_rate_lift_ci95"]
+    high_shown = _upper(high)
     if report["significant"]:
         return str(
             _(
@@ -57,7 +63,7 @@ def _verdict(report: dict[str, Any], *, flow: bool = False) -> str:
             % {
                 "lift": _percent(report["buyers_rate_lift"]),
                 "low": _percent(low),
-                "high": _percent(high),
+                "high": high_shown,
                 "p": report["p_value"],
             }
         )
@@ -79,7 +85,7 @@ def _verdict(report: dict[str, Any], *, flow: bool = False) -> str:
         % {
             "lift": _percent(report["buyers_rate_lift"]),
             "low": _percent(low),
-            "high": _percent(high),
+            "high": high_shown,
             "p": report["p_value"],
         }
     )
@@ -156,6 +162,8 @@ def summary_line(report: dict[str, Any]) -> str:
     empty = report["buyers_rate_lift"] is None
     values = {"lift": report["buyers_rate_lift"], "low": low, "high": high, "p": report["p_value"]}
     shown = {k: "—" if v is None else v for k, v in values.items()}
+    if not empty and high is None:
+        shown["high"] = "+∞"
     line = str(
         _(
             "lift: buyers rate %(lift)s (95%% interval %(low)s to %(high)s, p %(p)s), "

@@ -3,11 +3,10 @@
 Two arms of one randomized experiment (a campaign's control arm, docs/analytics.md):
 
 - **Buyers rate, relative lift** = (treatment rate - control rate) ÷ control rate (0.25 = +25%).
-  Its 95% interval is the risk ratio's log-normal (Katz) interval minus one:
-  exp(ln RR ± 1.96·√(1/b₁ - 1/n₁ + 1/b₀ - 1/n₀)) - 1. Continuity rule: when a cell is empty (no
-  buyer, or everyone bought, in an arm) 0.5 is added to each arm's buyers and non-buyers (the
-  Haldane-Anscombe correction), for the estimate and its interval alike. The p-value is the
-  two-sided pooled two-proportion z-test.
+  Its 95% interval is Koopman's score interval for the risk ratio, minus one: the ratios the
+  score test does not reject (exact in its handling of empty cells: an open side, never a made-up
+  certainty; `math.inf` for an upper bound without limit). The p-value is the two-sided pooled
+  two-proportion z-test — the same score statistic at ratio 1, so the two always agree.
 - **Revenue per customer** (every customer of the arm, non-buyers at 0): the difference of the
   means with Welch's 95% interval (Welch-Satterthwaite degrees of freedom; the t quantile by
   Cornish-Fisher expansion, exact enough beyond 3 degrees of freedom).
@@ -98,22 +97,81 @@ class MeanLift:
 
 def buyers_rate_lift(treatment: Arm, control: Arm, *, alpha: float = ALPHA) -> RateLift | None:
     """Relative lift of the buyers rate with its (1 - alpha) interval and p-value; None when an
-    arm has no customer, or no arm has a buyer yet: the continuity rule would then compare two
-    made-up halves of a buyer and read the arms' sizes as an effect (-87% for 45 against 5 treated
-    and held out, "significant" for 1,000,000 against 10) where there is nothing to compare."""
+    arm has no customer, or no arm has a buyer yet (nothing to compare: a continuity rule would
+    read the arms' sizes as an effect, -87% for 45 against 5 treated and held out).
+
+    The interval is Koopman's score interval for the risk ratio (minus one): every ratio the score
+    test at that ratio does not reject. It needs no made-up half buyers, so an empty cell gives an
+    open side instead of a false certainty — 1 buyer in 1,000,000 against 0 of 10 held out is
+    (-100%, +inf), not a "significant" drop — and the interval excludes 0 exactly when the pooled
+    test's p-value is below alpha (the same statistic at ratio 1). An upper bound without limit is
+    `math.inf`. The estimate is the observed ratio; with no control buyer (an infinite ratio) the
+    Haldane-Anscombe corrected one, kept inside the interval."""
     n1, b1, n0, b0 = treatment.customers, treatment.buyers, control.customers, control.buyers
     if n1 <= 0 or n0 <= 0 or b1 == b0 == 0:
         return None
     absolute = b1 / n1 - b0 / n0
-    x1, m1, x0, m0 = float(b1), float(n1), float(b0), float(n0)
-    if b1 in (0, n1) or b0 in (0, n0):
-        x1, m1, x0, m0 = x1 + 0.5, m1 + 1.0, x0 + 0.5, m0 + 1.0
-    log_rr = math.log((x1 / m1) / (x0 / m0))
-    se = math.sqrt(max(0.0, 1 / x1 - 1 / m1 + 1 / x0 - 1 / m0))
-    z = z_quantile(1 - alpha / 2)
-    lo, hi = math.exp(log_rr - z * se) - 1, math.exp(log_rr + z * se) - 1
+    chi2 = z_quantile(1 - alpha / 2) ** 2
+    low, high = _score_interval(b1, n1, b0, n0, chi2)
+    observed = b0 > 0
+    ratio = (b1 / n1) / (b0 / n0) if observed else ((b1 + 0.5) / (n1 + 1)) / (0.5 / (n0 + 1))
+    ratio = min(max(ratio, low), high)
     return RateLift(
-        lift=math.exp(log_rr) - 1, ci95=(lo, hi), p_value=_two_proportion_p(b1, n1, b0, n0), absolute=absolute
+        lift=ratio - 1, ci95=(low - 1, high - 1), p_value=_two_proportion_p(b1, n1, b0, n0), absolute=absolute
+    )
+
+
+_LOG_RATIO_BOUND = 60.0  # ratios beyond e^±60 are 0 or without limit for any count a table holds
+
+
+def _score(ratio: float, b1: int, n1: int, b0: int, n0: int) -> float:
+    """Koopman's chi-square at a risk ratio: Pearson's statistic with both arms' rates at their
+    maximum likelihood under treatment rate = ratio * control rate (the smaller root of
+    ratio·N·p² - (ratio·(n1 + b0) + b1 + n0)·p + (b1 + b0) = 0, in its cancellation-free form)."""
+    total, buyers = n1 + n0, b1 + b0
+    b = ratio * (n1 + b0) + b1 + n0
+    root = math.sqrt(max(0.0, b * b - 4 * ratio * total * buyers))
+    p0 = min(1.0, 2 * buyers / (b + root))
+    p1 = min(1.0, ratio * p0)
+    return _pearson(b1, n1, p1) + _pearson(b0, n0, p0)
+
+
+def _pearson(buyers: int, customers: int, rate: float) -> float:
+    expected = customers * rate
+    spread = expected * (1 - rate)
+    deviation = buyers - expected
+    if spread <= 0:
+        return 0.0 if abs(deviation) < 1e-9 * max(1, customers) else math.inf
+    return deviation * deviation / spread
+
+
+def _score_interval(b1: int, n1: int, b0: int, n0: int, chi2: float) -> tuple[float, float]:
+    """The risk ratios the score test does not reject, by bisection on the log ratio from the
+    estimate outwards (the statistic rises monotonically on each side of it)."""
+    if b1 == 0:
+        centre = -_LOG_RATIO_BOUND
+    elif b0 == 0:
+        centre = _LOG_RATIO_BOUND
+    else:
+        centre = math.log((b1 / n1) / (b0 / n0))
+
+    def bound(outer: float) -> float:
+        if _score(math.exp(outer), b1, n1, b0, n0) <= chi2:
+            return outer  # not rejected however far: the side is open
+        inner = centre
+        for _ in range(100):
+            middle = (inner + outer) / 2
+            if _score(math.exp(middle), b1, n1, b0, n0) <= chi2:
+                inner = middle
+            else:
+                outer = middle
+        return inner
+
+    low = -_LOG_RATIO_BOUND if b1 == 0 else bound(-_LOG_RATIO_BOUND)
+    high = _LOG_RATIO_BOUND if b0 == 0 else bound(_LOG_RATIO_BOUND)
+    return (
+        0.0 if low <= -_LOG_RATIO_BOUND else math.exp(low),
+        math.inf if high >= _LOG_RATIO_BOUND else math.exp(high),
     )
 
 

@@ -18,7 +18,7 @@ from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
-from campaigns import attribution, lifecycle, lift, selectors
+from campaigns import attribution, lifecycle, lift, lift_pages, selectors
 from campaigns.models import (
     Campaign,
     CampaignMetric,
@@ -376,3 +376,18 @@ def test_the_lift_rollup_equals_a_reference_recount(world, window_days, whatsapp
             assert report[arm]["buyers"] == len(buyers)
             total = sum((expected[(campaign.pk, s)][1] for s in mine), Decimal("0"))
             assert Decimal(report[arm]["revenue"]) == total
+
+
+def test_an_open_interval_is_null_in_json_and_plus_infinity_on_the_pages():
+    # 3 buyers in 1,000 treated, none of 10 held out: the upper end has no limit.
+    report = lift.lift_report(
+        treatment=lift.ArmFigures(1000, 3, Decimal("300.00"), Decimal("30000.00")),
+        control=lift.ArmFigures(10, 0, Decimal("0"), Decimal("0")),
+        window_days=7,
+    )
+    low, high = report["buyers_rate_lift_ci95"]
+    assert high is None and low is not None and low < 0 and not report["significant"]
+    assert "Infinity" not in json.dumps(report, default=str)
+    line = lift_pages.summary_line(report)
+    assert "+∞" in line and "None" not in line
+    assert "+∞" in lift_pages._verdict(report)
