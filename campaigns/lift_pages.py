@@ -160,10 +160,12 @@ def summary_line(report: dict[str, Any]) -> str:
     dashes and why (not "None")."""
     low, high = report["buyers_rate_lift_ci95"] or [None, None]
     empty = report["buyers_rate_lift"] is None
-    values = {"lift": report["buyers_rate_lift"], "low": low, "high": high, "p": report["p_value"]}
-    shown = {k: "—" if v is None else v for k, v in values.items()}
-    if not empty and high is None:
-        shown["high"] = "+∞"
+    shown = {
+        "lift": _percent(report["buyers_rate_lift"]),
+        "low": _percent(low),
+        "high": "—" if empty else _upper(high),
+        "p": "—" if report["p_value"] is None else report["p_value"],
+    }
     line = str(
         _(
             "lift: buyers rate %(lift)s (95%% interval %(low)s to %(high)s, p %(p)s), "
