@@ -140,6 +140,12 @@ def turn_score(job: Job) -> float | None:
     return None if score is None else float(score)
 
 
+def queues_before(job: Job) -> list[str]:
+    """The queues the worker that picked this job serves before the job's own (empty when not
+    picked by `pick`): their work comes first at the next pick, whatever its tenant."""
+    return list(getattr(job, "_fair_queues_before", ()))
+
+
 def wait_for_work(connection: Redis, queue_names: Sequence[str], timeout: int) -> bool:
     """Block up to `timeout` s until a producer signals work on one of these queues."""
     return connection.blpop([wake_key(q) for q in queue_names], timeout) is not None
@@ -178,11 +184,16 @@ def next_parked(connection: Redis, queue_names: Sequence[str]) -> float | None:
     return min(heads) if heads else None
 
 
-def others_ahead(connection: Redis, queue: str, tenant: str, score: float | None = None) -> bool:
+def others_ahead(
+    connection: Redis, queue: str, tenant: str, score: float | None = None, *, before: Sequence[str] = ()
+) -> bool:
     """Whether another tenant's work waiting on `queue` would be picked before `tenant`'s next job
-    (`score`: the tenant's after its last turn, `turn_score`), one script, O(log tenants): a long
+    (`score`: the tenant's after its last turn, `turn_score`), or any work waits on the queues
+    `before` it in the worker's order (`queues_before`); one script, O(log tenants + queues): a long
     job of `tenant` gives its turn then (crm.jobs.yield_turn)."""
     keys = [ready_key(queue), f"{PREFIX}{queue}:vt", f"rq:queue:{queue}"]
+    for name in before:
+        keys += [ready_key(name), f"rq:queue:{name}"]
     args = [tenant, BURST, "" if score is None else repr(score)]
     return bool(_script(connection, scripts.AHEAD)(keys=keys, args=args, client=connection))
 
@@ -393,6 +404,8 @@ class FairQueue(DjangoRQ):
                 exc.job_id, exc.queue = job_id, queue  # type: ignore[attr-defined]
                 raise
             job._fair_turn_score = score  # type: ignore[attr-defined]  # turn_score, yield_turn
+            names = list(by_name)
+            job._fair_queues_before = names[: names.index(name)]  # type: ignore[attr-defined]
             return job, queue
 
 

@@ -100,11 +100,16 @@ redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
 return 1
 """
 
-# KEYS: ready, virtual time, RQ's list. ARGV: tenant, burst, its score after its last turn. 1 when
-# the next pick would serve another tenant before `tenant` (at its score in the ready set, or
-# where a job it gives back rejoins when it has nothing else waiting: `push_yielded`); the plain
-# list joins at its pick's credit.
+# KEYS: ready, virtual time, RQ's list, then the ready set and RQ's list of each queue the worker
+# serves before this one. ARGV: tenant, burst, its score after its last turn. 1 when the next pick
+# would serve another tenant before `tenant` (at its score in the ready set, or where a job it gives
+# back rejoins when it has nothing else waiting: `push_yielded`; the plain list joins at its pick's
+# credit), or any work of a queue before this one (priorities keep their meaning while a long job
+# runs: its next chunk waits for a webhook or a campaign's trigger, of any tenant).
 AHEAD = """
+for i = 4, #KEYS, 2 do
+  if redis.call('ZCARD', KEYS[i]) > 0 or redis.call('LLEN', KEYS[i + 1]) > 0 then return 1 end
+end
 local vt = tonumber(redis.call('GET', KEYS[2]) or '0')
 local own = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]) or ARGV[3])
 if not own then own = vt end

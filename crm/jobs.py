@@ -85,16 +85,23 @@ class Park(Defer):
 
 
 def yield_turn(reason: str = "") -> None:
-    """Between the chunks of a long job on a fair queue (a send batch): raise Yield when another
-    tenant's work waiting on the job's queue would be served before this tenant's next job, so its
-    turn comes now instead of after the whole job; the job must resume from where it stopped when
-    it runs again. Returns otherwise, and outside a worker."""
+    """Between the chunks of a long job on a fair queue (a send batch): raise Yield when its turn is
+    due to other work (`turn_waits`), so that work comes now instead of after the whole job; the job
+    must resume from where it stopped when it runs again. Returns otherwise, and outside a worker."""
+    if turn_waits():
+        raise Yield(reason)
+
+
+def turn_waits() -> bool:
+    """Whether the running job on a fair queue should give its turn: another tenant's work waiting
+    on its queue would be served before its tenant's next job, or work waits on a queue the worker
+    serves first (a campaign's trigger, a webhook). False outside a worker or off a fair queue."""
     job = get_current_job()
     if job is None or not queues.is_fair(job.origin):
-        return
+        return False
     tenant = fairshare.job_tenant(job) or fairshare.PLAIN
-    if fairshare.others_ahead(job.connection, job.origin, tenant, fairshare.turn_score(job)):
-        raise Yield(reason)
+    score, before = fairshare.turn_score(job), fairshare.queues_before(job)
+    return fairshare.others_ahead(job.connection, job.origin, tenant, score, before=before)
 
 
 def check_payload(value: Any, path: str = "kwargs") -> None:

@@ -258,9 +258,9 @@ WHATSAPP_MAX_IN_FLIGHT = env.int("WHATSAPP_MAX_IN_FLIGHT", default=500)
 # A send job claims and sends its batch this many messages at a time; between two chunks it gives
 # its turn to another tenant's work waiting on the queue (crm.jobs.yield_turn, docs/fair-share.md).
 WHATSAPP_SEND_CHUNK = env.int("WHATSAPP_SEND_CHUNK", default=100)
-# While a paced chunk's sends are in flight (their answers outstanding), the job claims its next
-# chunk and books its slots right after them: the number's schedule never waits for a chunk's latency
-# and writes. False: each chunk is claimed once the one before is written.
+# While a chunk's sends are in flight (their answers outstanding), the job claims its next chunk
+# (paced: books its slots right after them): neither the worker nor a number's schedule waits for a
+# chunk's latency and writes. False: each chunk is claimed once the one before is written.
 WHATSAPP_SEND_PIPELINE = env.bool("WHATSAPP_SEND_PIPELINE", default=True)
 # A send job books each number's pacing slots this many seconds ahead at most; the rest of that
 # number's messages wait for the job's next run, so a slow number never keeps a worker asleep.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from crm.jobs import Defer, get_connection
+from crm.jobs import Defer, enqueue, get_connection, yield_turn
 
 
 def record(key: str, value: str, organization_id: int | None = None) -> str:
@@ -72,3 +72,19 @@ def fail_transient(key: str) -> None:
     """Fails like a dropped connection would (a transient error), recording each attempt."""
     get_connection().rpush(f"crm:test:{key}", "attempt")
     raise ConnectionError("connection reset by peer")
+
+
+def chunked(key: str, chunks: int, high_queue: str = "", organization_id: int | None = None) -> None:
+    """A long job in `chunks` steps that gives its turn between them (crm.jobs.yield_turn) and
+    resumes where it stopped; after its first step it enqueues, on `high_queue`, a job of another
+    tenant that records "high"."""
+    connection = get_connection()
+    for i in range(int(connection.get(f"crm:test:{key}:done") or 0), chunks):
+        if i:
+            yield_turn(f"chunk {i}")
+        record(key, f"chunk:{i}")
+        connection.set(f"crm:test:{key}:done", i + 1)
+        if i == 0 and high_queue:
+            enqueue(
+                "tests.jobs.record", queue=high_queue, kwargs={"key": key, "value": "high"}, organization_id=2
+            )

@@ -95,10 +95,9 @@ class _Flight:
 
     @property
     def pipelines(self) -> bool:
-        """Whether the next chunk is claimed and booked while this one is in flight: every number
-        paced and every message within the pacing horizon (none waits)."""
-        paced = bool(self.lanes) and all(lane.number.messages_per_second for lane in self.lanes)
-        return bool(settings.WHATSAPP_SEND_PIPELINE) and paced and self.pace_wait is None
+        """Whether the next chunk is claimed (and its slots booked) while this one is in flight:
+        every message within the pacing horizon (none waits), paced or not."""
+        return bool(settings.WHATSAPP_SEND_PIPELINE) and self.pace_wait is None
 
 
 def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[str, int]:
@@ -107,9 +106,9 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
     too), Yield after a full chunk when another tenant's work waits ahead (the next run takes the
     rest).
 
-    Pipelined: while a paced chunk's sends are in flight, the next chunk is claimed and its slots
-    booked right after them, so the number's schedule never waits for a chunk's last answers
-    (Meta's latency) and its writes. At most two chunks in flight, both landed (their answers
+    Pipelined: while a chunk's sends are in flight, the next chunk is claimed (and, paced, its slots
+    booked right after them), so neither the worker nor a number's schedule waits for a chunk's
+    last answers (Meta's latency) and its writes. At most two chunks in flight, both landed (their answers
     written) before the job defers or yields."""
     counts: dict[str, int] = {}
     handled: list[int] = []
@@ -117,7 +116,10 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
     flight = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
     while flight is not None:
         following = None
-        if flight.pipelines:
+        # A full chunk gives its turn when other work waits (crm.jobs.turn_waits); asked before the
+        # next chunk is claimed, so that work waits for one chunk, not two.
+        give_turn = flight.pipelines and flight.claimed == chunk and jobs.turn_waits()
+        if flight.pipelines and not give_turn:
             try:
                 following = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
             except Exception:
@@ -132,10 +134,11 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
                     "messages wait for a retry, a throttle or their number's pacing",
                     at_front=True,
                 )
-            if flight.claimed == chunk:
-                # Another tenant's batch waiting on this queue runs now, not after this one: the job
-                # goes back to the head of its tenant's list and its next run takes the rest.
-                jobs.yield_turn(f"batch {campaign.pk}/{batch}: another tenant's work waits")
+            if give_turn or (flight.claimed == chunk and not flight.pipelines and jobs.turn_waits()):
+                # Another tenant's batch waiting on this queue (or work on a queue served first)
+                # runs now, not after this one: the job goes back to the head of its tenant's list
+                # and its next run takes the rest.
+                raise jobs.Yield(f"batch {campaign.pk}/{batch}: another tenant's work waits")
         except Defer as stop:
             if following is not None:  # in flight too: its answers are written before the job goes
                 waits = _land(campaign, batch, following, counts)

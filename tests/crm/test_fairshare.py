@@ -48,6 +48,30 @@ def test_a_higher_priority_job_of_any_tenant_passes_every_lower_priority_job():
     assert recorded("order") == ["2:0"]
 
 
+def test_a_long_job_gives_its_turn_to_work_on_a_queue_the_worker_serves_first():
+    # Tenant 1's job in five chunks on items-p3; after its first chunk tenant 2's job arrives on
+    # items-p1, which the worker serves first: it runs before the second chunk, not after the job.
+    jobs.enqueue(
+        "tests.jobs.chunked",
+        queue=QUEUE,
+        kwargs={"key": "order", "chunks": 5, "high_queue": "items-p1"},
+        organization_id=1,
+    )
+    _worker_run(["items-p1", QUEUE])
+    assert recorded("order") == ["chunk:0", "high", "chunk:1", "chunk:2", "chunk:3", "chunk:4"]
+
+
+def test_a_long_job_alone_keeps_its_turn_whatever_waits_on_queues_served_after_it():
+    jobs.enqueue(
+        "tests.jobs.chunked",
+        queue=QUEUE,
+        kwargs={"key": "order", "chunks": 3, "high_queue": "items-p5"},
+        organization_id=1,
+    )
+    _worker_run([QUEUE, "items-p5"])
+    assert recorded("order") == ["chunk:0", "chunk:1", "chunk:2", "high"]
+
+
 def test_a_tenant_with_weight_two_gets_two_turns_for_every_one_of_weight_one(redis_db):
     fairshare.set_weight(redis_db, 1, 2)
     _flood(1, 40)
