@@ -313,3 +313,47 @@ def test_a_resume_word_however_typed_resumes(word, data):
 @given(text=st.text(max_size=60))
 def test_any_text_gives_an_intent_or_nothing_never_a_crash(text):
     assert _KEYWORDS.intent(kind="text", text=text, payload=text) in ("opt_out", "resume", "")
+
+
+@given(kind=st.one_of(st.sampled_from(["incoming", 0, 2, 3, "activity", "template", None, "1"]), st.text()))
+def test_only_an_outgoing_message_is_an_agents_reply(kind):
+    assume(kind not in ("outgoing", 1))
+    assert agent_reply({**_NOT_PRIVATE, "message_type": kind}) is None
+
+
+def test_meta_webhook_bodies_an_attacker_would_try(wa, client, settings, drain_inbox):
+    from tests.campaigns.conftest import META_SECRET, meta_signature
+
+    ana = wa["customers"](1)[0]
+    text = "PARAR? \u202eRAZ 👍 " + "ç" * 50_000
+    twice = _inbound(
+        _message("wamid.D1", ana.phone.lstrip("+"), text={"body": text}),
+        _message("wamid.D1", ana.phone.lstrip("+"), text={"body": text}),
+    )
+
+    def post(body: bytes, signature: str | None) -> int:
+        extra = {"HTTP_X_HUB_SIGNATURE_256": signature} if signature is not None else {}
+        return client.post(
+            "/webhooks/whatsapp/", data=body, content_type="application/json", **extra
+        ).status_code
+
+    settings.WHATSAPP_APP_SECRET = ""  # a deployment without the secret accepts nothing
+    assert post(twice, meta_signature(twice)) == 403
+    settings.WHATSAPP_APP_SECRET = META_SECRET
+    assert post(twice, None) == 403
+    assert post(twice, "sha256=" + "0" * 64) == 403
+    assert post(twice, meta_signature(twice + b" ")) == 403  # another body's signature
+    huge = _inbound(_message("wamid.H1", ana.phone.lstrip("+"), text={"body": "x" * (2 * 1024 * 1024)}))
+    assert post(huge, meta_signature(huge)) == 413
+    assert post(b"[1, 2", meta_signature(b"[1, 2")) == 400
+    deep = b'{"entry": ' + b"[" * 200 + b"]" * 200 + b"}"
+    assert post(deep, meta_signature(deep)) == 400
+    for _ in range(2):  # the same wamid twice in a body and in a resent body: stored once
+        assert post(twice, meta_signature(twice)) == 200
+        drain_inbox()
+    stored = ConversationMessage.objects.get(wamid="wamid.D1")  # get: exactly one
+    assert (
+        stored.text == text[:4096]
+    )  # unicode (a right-to-left override, emoji) kept as sent, never an opt-out
+    ana.refresh_from_db()
+    assert ana.whatsapp_opted_out_at is None
