@@ -357,3 +357,22 @@ def test_meta_webhook_bodies_an_attacker_would_try(wa, client, settings, drain_i
     )  # unicode (a right-to-left override, emoji) kept as sent, never an opt-out
     ana.refresh_from_db()
     assert ana.whatsapp_opted_out_at is None
+
+
+def test_what_a_customer_writes_and_calls_herself_is_shown_escaped(wa, meta, drain_inbox, admin_client):
+    script = "<script>alert(1)</script>"
+    body = _inbound(
+        _message("wamid.S1", "5511980000077", text={"body": f"<img src=x onerror=alert(2)>{script}"})
+    )
+    meta(body.replace(b"Dona Zilda", script.encode()))
+    drain_inbox()
+    customer = Customer.objects.get(phone="+5511980000077")
+    assert customer.name == script
+    for url in (
+        f"/admin/messaging/conversationmessage/customer/{customer.pk}/",
+        f"/admin/crm/customer/{customer.pk}/change/",
+        "/admin/messaging/conversationmessage/",
+    ):
+        page = admin_client.get(url).content.decode()
+        assert "<script>alert" not in page and "<img src=x" not in page, url
+        assert "&lt;script&gt;alert" in page or "&lt;img src=x" in page, url  # shown, escaped
