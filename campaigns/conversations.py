@@ -83,13 +83,18 @@ def _answered(messages: list[tuple[InboundMessage, _Number, int]]) -> dict[str, 
     """wamid of each inbound -> (campaign id, campaign message id) it answers: the message its context
     names, else the customer's latest campaign message from that number within the attribution window."""
     contexts = {m.context_wamid for m, _, _ in messages if m.context_wamid}
+    # Only a message of the number's own organization: a context naming another's is not an answer.
     by_wamid = {
-        w: (campaign, pk)
-        for w, campaign, pk in WhatsappMessage.objects.filter(wamid__in=contexts).values_list(
-            "wamid", "campaign_id", "pk"
+        (w, org): (campaign, pk)
+        for w, org, campaign, pk in WhatsappMessage.objects.filter(wamid__in=contexts).values_list(
+            "wamid", "organization_id", "campaign_id", "pk"
         )
     }
-    answered = {m.wamid: by_wamid[m.context_wamid] for m, _, _ in messages if m.context_wamid in by_wamid}
+    answered = {
+        m.wamid: by_wamid[(m.context_wamid, n.organization_id)]
+        for m, n, _ in messages
+        if (m.context_wamid, n.organization_id) in by_wamid
+    }
     rest = [(m, n, c) for m, n, c in messages if m.wamid not in answered]
     if not rest:
         return answered

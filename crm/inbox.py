@@ -45,7 +45,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from crm import jobs, queues
-from crm.inbox_intake import _TABLE, DRAIN_FUNC, QUEUED_TTL, _dirty_key, _queued_key, _transient, wake
+from crm.inbox_intake import _TABLE, DRAIN_FUNC, PENDING, _transient, wake
 from crm.inbox_kinds import _HANDLERS, Event, Handler, Retry
 from crm.models import InboxEvent
 
@@ -258,12 +258,11 @@ def drain(*, kind: str, budget: float = DRAIN_BUDGET) -> int:
 
     Under a burst a batch that was not full is followed by a pause of PAUSE, so the next one
     gathers what arrived meanwhile: fewer, larger transactions, and no job per handful of events."""
-    conn = jobs.get_connection()
     deadline = time.monotonic() + budget
     total = 0
     shared = BATCH
     while True:
-        conn.delete(_dirty_key(kind))
+        PENDING.begin(kind)
         idle_since = time.monotonic()
         while time.monotonic() < deadline:
             started = time.monotonic()
@@ -271,20 +270,19 @@ def drain(*, kind: str, budget: float = DRAIN_BUDGET) -> int:
             total += taken
             if taken:
                 idle_since = time.monotonic()
-                conn.expire(_queued_key(kind), QUEUED_TTL)
+                PENDING.keep(kind)
             elif time.monotonic() - idle_since >= LINGER:
                 break
             if taken < (shared if _tenants.get(kind, 0) > 1 else BATCH):
                 time.sleep(PAUSE)
             shared = shared_limit(shared, taken, idle_since - started if taken else 0.0)
         if time.monotonic() >= deadline:
-            conn.delete(_queued_key(kind))
+            PENDING.release(kind)
             wake(kind)
             return total
         # Give the marker back, then look again: an event accepted meanwhile either finds no
         # marker (and enqueues a new job) or set the flag before this check.
-        conn.delete(_queued_key(kind))
-        if not conn.exists(_dirty_key(kind)) or not conn.set(_queued_key(kind), 1, nx=True, ex=QUEUED_TTL):
+        if not PENDING.finish(kind):
             return total
 
 

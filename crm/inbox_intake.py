@@ -274,24 +274,23 @@ def wake_owed() -> None:
         _waker_for[1].send()
 
 
-def _dirty_key(kind: str) -> str:
-    return f"crm:inbox:dirty:{kind}"
-
-
-def _queued_key(kind: str) -> str:
-    return f"crm:inbox:queued:{kind}"
+# One drain job per kind queued or draining (crm.jobs.Pending: its dirty flag and queued marker).
+PENDING = jobs.Pending("inbox", QUEUED_TTL)
 
 
 def wake(kind: str) -> bool:
     """Mark `kind` dirty and enqueue its drain job unless one is queued or draining; True if enqueued."""
-    conn = jobs.get_connection()
-    with conn.pipeline(transaction=False) as pipe:
-        pipe.set(_dirty_key(kind), 1)
-        pipe.set(_queued_key(kind), 1, nx=True, ex=QUEUED_TTL)
-        _, enqueue = pipe.execute()
-    if enqueue:
-        jobs.enqueue(DRAIN_FUNC, queue=queues.INBOX, kwargs={"kind": kind}, result_ttl=0, after_commit=False)
-    return bool(enqueue)
+    return PENDING.wake(
+        kind,
+        functools.partial(
+            jobs.enqueue,
+            DRAIN_FUNC,
+            queue=queues.INBOX,
+            kwargs={"kind": kind},
+            result_ttl=0,
+            after_commit=False,
+        ),
+    )
 
 
 def _transient(exc: BaseException) -> bool:

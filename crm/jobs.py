@@ -479,3 +479,64 @@ def jobs_alive(job_ids: Sequence[str]) -> list[bool]:
             for s in statuses
         )
     return alive
+
+
+@dataclass(frozen=True)
+class Pending:
+    """One pending job per key however many writers ask for one (an inbox kind's drain, an
+    organization's Chatwoot push): a "dirty" flag says work was written, a "queued" marker (with a
+    TTL, so a job that died frees it) says a job is queued or running for the key.
+
+    Writers call `wake` after their commit: it sets the flag and enqueues only when it takes the
+    marker. The job calls `begin` before each pass over the waiting work (the flag cleared before
+    it reads, so work committed during the pass leaves the flag set) and `finish` when it ran out:
+    the marker is given back, then taken again if the flag is set (True: pass again). A write
+    during the job's last moments either finds no marker (and enqueues a job) or set the flag
+    before `finish` looks, so nothing is left waiting; N writes during a pass cost one more pass."""
+
+    space: str  # the keys' middle part: crm:<space>:dirty:<key>, crm:<space>:queued:<key>
+    ttl: int  # seconds the marker outlives a job that died holding it
+
+    def dirty_key(self, key: object) -> str:
+        return f"crm:{self.space}:dirty:{key}"
+
+    def queued_key(self, key: object) -> str:
+        return f"crm:{self.space}:queued:{key}"
+
+    def wake(self, key: object, enqueue: Callable[[], object]) -> bool:
+        """Mark `key` dirty and call `enqueue` unless a job is queued or running; True if called."""
+        with get_connection().pipeline(transaction=False) as pipe:
+            pipe.set(self.dirty_key(key), 1)
+            pipe.set(self.queued_key(key), 1, nx=True, ex=self.ttl)
+            _, taken = pipe.execute()
+        if taken:
+            enqueue()
+        return bool(taken)
+
+    def begin(self, key: object) -> None:
+        """Before a pass: clear the flag and hold the marker (taken over by a job `recover`
+        enqueued after the marker's job was lost)."""
+        with get_connection().pipeline(transaction=False) as pipe:
+            pipe.delete(self.dirty_key(key))
+            pipe.set(self.queued_key(key), 1, ex=self.ttl)
+            pipe.execute()
+
+    def keep(self, key: object) -> None:
+        """The job still works (or waits deferred): its marker lives on."""
+        get_connection().expire(self.queued_key(key), self.ttl)
+
+    def dirty(self, key: object) -> bool:
+        return bool(get_connection().exists(self.dirty_key(key)))
+
+    def release(self, key: object) -> None:
+        get_connection().delete(self.queued_key(key))
+
+    def finish(self, key: object) -> bool:
+        """Out of work: give the marker back; True (the marker taken again) if work was written
+        since the last `begin`, and the caller passes again."""
+        connection = get_connection()
+        connection.delete(self.queued_key(key))
+        return bool(
+            connection.exists(self.dirty_key(key))
+            and connection.set(self.queued_key(key), 1, nx=True, ex=self.ttl)
+        )

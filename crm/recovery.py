@@ -34,7 +34,7 @@ from rq.exceptions import AbandonedJobError
 from rq.job import Job
 from rq.timeouts import JobTimeoutException
 
-from crm import jobs, services
+from crm import jobs, retired, services
 from crm.models import JobRun
 
 logger = logging.getLogger(__name__)
@@ -259,6 +259,7 @@ def recover(*, dry_run: bool = False, progress: Callable[[str, int], None] | Non
     if not dry_run:
         # The fair queues' weights first, so the work enqueued below is served at its share.
         services.queue_weights_rebuild()
+        retired.move_retired()
     result = {
         "job-runs": requeue_missing(
             _stale_job_runs(dry_run=dry_run), dry_run=dry_run, progress=told("job-runs")

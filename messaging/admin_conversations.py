@@ -3,6 +3,7 @@ the organization's words and texts, the customer's conversation with a reply box
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django import forms
@@ -15,6 +16,7 @@ from django.shortcuts import redirect
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
+from django.utils.http import content_disposition_header
 from django.utils.translation import gettext_lazy as _
 
 from crm import tenancy
@@ -170,10 +172,29 @@ class ConversationMessageAdmin(TenantAdmin):
         except IntegrationError as exc:
             messages.error(request, _("Meta did not give the media: %(error)s") % {"error": exc})
             return back
-        response = HttpResponse(media.content, content_type=media.mime_type)
-        response["Content-Disposition"] = f'inline; filename="{row.media_filename or row.media_id}"'
-        response["X-Content-Type-Options"] = "nosniff"
-        return response
+        return media_response(media.content, media.mime_type, row.media_filename or row.media_id)
+
+
+# What a browser may show in place: pictures, sound and video. Anything else a customer sends (an
+# HTML or SVG "document" would run its script on the admin's origin, in the manager's session) is
+# a download.
+INLINE_TYPES = frozenset({"image/jpeg", "image/png", "image/webp", "image/gif"})
+INLINE_PREFIXES = ("audio/", "video/")
+_UNSAFE_FILENAME = re.compile(r"[\x00-\x1f\x7f/\\]")
+
+
+def media_response(content: bytes, mime_type: str, filename: str) -> HttpResponse:
+    """A customer's media as the admin serves it: shown in place only when it is a picture, sound
+    or video, else downloaded; never sniffed, never scripted (a sandbox policy), its file name (the
+    customer's) quoted safely."""
+    kind = mime_type.split(";", 1)[0].strip().lower()
+    inline = kind in INLINE_TYPES or kind.startswith(INLINE_PREFIXES)
+    response = HttpResponse(content, content_type=kind or "application/octet-stream")
+    name = _UNSAFE_FILENAME.sub("_", filename)[:255] or "media"
+    response["Content-Disposition"] = content_disposition_header(not inline, name) or "attachment"
+    response["X-Content-Type-Options"] = "nosniff"
+    response["Content-Security-Policy"] = "sandbox"
+    return response
 
 
 @admin.register(ConversationSettings)

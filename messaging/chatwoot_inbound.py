@@ -6,9 +6,11 @@ conversation.
 
 A message waits in the database (`ConversationMessage.chatwoot_pending`) until Chatwoot took it, so
 nothing depends on Redis or on Chatwoot being up: a push job per organization delivers what waits,
-oldest first; one holds the organization's advisory lock (a second one defers itself for a moment,
-so nothing committed meanwhile is left behind). Chatwoot down: the job defers without spending an
-attempt and delivers in order when it is back. Token refused: the messages wait with the error (the
+oldest first, one queued or running per organization however many messages are written meanwhile
+(`PENDING`: the push passes again while messages came during its pass). One holds the
+organization's advisory lock; a second one (`recover`'s) leaves what waits to it. Chatwoot down:
+the job defers without spending an attempt, still the organization's one push, and delivers in
+order when it is back. Token refused: the messages wait with the error (the
 admin's "waiting for Chatwoot"); saving the organization's Chatwoot account pushes again at once,
 and the recovery pass every minute, so what was refused meanwhile is delivered once the token is
 fixed. The contact and conversation ids found for a customer are kept (`ChatwootThread`): a
@@ -56,26 +58,42 @@ HANDOFF_KIND = "handoff"
 PUSH_CHUNK = 500
 STREAM_POLL = 0.05  # seconds between reads of newly committed rows while conversations are in flight
 DOWN_DEFER = 10.0  # seconds before trying a Chatwoot that did not answer again
-BUSY_DEFER = 1.0  # another push of the organization holds its lock
 _ACCOUNT_LEVEL_STATUSES = (401, 403)
 # The error's prefix of a row whose post went out without an answer: looked for before posting again.
 MAYBE_DELIVERED = "maybe delivered: "
 _LOCK_SPACE = 0x43570000  # advisory lock ids: this space + the organization's id
 
 
+# One push per organization queued or running, however many messages are written meanwhile
+# (crm.jobs.Pending): a push clears the flag before it reads what waits, and passes again while
+# messages were written during its pass. The marker outlives a push killed with its worker by at most
+# the queue's timeout; `recover` pushes whatever waits over 30 s meanwhile.
+PENDING = jobs.Pending("chatwoot-push", queues.get_spec(queues.CHATWOOT_INBOUND).timeout + 60)
+
+
 def push_job_id(organization_id: int) -> str:
     return f"chatwoot-push-{organization_id}"
 
 
-def push_enqueue(*, organization_id: int) -> None:
-    """Enqueue a push of the organization's waiting messages (after commit), on its fair queue."""
+def _enqueue(organization_id: int) -> None:
     jobs.enqueue(
         PUSH_TASK,
         queue=queues.CHATWOOT_INBOUND,
         kwargs={"organization_id": organization_id},
         organization_id=organization_id,
         result_ttl=60,
+        after_commit=False,
     )
+
+
+def _wake(organization_id: int) -> None:
+    PENDING.wake(organization_id, functools.partial(_enqueue, organization_id))
+
+
+def push_enqueue(*, organization_id: int) -> None:
+    """After the commit, a push of the organization's waiting messages on its fair queue, unless
+    one is queued or running (it takes them). Redis failing here fails nothing: `recover` pushes."""
+    transaction.on_commit(functools.partial(_wake, organization_id), robust=True)
 
 
 def account_saved(sender: type, instance: ChatwootAccount, **kwargs: object) -> None:
@@ -83,7 +101,8 @@ def account_saved(sender: type, instance: ChatwootAccount, **kwargs: object) -> 
     commit; Redis failing here never fails the save, the recovery pass pushes within a minute)."""
     organization_id = instance.organization_id
     if instance.enabled and waiting(organization_id):
-        transaction.on_commit(functools.partial(push_enqueue, organization_id=organization_id), robust=True)
+        # A push at once even when one waits deferred (a Chatwoot that was down or misaddressed).
+        transaction.on_commit(functools.partial(_enqueue, organization_id), robust=True)
 
 
 def waiting(organization_id: int | None = None, *, campaign: bool | None = None) -> dict[int, int]:
@@ -139,11 +158,38 @@ def _account(organization_id: int) -> ChatwootAccount | None:
 
 
 def push(*, organization_id: int) -> int:
-    """Deliver the organization's waiting messages to Chatwoot, oldest first; returns how many.
-    Safe to run twice and concurrently (one at a time per organization; a delivered message is
-    marked at once). Raises jobs.Defer while Chatwoot does not answer or another push runs."""
+    """Deliver the organization's waiting messages to Chatwoot, oldest first, pass after pass while
+    more were written during one; returns how many. Safe to run twice and concurrently (one at a
+    time per organization; a delivered message is marked at once). Raises jobs.Defer while Chatwoot
+    does not answer, keeping the organization's one pending push (PENDING)."""
+    delivered = 0
+    try:
+        while True:
+            done = _push_pass(organization_id)
+            if done is None:  # another push is in its pass: it looks at the flag when it ends
+                return delivered
+            delivered += done
+            if not PENDING.finish(organization_id):
+                return delivered
+    except _TokenRefused:
+        # What waits stays for a fixed token (saving the account pushes) or `recover`; the marker
+        # kept, writers meanwhile enqueue no push that would only be refused.
+        PENDING.keep(organization_id)
+        return delivered
+    except jobs.Defer:
+        PENDING.keep(organization_id)  # this deferred job is the organization's pending push
+        raise
+    except BaseException:
+        PENDING.release(organization_id)  # a retry or `recover` runs it again; a writer may too
+        raise
+
+
+def _push_pass(organization_id: int) -> int | None:
+    """One pass over what waits, holding the organization's lock (the flag cleared first); None
+    when another push holds it."""
     account = _account(organization_id)
     if account is None:
+        PENDING.begin(organization_id)
         # Chatwoot switched off: nothing waits for it any more.
         ConversationMessage.objects.filter(organization_id=organization_id, chatwoot_pending=True).update(
             chatwoot_pending=False
@@ -151,17 +197,15 @@ def push(*, organization_id: int) -> int:
         return 0
     with _organization_lock(organization_id) as held:
         if not held:
-            raise jobs.Defer(BUSY_DEFER, "another Chatwoot push of this organization runs")
+            return None
+        PENDING.begin(organization_id)
         with ChatwootClient(
             base_url=account.base_url,
             account_id=account.account_id,
             api_token=account.get_api_token(),
             max_connections=_concurrency(),
         ) as client:
-            try:
-                return _push_all(client, account)
-            except _TokenRefused:
-                return 0
+            return _push_all(client, account)
 
 
 def _pending(organization_id: int, *, exclude: set[int], blocked: set[int]) -> list[ConversationMessage]:

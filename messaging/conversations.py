@@ -39,12 +39,31 @@ HANDOFF_KIND = chatwoot_inbound.HANDOFF_KIND
 KEYWORD_KINDS = frozenset({"text", "button", "interactive"})
 
 
+# Dropped anywhere: accents and other marks, and invisible format characters (zero-width spaces
+# and joiners, direction marks, soft hyphens, a byte-order mark) that keyboards and apps slip in.
+_DROPPED = frozenset({"Mn", "Me", "Cf"})
+
+
+def _bare(text: str) -> str:
+    return "".join(c for c in text if unicodedata.category(c) not in _DROPPED)
+
+
+def _edge(c: str) -> bool:
+    """Trimmed from both ends: spaces, punctuation (“smart” quotes, «», ¡¿ too) and symbols (✋🛑)."""
+    return c.isspace() or unicodedata.category(c)[0] in "PSZ"
+
+
 def normalize(text: str) -> str:
-    """A keyword as compared: trimmed of spaces and punctuation, case folded, without accents."""
-    decomposed = unicodedata.normalize("NFKD", text.casefold())
-    bare = "".join(c for c in decomposed if not unicodedata.combining(c))
-    words = bare.split()
-    return " ".join(words).strip(".,;:!?¡¿'\"()[]-_*~ ")
+    """A keyword as compared: compatibility forms folded (fullwidth letters), case folded, without accents or
+    invisible characters, spaces inside collapsed, trimmed of spaces, punctuation and symbols."""
+    bare = _bare(unicodedata.normalize("NFKD", text))
+    words = " ".join(_bare(unicodedata.normalize("NFKD", bare.casefold())).split())
+    start, end = 0, len(words)
+    while start < end and _edge(words[start]):
+        start += 1
+    while end > start and _edge(words[end - 1]):
+        end -= 1
+    return words[start:end]
 
 
 def keyword_set(lines: str) -> frozenset[str]:

@@ -40,8 +40,8 @@ def agent_reply(payload: Any) -> AgentReply | None:
     body is not a JSON object."""
     if not isinstance(payload, dict):
         raise ValueError("the payload must be a JSON object")
-    if payload.get("event") != "message_created" or payload.get("private") is True:
-        return None
+    if payload.get("event") != "message_created" or payload.get("private") not in (False, None):
+        return None  # a private note (or one whose flag says anything but "not private") stays inside
     if payload.get("message_type") not in ("outgoing", 1):
         return None
     if "crm_message_id" in _dict(payload.get("content_attributes")) or "campaign_message_id" in _dict(

@@ -4,14 +4,19 @@ Nothing is downloaded automatically; the bytes are never stored here."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import httpx
 
 from integrations import http
 from integrations.errors import IntegrationError
+from integrations.outbound import OutboundURLError
 
 MAX_MEDIA_BYTES = 100 * 1024 * 1024  # Meta's largest (a document)
+# Meta's media ids are digits; letters, '_' and '-' are let through (the sandbox's). Anything else
+# ('..', '?', '#', '%', '\\', '@') would make the Graph URL name another path with our token.
+MEDIA_ID = re.compile(r"[A-Za-z0-9_-]{1,128}")
 
 
 @dataclass(frozen=True)
@@ -22,8 +27,8 @@ class Media:
 
 def media_fetch(*, base_url: str, version: str, media_id: str, access_token: str) -> Media:
     """The media's bytes and type; IntegrationError (retryable or not) when Meta or the URL refuse."""
-    if not media_id or "/" in media_id or len(media_id) > 128:
-        raise IntegrationError(f"not a media id: {media_id!r}", retryable=False)
+    if not MEDIA_ID.fullmatch(media_id):
+        raise IntegrationError(f"not a media id: {media_id[:140]!r}", retryable=False)
     auth = {"Authorization": f"Bearer {access_token}"}
     with http.client(headers=auth, max_response_bytes=MAX_MEDIA_BYTES) as client:
         what = f"Meta GET media {media_id}"
@@ -37,6 +42,8 @@ def media_fetch(*, base_url: str, version: str, media_id: str, access_token: str
             response = client.get(url)
         except httpx.TransportError as exc:
             raise http.no_answer_error(what, exc, idempotent=True) from exc
+        except OutboundURLError as exc:  # the media URL names a forbidden address (SSRF guard)
+            raise IntegrationError(f"{what}: {exc}", retryable=False) from exc
         except ValueError as exc:
             raise IntegrationError(f"{what}: an answer that is not JSON", retryable=False) from exc
         if response.status_code >= 400:

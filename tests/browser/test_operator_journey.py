@@ -177,7 +177,7 @@ def _handler_is_paused_and_resumed(page: Page, stack: Stack) -> None:
 
 def _metrics_json_counts_every_queue(page: Page, stack: Stack) -> None:
     stack.orm.run(
-        jobs.enqueue, "tests.jobs.record", queue="chatwoot-mirror", kwargs={"key": "m", "value": "1"}
+        jobs.enqueue, "tests.jobs.record", queue="chatwoot-inbound", kwargs={"key": "m", "value": "1"}
     )
     stack.orm.run(
         jobs.enqueue,
@@ -197,7 +197,7 @@ def _metrics_json_counts_every_queue(page: Page, stack: Stack) -> None:
     for name, counts in data.items():
         assert set(counts) == set(stats.STATES), name
         assert all(isinstance(v, int) and v >= 0 for v in counts.values()), name
-    assert data["chatwoot-mirror"]["completed"] >= 1
+    assert data["chatwoot-inbound"]["completed"] >= 1
     assert data["post-sale-survey"]["delayed"] >= 1
     # For a readable screenshot: Chromium's JSON viewer has a "Pretty-print" box at the top left,
     # outside the page's DOM (if a version moves it, the click misses and nothing else changes).

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import hashlib
+import hmac
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +13,29 @@ from project.sandboxes.whatsapp import SandboxServer
 
 PHONE_NUMBER_ID = "109876543210"
 TOKEN = "EAAG-sandbox-token-for-tests-0123456789"
+META_SECRET = "meta-app-secret-for-tests"
+
+
+def meta_signature(body: bytes) -> str:
+    return "sha256=" + hmac.new(META_SECRET.encode(), body, hashlib.sha256).hexdigest()
+
+
+@pytest.fixture
+def meta(client, settings):
+    """Post a body to Meta's webhook, signed with the app's secret, as Meta would; its JSON answer."""
+    settings.WHATSAPP_APP_SECRET = META_SECRET
+
+    def post(body: bytes):
+        response = client.post(
+            "/webhooks/whatsapp/",
+            data=body,
+            content_type="application/json",
+            HTTP_X_HUB_SIGNATURE_256=meta_signature(body),
+        )
+        assert response.status_code == 200, response.content
+        return response.json()
+
+    return post
 
 
 @pytest.fixture

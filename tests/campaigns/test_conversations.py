@@ -26,17 +26,13 @@ from integrations.whatsapp import webhooks
 from messaging import chatwoot_inbound, chatwoot_replies, conversations
 from messaging.models import ConversationMessage
 from project.sandboxes.chatwoot import ChatwootSandbox
+from tests.campaigns.conftest import META_SECRET as SECRET
 from tests.campaigns.conftest import PHONE_NUMBER_ID
 
-SECRET = "meta-app-secret-for-tests"
 ACCOUNT_ID = 7
 INBOX_ID = 3
 CW_TOKEN = "cw-sandbox-api-access-token-0123456789"
 Status = ConversationMessage.Status
-
-
-def _sign(body: bytes) -> str:
-    return "sha256=" + hmac.new(SECRET.encode(), body, hashlib.sha256).hexdigest()
 
 
 def _message(wamid: str, sender: str, kind: str = "text", ts: int | None = None, **content: Any) -> dict:
@@ -58,23 +54,6 @@ def _inbound(*messages: dict, phone_number_id: str = PHONE_NUMBER_ID) -> bytes:
         "entry": [{"id": "1", "changes": [{"field": "messages", "value": value}]}],
     }
     return json.dumps(payload).encode()
-
-
-@pytest.fixture
-def meta(client, settings):
-    settings.WHATSAPP_APP_SECRET = SECRET
-
-    def post(body: bytes):
-        response = client.post(
-            "/webhooks/whatsapp/",
-            data=body,
-            content_type="application/json",
-            HTTP_X_HUB_SIGNATURE_256=_sign(body),
-        )
-        assert response.status_code == 200, response.content
-        return response.json()
-
-    return post
 
 
 @pytest.fixture

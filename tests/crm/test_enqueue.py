@@ -30,7 +30,6 @@ def test_every_queue_of_the_design_is_registered_in_priority_order():
         "chatwoot-inbound",
         "items-p2",
         "post-sale-survey",
-        "chatwoot-mirror",
         "runs",
         "items-p3",
         "erp-sync-queue",
