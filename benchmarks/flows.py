@@ -1,14 +1,16 @@
 """Flows: event -> first send latency with real workers, and the periodic pass's cost.
 
     DATABASE_URL=postgres://.../crm_flows_bench REDIS_URL=redis://.../14 SECRET_KEY=... ENCRYPTION_KEY=... \\
-    .venv/bin/python benchmarks/flows.py [--rate 200] [--seconds 60] [--processes 2] \\
+    .venv/bin/python benchmarks/flows.py [--rate 200] [--seconds 60] [--processes 2] [--page 20] \\
         [--waiting 1000000] [--due 10000] [--customers 1000000] [--parts latency,tick,date]
 
 Uses (and creates, migrates) the database in DATABASE_URL; flushes the Redis database.
-1. latency: a `customer_created` flow whose first step sends a WhatsApp template (sandbox, no
-   latency); this process announces --rate events/s for --seconds (one transaction each, through
-   crm.hooks.customer_events), --processes worker processes serve `flows,whatsapp-send`. Prints
-   p50/p95/p99 of (message sent_at - enrollment entered_at) and what was reached.
+1. latency: a `sale` flow whose first step sends a WhatsApp template (sandbox, no latency); this
+   process writes --rate sales/s for --seconds the way the ERP sync does (a page of --page sales
+   every page/rate seconds, `erp.services.sales_page_store`: the sales, the "sales written" hook,
+   the trigger), --processes worker processes serve `flows,whatsapp-send`. Prints the rate
+   offered (and the producer's CPU), p50/p95/p99 of (message sent_at - enrollment entered_at),
+   the load, and per event: statements and CPU of the producer, the workers and PostgreSQL.
 2. tick: --due due enrollments among --waiting waiting ones (written with INSERT ... SELECT
    generate_series), then the tick's two reads: the due steps' specs (time, queries) and
    requeue_missing over them (time); at both sizes (--due alone, then with --waiting).
@@ -24,7 +26,9 @@ import statistics
 import subprocess
 import sys
 import time
+from decimal import Decimal
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -34,17 +38,19 @@ import django  # noqa: E402
 
 django.setup()
 
-from django.db import connection, transaction  # noqa: E402
+from django.db import connection  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 from django.utils import timezone  # noqa: E402
 
-from benchmarks.common import ensure_database  # noqa: E402
+from benchmarks.common import CpuAccount, ensure_database  # noqa: E402
 from campaigns.models import Campaign, Kind, WhatsappMessage  # noqa: E402
-from crm import bulk, hooks, jobs, recovery  # noqa: E402
+from crm import bulk, jobs, prometheus, recovery  # noqa: E402
 from crm.models import Customer, Organization, Store  # noqa: E402
+from erp.services import sales_page_store  # noqa: E402
 from flows import services, triggers  # noqa: E402
 from flows.models import DailyPass, Enrollment, Flow  # noqa: E402
 from integrations import outbound  # noqa: E402
+from integrations.millennium.client import ErpSale  # noqa: E402
 from integrations.models import WhatsappNumber  # noqa: E402
 from project.sandboxes.whatsapp import SandboxServer  # noqa: E402
 
@@ -78,6 +84,53 @@ def flow_of(org: Organization, data: dict) -> Flow:
     return services.flow_import(data=data, organization_slug=org.slug)[0]
 
 
+def _sales_pages(org: Organization, n: int, page: int) -> list[list[ErpSale]]:
+    """`n` new sales (one per customer, each an ERP id of its own this run) in pages of `page`."""
+    run = f"{time.time():.0f}"
+    store = Store.objects.get(organization=org, erp_code="B1")
+    erp_ids = list(
+        Customer.objects.filter(organization=org).order_by("pk").values_list("erp_id", flat=True)[:n]
+    )
+    now = timezone.now()
+    sales = [
+        ErpSale(f"S{run}-{i}", i + 1, erp_id or "", store.erp_code, now, Decimal("150.00"), ())
+        for i, erp_id in enumerate(erp_ids)
+    ]
+    return [sales[i : i + page] for i in range(0, len(sales), page)]
+
+
+def _produce(org: Organization, pages: list[list[ErpSale]], rate: float) -> dict[str, float]:
+    """Write the pages as the ERP sync does (`erp.services.sales_page_store`: sales, the "sales
+    written" hook, the flows' `sale` trigger, the jobs after the commit), one every len(page)/rate
+    seconds. Returns the seconds taken, this thread's CPU seconds and its statements."""
+    store = Store.objects.get(organization=org, erp_code="B1")
+    statements = [0]
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements[0] += 1
+        return execute(sql, params, many, context)
+
+    started, cpu, at, late = time.monotonic(), time.thread_time(), 0.0, 0.0
+    with connection.execute_wrapper(count):
+        for records in pages:
+            pause = started + at - time.monotonic()
+            if pause > 0:
+                time.sleep(pause)
+            late = max(late, -pause)
+            sales_page_store(store=store, sales=records)
+            at += len(records) / rate
+    elapsed = max(time.monotonic() - started, at)  # the last page's slot counts whole
+    return {"seconds": elapsed, "cpu": time.thread_time() - cpu, "statements": statements[0], "late": late}
+
+
+def _workers_counts() -> tuple[int, int]:
+    """(statements, jobs) the workers counted in Redis (CRM_COUNT_QUERIES, crm.prometheus)."""
+    redis = jobs.get_connection()
+    outcomes = redis.hgetall(prometheus.JOBS_KEY)
+    ran = sum(int(v) for k, v in outcomes.items() if b"|outcome|" in k)
+    return int(redis.get("crm:stats:db_queries") or 0), ran
+
+
 def part_latency(args: argparse.Namespace, sandbox: SandboxServer) -> None:
     n = args.rate * args.seconds
     org = world(f"flows-latency-{n}", n)
@@ -94,12 +147,14 @@ def part_latency(args: argparse.Namespace, sandbox: SandboxServer) -> None:
         {
             "key": "bench-latency",
             "name": "bench",
-            "trigger": {"type": "customer_created"},
+            "trigger": {"type": "sale"},
+            "reentry": "always",
             "steps": [{"type": "send_whatsapp", "template": "bench", "variables": ["first_name"]}],
         },
     )
-    ids = list(Customer.objects.filter(organization=org).order_by("pk").values_list("pk", flat=True)[:n])
-    env = {**os.environ, "LOG_LEVEL": "WARNING"}
+    pages = _sales_pages(org, n, args.page)
+    jobs.get_connection().flushdb()
+    env = {**os.environ, "LOG_LEVEL": "WARNING", "CRM_COUNT_QUERIES": "1"}
     pool = subprocess.Popen(
         [
             sys.executable,
@@ -116,23 +171,12 @@ def part_latency(args: argparse.Namespace, sandbox: SandboxServer) -> None:
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
+    cpu = CpuAccount(trees={"workers": pool.pid}, database=str(connection.settings_dict["NAME"]))
     try:
         time.sleep(5)  # workers up
-        started = time.monotonic()
-        for i, customer_id in enumerate(ids):
-            due = started + i / args.rate
-            pause = due - time.monotonic()
-            if pause > 0:
-                time.sleep(pause)
-            with transaction.atomic():
-                hooks.customer_events(
-                    [
-                        hooks.CustomerEvent(
-                            "customer_created", org.pk, customer_id, timezone.now(), f"c{customer_id}"
-                        )
-                    ]
-                )
-        offered = n / (time.monotonic() - started)
+        load = os.getloadavg()
+        cpu.start()
+        made = _produce(org, pages, args.rate)
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             if (
@@ -141,6 +185,8 @@ def part_latency(args: argparse.Namespace, sandbox: SandboxServer) -> None:
             ):
                 break
             time.sleep(1)
+        spent = cpu.stop()
+        statements, ran = _workers_counts()
     finally:
         os.killpg(pool.pid, 15)
         pool.wait(timeout=60)
@@ -149,14 +195,23 @@ def part_latency(args: argparse.Namespace, sandbox: SandboxServer) -> None:
     lat = sorted(
         (at - entered[c]).total_seconds()
         for c, at in sent.values_list("customer_id", "sent_at")
-        if at is not None
+        if at is not None and c in entered
     )
     q = statistics.quantiles(lat, n=100) if len(lat) > 1 else lat * 99
     print(
-        f"latency: {n} events offered at {offered:.0f}/s for {args.seconds} s, "
-        f"{args.processes} worker processes: "
-        f"{len(lat)} sent; event -> first send p50 {q[49]:.2f} s, p95 {q[94]:.2f} s, p99 {q[98]:.2f} s, "
-        f"max {lat[-1] if lat else 0:.2f} s"
+        f"latency: {n} sales asked at {args.rate}/s for {args.seconds} s in ERP pages of {args.page}, "
+        f"offered {n / made['seconds']:.0f}/s (the producer's worst page {made['late']:.2f} s late), "
+        f"{args.processes} worker processes: {len(entered)} entered, {len(lat)} sent; "
+        f"event -> first send p50 {q[49]:.2f} s, p95 {q[94]:.2f} s, p99 {q[98]:.2f} s, "
+        f"max {lat[-1] if lat else 0:.2f} s; load average {load[0]:.1f} -> {os.getloadavg()[0]:.1f}"
+    )
+    each = max(n, 1) / 1000
+    print(
+        f"  per event: producer {made['statements'] / max(n, 1):.2f} statements, "
+        f"{made['cpu'] / each:.2f} ms CPU ({made['cpu'] / made['seconds']:.2f} of a core); "
+        f"workers {statements / max(n, 1):.2f} statements, {ran / max(n, 1):.3f} jobs, "
+        f"{spent['workers'] / each:.2f} ms CPU; PostgreSQL {spent['postgres'] / each:.2f} ms CPU "
+        f"(other processes: {spent['other'] / spent['wall']:.1f} cores)"
     )
 
 
@@ -246,6 +301,7 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=200)
     parser.add_argument("--seconds", type=int, default=60)
     parser.add_argument("--processes", type=int, default=2)
+    parser.add_argument("--page", type=int, default=20, help="sales per ERP page (latency)")
     parser.add_argument("--waiting", type=int, default=1_000_000)
     parser.add_argument("--due", type=int, default=10_000)
     parser.add_argument("--customers", type=int, default=1_000_000)

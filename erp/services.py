@@ -18,7 +18,7 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, date, datetime, timedelta
 from datetime import time as day_time
@@ -37,7 +37,7 @@ from crm import hooks, jobs, prometheus, queues
 from crm.cli import number
 from crm.models import JobRun, Organization, Store
 from erp.models import ErpConnection
-from erp.upserts import customers_upsert, sales_upsert, sync_issues_record
+from erp.upserts import SalesUpsert, customers_upsert, sales_upsert, sync_issues_record
 from integrations.millennium.client import (
     CUSTOMERS_PATH,
     ErpCustomer,
@@ -279,6 +279,21 @@ def _sales_refuse(page: Page[ErpSale], *, store: Store) -> tuple[list[ErpSale], 
     return ours, issues, future
 
 
+def sales_page_store(
+    *, store: Store, sales: Sequence[ErpSale], malformed: Sequence[MalformedRecord] = ()
+) -> tuple[SalesUpsert, dict[str, int]]:
+    """One page of a store's sales written as the ERP sync writes it, in one transaction: the
+    sales (and placeholder customers), the page's issues, and the "sales written" hook (surveys,
+    attribution, lift, the flows' `sale` trigger). Returns the upsert's counts and the hook's."""
+    with transaction.atomic():
+        outcome = sales_upsert(store=store, sales=sales)
+        sync_issues_record(organization_id=store.organization_id, store_id=store.pk, issues=malformed)
+        told = hooks.sales_written(
+            organization_id=store.organization_id, sale_ids=outcome.sale_ids, created_ids=outcome.new_sale_ids
+        )
+    return outcome, told
+
+
 def sales_sync(
     *,
     store: Store,
@@ -304,12 +319,7 @@ def sales_sync(
             store_code=store.erp_code, start=start, end=end, top=connection.page_size
         ):
             ours, malformed, future = _sales_refuse(page, store=store)
-            with transaction.atomic():
-                outcome = sales_upsert(store=store, sales=ours)
-                sync_issues_record(organization_id=org_id, store_id=store.pk, issues=malformed)
-                told = hooks.sales_written(
-                    organization_id=org_id, sale_ids=outcome.sale_ids, created_ids=outcome.new_sale_ids
-                )
+            outcome, told = sales_page_store(store=store, sales=ours, malformed=malformed)
             prometheus.count("erp_sync_rows", len(ours), kind="sales")
             result.pages += 1
             result.read += page.size

@@ -1,48 +1,47 @@
-"""Running an enrollment's due steps, each exactly once.
+"""Running enrollments' due steps, each exactly once.
 
-`enrollment_advance` locks the enrollment's row (a second job for it waits, then finds nothing
-due), runs the step at `step_index` and records it in the same transaction as the enrollment's
-move to the next step: the EnrollmentStep row is unique per (enrollment, step), so a retried,
-recovered or duplicated job never runs a step twice. A send step writes its message into the
-step's campaign (one message per campaign and customer: the campaigns' own exactly-once) and
-enqueues the campaigns' send batch, which claims it before calling the provider and applies
-consent, opt-outs, the contact caps, pacing and the error policy. A runner step calls the
-runner after its commit (a durable transaction of its own), under an event id per step, so a
-re-run is recognised as a redelivery.
+`enrollments_advance` (one job per batch of enrollments: a page of sales, a tick's due steps)
+locks the enrollments' rows in one transaction (a second job for one of them waits, then finds
+nothing due), runs each one's step at `step_index` and records it with the enrollment's move to
+the next step, written set-based for the whole batch (the steps, the messages, the campaigns'
+queued counts, the moves: a few statements per batch, not per enrollment): the EnrollmentStep
+row is unique per (enrollment, step), so a retried, recovered or duplicated job never runs a
+step twice. A send step writes its message into the step's campaign (one message per campaign
+and customer: the campaigns' own exactly-once) and, after the commit, the job sends the batch
+through the campaigns' send batch, which claims each message before calling the provider and
+applies consent, opt-outs, the contact caps, pacing and the error policy (flows.sending). A
+runner step calls the runner after its commit (a durable transaction of its own), under an
+event id per step, so a re-run is recognised as a redelivery.
 """
 
 from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, time, timedelta
 from typing import Any
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from campaigns import lifecycle, lift
-from campaigns.email.sending import email_send_batch
+from campaigns import lift
 from campaigns.models import (
     Campaign,
     CampaignMetric,
     Channel,
     CustomerSegment,
     EmailMessage,
-    Kind,
     WhatsappMessage,
 )
-from campaigns.whatsapp.sending import whatsapp_send_batch
-from crm import jobs, queues
 from crm.models import Sale
-from flows import guards
-from flows.models import Enrollment, EnrollmentStep, Flow, StepCampaign
-from integrations.models import WhatsappNumber
+from flows import guards, sending
+from flows.models import Enrollment, EnrollmentStep
 from messaging import conversations
 from runner.events import events_store
 from runner.executions import handler_get
@@ -56,14 +55,6 @@ MAX_STEPS_PER_RUN = 50
 STEAL = 100
 # The send batch of the messages written by the running job: its first enrollment's id.
 _BATCH: ContextVar[int | None] = ContextVar("flows_batch", default=None)
-# The step campaigns the running job has looked up (a step's campaign never changes).
-_CAMPAIGNS: ContextVar[dict[tuple[int, int, int, int], Campaign] | None] = ContextVar(
-    "flows_campaigns", default=None
-)
-SEND_FUNCS = {
-    Channel.WHATSAPP: "campaigns.tasks.whatsapp_send_batch",
-    Channel.EMAIL: "campaigns.tasks.email_send_batch",
-}
 Outcome = EnrollmentStep.Outcome
 
 
@@ -75,56 +66,154 @@ class _Ran:
     send: tuple[Channel, int, int, int] | None = None
 
 
+@dataclass
+class _Writes:
+    """A batch's rows, written in a few set-based statements when its steps have run (in the
+    transaction holding the enrollments' locks): the steps, the messages, the campaigns' queued
+    counts and the enrollments' moves."""
+
+    steps: list[EnrollmentStep] = field(default_factory=list)
+    messages: dict[Any, list[Any]] = field(default_factory=dict)
+    queued: dict[int, int] = field(default_factory=dict)
+    moved: dict[int, Enrollment] = field(default_factory=dict)
+    held: set[int] = field(default_factory=set)  # the batch's customers in the global holdout
+
+    def flush(self) -> None:
+        for model, rows in self.messages.items():
+            model.objects.bulk_create(rows)
+        for campaign_id, n in sorted(self.queued.items()):
+            CampaignMetric.objects.filter(campaign_id=campaign_id).update(queued=F("queued") + n)
+        EnrollmentStep.objects.bulk_create(self.steps)
+        if self.moved:
+            _moves_write(list(self.moved.values()))
+
+
+_WRITES: ContextVar[_Writes | None] = ContextVar("flows_writes", default=None)
+# An enrollment's columns a step moves, with their types: one UPDATE … FROM unnest for a batch.
+MOVES = (
+    ("status", "text"),
+    ("step_index", "integer"),
+    ("due_at", "timestamptz"),
+    ("branch", "text"),
+    ("holdout", "boolean"),
+    ("finished_at", "timestamptz"),
+    ("exit_reason", "text"),
+)
+
+
+def _moves_write(enrollments: list[Enrollment]) -> None:
+    """The enrollments' moves in one statement (Django's bulk_update builds a CASE per row and
+    column: most of a batch's CPU)."""
+    names = [name for name, _ in MOVES]
+    sql = (
+        f"UPDATE {Enrollment._meta.db_table} e SET "  # noqa: S608 - names from MOVES
+        + ", ".join(f"{n} = m.{n}" for n in names)
+        + " FROM unnest(%s::bigint[], "
+        + ", ".join(f"%s::{t}[]" for _, t in MOVES)
+        + f") AS m(id, {', '.join(names)}) WHERE e.id = m.id"
+    )
+    params = [[e.pk for e in enrollments], *([getattr(e, n) for e in enrollments] for n in names)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+
+
 def enrollment_advance(*, enrollment_id: int) -> str:
-    """Run the enrollment's due steps until it waits or ends, and those of up to STEAL other due
-    enrollments of its organization (their own jobs then find nothing due); their messages share
-    one send batch per step campaign, sent at the end. Returns what the enrollment ended on. Safe
-    to run twice, concurrently or after a crash anywhere."""
+    """One enrollment's due steps (an older job's shape): `enrollments_advance` of it alone."""
+    return enrollments_advance(enrollment_ids=[enrollment_id])[enrollment_id]
+
+
+def enrollments_advance(*, enrollment_ids: Sequence[int]) -> dict[int, str]:
+    """Run the enrollments' due steps until each waits or ends, and those of up to STEAL other due
+    enrollments of their organizations (their own jobs then find nothing due), in one transaction
+    holding their locks, written set-based; their messages share one send batch per step
+    campaign, sent after the commit. Returns what each of `enrollment_ids` ended on. Safe to run
+    twice, concurrently or after a crash anywhere."""
+    ids = sorted(set(enrollment_ids))
     sends: dict[tuple[Channel, int, int], None] = {}
-    token, cached = _BATCH.set(enrollment_id), _CAMPAIGNS.set({})
+    states: dict[int, str] = {}
+    token, cached = _BATCH.set(ids[0] if ids else None), sending.CAMPAIGNS.set({})
     try:
-        state = _advance_one(enrollment_id, sends=sends, skip_locked=False)
-        organization_id = next(iter(sends), (None, None, None))[2] if sends else None
-        if organization_id is not None:
-            for other in _due_of(organization_id, exclude=enrollment_id):
-                _advance_one(other, sends=sends, skip_locked=True)
+        todo, steal = ids, True
+        for _ in range(MAX_STEPS_PER_RUN):
+            if not todo:
+                break
+            try:
+                afters = _advance_batch(todo, states, sends, steal=steal)
+            except Exception:
+                if len(todo) == 1:
+                    raise
+                afters = _advance_singly(todo, states, sends)
+            for after in afters:
+                _runner_call(**after)
+            todo, steal = sorted(a["enrollment_id"] for a in afters), False
+        for enrollment_id in todo:
+            states[enrollment_id] = "more"  # a loop of steps: the tick comes back for the rest
     finally:
         _BATCH.reset(token)
-        _CAMPAIGNS.reset(cached)
+        sending.CAMPAIGNS.reset(cached)
     for channel, campaign_id, org in sends:
-        send_now(channel, campaign_id, enrollment_id, org)
-    return state
+        sending.send_now(channel, campaign_id, ids[0], org)
+    return {i: states.get(i, "gone") for i in ids}
 
 
-def _due_of(organization_id: int, *, exclude: int) -> list[int]:
-    """Other due enrollments of the organization, oldest first (a range of `enrollment_due`)."""
-    due = Enrollment.objects.filter(
-        status=Enrollment.Status.ACTIVE, due_at__lte=timezone.now(), organization_id=organization_id
-    ).exclude(pk=exclude)
-    return list(due.order_by("due_at").values_list("pk", flat=True)[:STEAL])
+def _advance_singly(
+    ids: list[int], states: dict[int, str], sends: dict[tuple[Channel, int, int], None]
+) -> list[dict[str, Any]]:
+    """A batch that failed, each enrollment in a transaction of its own (one bad row does not hold
+    back the others); the first error is raised after the rest ran (the job retries it)."""
+    afters: list[dict[str, Any]] = []
+    error: Exception | None = None
+    for enrollment_id in ids:
+        try:
+            afters += _advance_batch([enrollment_id], states, sends, steal=False)
+        except Exception as exc:
+            error = error or exc
+    if error is not None:
+        raise error
+    return afters
 
 
-def _advance_one(
-    enrollment_id: int, *, sends: dict[tuple[Channel, int, int], None], skip_locked: bool
-) -> str:
-    for _ in range(MAX_STEPS_PER_RUN):
-        with transaction.atomic():
-            enrollment = (
-                Enrollment.objects.select_for_update(of=("self",), skip_locked=skip_locked)
-                .select_related("flow", "flow__organization", "customer")
-                .filter(pk=enrollment_id)
-                .first()
-            )
-            state = _state(enrollment)
-            if state:
-                return state
-            assert enrollment is not None
-            ran = _run_due(enrollment, sends)
-        if ran.after:
-            _runner_call(**ran.after)
-            continue
-        return "waiting" if enrollment.status == Enrollment.Status.ACTIVE else enrollment.status
-    return "more"  # a loop of steps: the tick comes back for the rest
+def _advance_batch(
+    ids: list[int], states: dict[int, str], sends: dict[tuple[Channel, int, int], None], *, steal: bool
+) -> list[dict[str, Any]]:
+    """One transaction: lock `ids` (waiting for a job that holds one) and, with `steal`, other due
+    enrollments of their organizations (skipping locked ones), run their due steps, write them.
+    Returns the runner calls to make after the commit."""
+    afters: list[dict[str, Any]] = []
+    batch_sends: dict[tuple[Channel, int, int], None] = {}
+    with transaction.atomic():
+        locked = _locked(Enrollment.objects.filter(pk__in=ids).order_by("pk"), skip_locked=False)
+        if steal:
+            orgs = sorted({e.organization_id for e in locked if not _state(e)})
+            if orgs:
+                others = Enrollment.objects.filter(
+                    status=Enrollment.Status.ACTIVE, due_at__lte=timezone.now(), organization_id__in=orgs
+                ).exclude(pk__in=ids)
+                locked += _locked(others.order_by("due_at")[:STEAL], skip_locked=True)
+        writes = _Writes(held=guards.held_out(enrollments=[e for e in locked if not _state(e)]))
+        token = _WRITES.set(writes)
+        try:
+            for enrollment in locked:
+                state = _state(enrollment)
+                if not state:
+                    ran = _run_due(enrollment, batch_sends)
+                    if ran.after:
+                        afters.append(ran.after)
+                    state = "waiting" if enrollment.status == Enrollment.Status.ACTIVE else enrollment.status
+                states[enrollment.pk] = state
+        finally:
+            _WRITES.reset(token)
+        writes.flush()
+    sends.update(batch_sends)
+    return afters
+
+
+def _locked(query: Any, *, skip_locked: bool) -> list[Enrollment]:
+    return list(
+        query.select_for_update(of=("self",), skip_locked=skip_locked).select_related(
+            "flow", "flow__organization", "customer"
+        )
+    )
 
 
 def _run_due(enrollment: Enrollment, sends: dict[tuple[Channel, int, int], None]) -> _Ran:
@@ -154,18 +243,28 @@ def _state(enrollment: Enrollment | None) -> str:
     return ""
 
 
+def _save(enrollment: Enrollment, fields: list[str]) -> None:
+    """The enrollment's move: with the batch's writes when a batch runs, else now."""
+    writes = _WRITES.get()
+    if writes is not None:
+        writes.moved[enrollment.pk] = enrollment
+    else:
+        enrollment.save(update_fields=fields)
+
+
 def _finish(enrollment: Enrollment, status: str, now: datetime, reason: str = "") -> None:
     enrollment.status = status
     enrollment.due_at = None
     enrollment.finished_at = now
     enrollment.exit_reason = reason[:200]
-    enrollment.save(update_fields=["status", "due_at", "finished_at", "exit_reason"])
+    _save(enrollment, ["status", "due_at", "finished_at", "exit_reason"])
 
 
 def _record(
-    enrollment: Enrollment, step: dict, outcome: str, detail: str = "", **extra: Any
+    enrollment: Enrollment, step: dict, outcome: str, detail: str = "", *, at_once: bool = False, **extra: Any
 ) -> EnrollmentStep:
-    return EnrollmentStep.objects.create(
+    """The step's row: with the batch's writes when a batch runs (unless its id is needed now)."""
+    row = EnrollmentStep(
         enrollment=enrollment,
         flow_id=enrollment.flow_id,
         index=enrollment.step_index,
@@ -174,6 +273,12 @@ def _record(
         detail=detail[:300],
         **extra,
     )
+    writes = _WRITES.get()
+    if writes is not None and not at_once:
+        writes.steps.append(row)
+    else:
+        row.save(force_insert=True)
+    return row
 
 
 def _next(enrollment: Enrollment, due_at: datetime | None) -> None:
@@ -185,7 +290,7 @@ def _next(enrollment: Enrollment, due_at: datetime | None) -> None:
         enrollment.status = Enrollment.Status.COMPLETED
         enrollment.due_at, enrollment.finished_at = None, due_at or timezone.now()
         fields += ["status", "finished_at"]
-    enrollment.save(update_fields=fields)
+    _save(enrollment, fields)
 
 
 def _run_step(enrollment: Enrollment, now: datetime) -> _Ran:
@@ -243,15 +348,16 @@ def _send(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
     quiet_end = guards.quiet_until(now=now, tz=ZoneInfo(org.timezone), spec=settings.FLOWS_QUIET_HOURS)
     if quiet_end is not None:
         enrollment.due_at = quiet_end
-        enrollment.save(update_fields=["due_at"])
+        _save(enrollment, ["due_at"])
         return _Ran(stop=True)
-    held = guards.global_holdout(enrollment=enrollment)
+    writes = _WRITES.get()
+    held = guards.global_holdout(enrollment=enrollment, held=writes.held if writes is not None else None)
     if held:  # out of every send and of the experiments alike (a campaign's fan-out leaves them out)
         _record(enrollment, step, Outcome.HOLDOUT, held)
         _next(enrollment, now)
         return _Ran()
     channel = Channel.EMAIL if step["type"] == "send_email" else Channel.WHATSAPP
-    campaign = step_campaign(
+    campaign = sending.step_campaign(
         flow=enrollment.flow, index=enrollment.step_index, round=enrollment.round, step=step
     )
     if enrollment.holdout:
@@ -268,14 +374,19 @@ def _send(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
     # only this enrollment (under its lock, its step not recorded yet) can write the row, so no
     # "exists?" read first; the campaigns' unique (campaign, customer) stays the backstop. Its
     # batch is the job's: one send batch per step campaign for every enrollment the job ran.
-    model.objects.create(
+    message = model(
         campaign_id=campaign.pk,
         organization_id=campaign.organization_id,
         customer_id=enrollment.customer_id,
         batch=_BATCH.get() or enrollment.pk,
         **fields,
     )
-    CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=F("queued") + 1)
+    if writes is not None:
+        writes.messages.setdefault(model, []).append(message)
+        writes.queued[campaign.pk] = writes.queued.get(campaign.pk, 0) + 1
+    else:
+        message.save(force_insert=True)
+        CampaignMetric.objects.filter(campaign_id=campaign.pk).update(queued=F("queued") + 1)
     _record(enrollment, step, Outcome.QUEUED, f"{channel} message", campaign=campaign)
     _next(enrollment, now)
     return _Ran(send=(channel, campaign.pk, _BATCH.get() or enrollment.pk, campaign.organization_id))
@@ -302,87 +413,6 @@ def _hold_out(enrollment: Enrollment, step: dict, now: datetime, campaign: Campa
     )
     _next(enrollment, now)
     return _Ran()
-
-
-def send_now(channel: Channel, campaign_id: int, batch: int, organization_id: int) -> None:
-    """The step's message through the campaigns' send batch, in this job (no second hop): the
-    batch claims it before calling the provider. What must wait (pacing, a pause: Defer) or
-    failed here goes to the channel's send queue, where its retries and give-up apply; a crash
-    before this leaves it queued for the `whatsapp-batches`/`email-batches` recoverer."""
-    func = email_send_batch if channel == Channel.EMAIL else whatsapp_send_batch
-    try:
-        func(campaign_id=campaign_id, batch=batch)
-    except Exception as exc:  # the job's edge for this send: handed to the queue that retries it
-        delay = exc.seconds if isinstance(exc, jobs.Defer) else 1.0
-        if not isinstance(exc, jobs.Defer):
-            logger.warning("flow send of campaign %s batch %s failed (%s); queued", campaign_id, batch, exc)
-        jobs.enqueue(
-            SEND_FUNCS[channel],
-            queue=queues.EMAIL_SEND if channel == Channel.EMAIL else queues.WHATSAPP_SEND,
-            kwargs={"campaign_id": campaign_id, "batch": batch},
-            job_id=lifecycle.batch_job_id(campaign_id, batch, channel),
-            delay=delay,
-            organization_id=organization_id,
-            after_commit=False,
-        )
-
-
-def _campaign_fields(flow: Flow, step: dict) -> dict[str, Any] | None:
-    if step["type"] == "send_email":
-        return {
-            "channel": Channel.EMAIL,
-            "email_subject": step["subject"],
-            "email_body": step["body"],
-            "email_body_format": step.get("body_format", "mjml"),
-        }
-    number = WhatsappNumber.objects.filter(organization_id=flow.organization_id).order_by("pk").first()
-    if number is None:
-        return None
-    return {
-        "channel": Channel.WHATSAPP,
-        "whatsapp_number": number,
-        "template_name": step["template"],
-        "template_language": step.get("language", "pt_BR"),
-        "template_category": step.get("category", "utility" if flow.transactional else "marketing"),
-        "template_variables": step.get("variables", []),
-        "header_image_url": step.get("header_image_url", ""),
-    }
-
-
-def step_campaign(*, flow: Flow, index: int, round: int, step: dict) -> Campaign | None:
-    """The campaign carrying this send step's messages for this round (made once, race-free:
-    StepCampaign is unique); None when the organization has no WhatsApp number for it."""
-    key = {"flow": flow, "version": flow.version, "index": index, "round": round}
-    cache = _CAMPAIGNS.get()
-    cached = cache.get((flow.pk, flow.version, index, round)) if cache is not None else None
-    if cached is not None:
-        return cached
-    found = StepCampaign.objects.filter(**key).select_related("campaign").first()
-    if found is not None:
-        if cache is not None:
-            cache[(flow.pk, flow.version, index, round)] = found.campaign
-        return found.campaign
-    fields = _campaign_fields(flow, step)
-    if fields is None:
-        return None
-    try:
-        with transaction.atomic():
-            now = timezone.now()
-            campaign = Campaign.objects.create(
-                organization_id=flow.organization_id,
-                name=f"{flow.name} · {index + 1}" + (f" · {round}" if round > 1 else ""),
-                status=Campaign.Status.SENDING,
-                started_at=now,
-                kind=Kind.FLOW,
-                caps_exempt=flow.transactional,
-                control_percent=flow.control_percent,
-                **fields,
-            )
-            CampaignMetric.objects.create(campaign=campaign)
-            StepCampaign.objects.create(campaign=campaign, **key)
-    except IntegrityError:
-        return StepCampaign.objects.select_related("campaign").get(**key).campaign
-    return campaign
 
 
 # --- condition, split, handoff, runner --------------------------------------------------------------
@@ -459,7 +489,9 @@ def _handoff(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
 
 
 def _runner(enrollment: Enrollment, step: dict, now: datetime) -> _Ran:
-    pending = _record(enrollment, step, Outcome.PENDING, f"{step['integration']}/{step['handler']}")
+    pending = _record(
+        enrollment, step, Outcome.PENDING, f"{step['integration']}/{step['handler']}", at_once=True
+    )
     return _Ran(after=_runner_args(enrollment, step, pending))
 
 

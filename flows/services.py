@@ -14,7 +14,10 @@ from crm.models import Customer, Organization
 from flows import schema
 from flows.models import Enrollment, Flow
 
-ADVANCE_FUNC = "flows.tasks.enrollment_advance"
+ADVANCE_FUNC = "flows.tasks.enrollments_advance"
+# Enrollments per job: a page of sales or a tick's due steps of one organization run as one job,
+# one transaction and one send batch per step campaign (flows.engine).
+ADVANCE_BATCH = 100
 
 
 class FlowError(ValueError):
@@ -76,25 +79,29 @@ def flow_set_paused(*, flow: Flow, paused: bool) -> None:
 
 
 def advance_job_id(enrollment_id: int, step: int | str) -> str:
-    return jobs.make_job_id("flow", enrollment_id, step)
+    """The job of a batch whose first (lowest) enrollment is `enrollment_id`, at its step `step`."""
+    return jobs.make_job_id("flows", enrollment_id, step)
 
 
-def advance_spec(*, enrollment_id: int, step: int | str, organization_id: int) -> jobs.JobSpec:
+def advance_spec(*, enrollment_ids: Sequence[int], step: int | str, organization_id: int) -> jobs.JobSpec:
+    """One job running these enrollments' due steps (its id: the lowest one's, at `step`)."""
+    ids = sorted(enrollment_ids)
     return jobs.JobSpec(
         func=ADVANCE_FUNC,
         queue=queues.FLOWS,
-        kwargs={"enrollment_id": enrollment_id},
-        job_id=advance_job_id(enrollment_id, step),
+        kwargs={"enrollment_ids": ids},
+        job_id=advance_job_id(ids[0], step),
         organization_id=organization_id,
     )
 
 
 def advance_enqueue(*, organization_id: int, enrollment_ids: Sequence[int], step: int | str = 0) -> None:
-    """Run these enrollments' due steps (after the transaction commits), one job each."""
-    if enrollment_ids:
-        jobs.enqueue_specs(
-            advance_spec(enrollment_id=e, step=step, organization_id=organization_id) for e in enrollment_ids
-        )
+    """Run these enrollments' due steps (after the transaction commits), one job per ADVANCE_BATCH."""
+    ids = sorted(enrollment_ids)
+    jobs.enqueue_specs(
+        advance_spec(enrollment_ids=ids[i : i + ADVANCE_BATCH], step=step, organization_id=organization_id)
+        for i in range(0, len(ids), ADVANCE_BATCH)
+    )
 
 
 # Who may enter again, as a condition on the customer's last enrollment in the flow (`last`).

@@ -8,8 +8,14 @@ from crm import recovery
 from flows import engine, triggers
 
 
+def enrollments_advance(*, enrollment_ids: list[int]) -> dict[str, str]:
+    """Run a batch of enrollments' due steps (flows.engine). Safe to run twice."""
+    states = engine.enrollments_advance(enrollment_ids=enrollment_ids)
+    return {str(k): v for k, v in states.items()}
+
+
 def enrollment_advance(*, enrollment_id: int) -> str:
-    """Run one enrollment's due steps (flows.engine). Safe to run twice."""
+    """One enrollment's due steps: a job enqueued before the batches (still on a queue)."""
     return engine.enrollment_advance(enrollment_id=enrollment_id)
 
 

@@ -120,17 +120,32 @@ def customer_events(events: Sequence[hooks.CustomerEvent]) -> int:
 
 
 def due_specs(*, now: datetime | None = None) -> Iterator[jobs.JobSpec]:
-    """A job for every enrollment whose next step is due (the recoverer and the tick): one range
-    of the partial index on due_at, oldest first, paused flows left out."""
+    """A job for every batch of due enrollments (the recoverer and the tick): one range of the
+    partial index on due_at, oldest first, paused flows left out; up to ADVANCE_BATCH of one
+    organization per job, named after its lowest enrollment and that one's step (the batch
+    `enroll` enqueued for the same enrollments has the same name: not enqueued twice)."""
     due = (
         Enrollment.objects.filter(
             status=Enrollment.Status.ACTIVE, due_at__lte=now or timezone.now(), flow__paused=False
         )
-        .order_by("due_at")
+        .order_by("due_at", "pk")
         .values_list("pk", "organization_id", "step_index")
     )
+    batches: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for enrollment_id, organization_id, step in due.iterator(chunk_size=CHUNK):
-        yield services.advance_spec(enrollment_id=enrollment_id, step=step, organization_id=organization_id)
+        batch = batches[organization_id]
+        batch.append((enrollment_id, step))
+        if len(batch) == services.ADVANCE_BATCH:
+            yield _batch_spec(organization_id, batches.pop(organization_id))
+    for organization_id, batch in batches.items():
+        yield _batch_spec(organization_id, batch)
+
+
+def _batch_spec(organization_id: int, batch: list[tuple[int, int]]) -> jobs.JobSpec:
+    _, step = min(batch)
+    return services.advance_spec(
+        enrollment_ids=[e for e, _ in batch], step=step, organization_id=organization_id
+    )
 
 
 # --- time-based triggers -------------------------------------------------------------------------

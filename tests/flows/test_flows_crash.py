@@ -56,12 +56,15 @@ def _all_sent() -> bool:
 def test_workers_killed_mid_flow_and_a_redis_flush_message_nobody_twice_and_skip_nobody(
     wa, sandbox, worker_process
 ):
-    n = 150
+    n = 300
     customers = wa["customers"](n)
     flow, _ = services.flow_import(data=FLOW, organization_slug=wa["org"].slug)
     sandbox.configure(latency_ms=20)
     services.enroll(flow=flow, customer_ids=[c.pk for c in customers], entry_keys=["x"] * n)
-    env = child_env()
+    # Sends claimed 10 at a time: a job runs a batch of 100 enrollments (and steals more), so with
+    # the whole batch claimed at once a victim could have nearly everything in flight when killed,
+    # leaving the second victim nothing to be killed in the middle of.
+    env = child_env(WHATSAPP_SEND_CHUNK="10")
     victim = worker_process("--queues", QUEUES, "--processes", "2", env=env)
     wait_for(lambda: sandbox.stats()["accepted"] >= 40, timeout=120, what="flow sends to start")
     kill_inside_a_send(victim, sandbox, latency_ms=20)
