@@ -302,7 +302,17 @@ class CustomerFilterListFilter(admin.ListFilter):
         form_class = type(
             "CustomerFilterForm",
             (forms.Form,),
-            dict(customer_filters.form_fields(terms=self.visible_terms(), prefix=self.prefix)),
+            dict(
+                customer_filters.form_fields(
+                    terms=self.visible_terms(),
+                    prefix=self.prefix,
+                    stores=None
+                    if self.organization_id is None
+                    else Store.objects.filter(organization_id=self.organization_id)
+                    .order_by("name")
+                    .values_list("pk", "name"),
+                )
+            ),
         )
         self.form = form_class(data=self.used_parameters or None)
 
