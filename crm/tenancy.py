@@ -330,9 +330,9 @@ class TenantAdmin(CheckedLists):
         manager of one organization finds it chosen (a campaign's templates are that organization's)."""
         initial = super().get_changeform_initial_data(request)
         managed = managed_ids(request.user)
-        if managed is not None and len(managed) == 1 and "organization" not in initial:
-            if any(f.name == "organization" and f.many_to_one for f in self.model._meta.fields):
-                initial["organization"] = next(iter(managed))
+        has_organization = any(f.name == "organization" and f.many_to_one for f in self.model._meta.fields)
+        if has_organization and managed is not None and len(managed) == 1 and "organization" not in initial:
+            initial["organization"] = str(next(iter(managed)))
         for name, value in list(initial.items()):
             try:
                 field = self.model._meta.get_field(name)

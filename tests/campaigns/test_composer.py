@@ -93,8 +93,8 @@ def test_a_manager_picks_a_synced_template_and_maps_its_variables(synced, manage
 
 
 def test_a_manager_of_one_organization_finds_it_chosen_and_its_templates_offered(synced, manager) -> None:
-    """"Add campaign" from the home page has no ?organization: a manager of one organization must
-    not have to pick it (and reload) before the synced templates are offered."""
+    """The add form opened from the home page has no ?organization: a manager of one organization
+    must not have to pick it (and reload) before the synced templates are offered."""
     page = manager.get("/admin/campaigns/campaign/add/").content.decode()
     org = synced["org"].pk
     assert f'<option value="{org}" selected>' in page

@@ -18,12 +18,19 @@ def test_a_feminine_model_name_gets_a_feminine_article_and_participle():
         assert gender_agree("O campanha “Natal” foi adicionado com sucesso.", "campanha") == (
             "A campanha “Natal” foi adicionada com sucesso."
         )
-        assert gender_agree(
-            "O campanha “Natal” foi adicionado com sucesso. Você pode editá-lo novamente abaixo.", "campanha"
-        ) == "A campanha “Natal” foi adicionada com sucesso. Você pode editá-la novamente abaixo."
-        assert gender_agree(
-            "O  loja “Centro” foi alterado com sucesso. Você talvez adicione outro loja abaixo.", "loja"
-        ) == "A loja “Centro” foi alterada com sucesso. Você talvez adicione outra loja abaixo."
+        assert (
+            gender_agree(
+                "O campanha “Natal” foi adicionado com sucesso. Você pode editá-lo novamente abaixo.",
+                "campanha",
+            )
+            == "A campanha “Natal” foi adicionada com sucesso. Você pode editá-la novamente abaixo."
+        )
+        assert (
+            gender_agree(
+                "O  loja “Centro” foi alterado com sucesso. Você talvez adicione outro loja abaixo.", "loja"
+            )
+            == "A loja “Centro” foi alterada com sucesso. Você talvez adicione outra loja abaixo."
+        )
         assert gender_agree("O cliente “Ana” foi alterado com sucesso.", "cliente") == (
             "O cliente “Ana” foi alterado com sucesso."
         )
