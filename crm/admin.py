@@ -19,7 +19,7 @@ from django_rq.admin import QueueAdmin
 from django_rq.models import Dashboard
 
 from crm import checkpoints, customer_filters, customer_page, holdout, services, tenancy
-from crm.admin_columns import short_datetime
+from crm.admin_columns import elapsed, short_datetime
 from crm.models import (
     ConsentChange,
     ConsentSource,
@@ -500,9 +500,9 @@ class JobRunAdmin(TenantAdmin):
         "key",
         "status",
         "attempts",
-        "started_at",
-        "finished_at",
-        "duration",
+        short_datetime("started_at", _("started at")),
+        short_datetime("finished_at", _("finished at")),
+        elapsed("started_at", "finished_at", _("duration")),
         "organization",
     )
     list_select_related = ("organization",)
