@@ -520,7 +520,7 @@ class JobRunAdmin(TenantAdmin):
         fields = list(super().get_fields(request, obj))
         if tenancy.is_operator(request.user):
             return fields
-        return [("error_reason" if f == "error" else f) for f in fields]
+        return [("error_reason" if f == "error" else f) for f in fields if f != "error_reason"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return [*super().get_readonly_fields(request, obj), "error_reason"]
