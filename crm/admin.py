@@ -19,7 +19,7 @@ from django_rq.admin import QueueAdmin
 from django_rq.models import Dashboard
 
 from crm import checkpoints, customer_filters, customer_page, holdout, services, tenancy
-from crm.admin_columns import short_datetime
+from crm.admin_columns import elapsed, short_datetime
 from crm.models import (
     ConsentChange,
     ConsentSource,
@@ -302,7 +302,17 @@ class CustomerFilterListFilter(admin.ListFilter):
         form_class = type(
             "CustomerFilterForm",
             (forms.Form,),
-            dict(customer_filters.form_fields(terms=self.visible_terms(), prefix=self.prefix)),
+            dict(
+                customer_filters.form_fields(
+                    terms=self.visible_terms(),
+                    prefix=self.prefix,
+                    stores=None
+                    if self.organization_id is None
+                    else Store.objects.filter(organization_id=self.organization_id)
+                    .order_by("name")
+                    .values_list("pk", "name"),
+                )
+            ),
         )
         self.form = form_class(data=self.used_parameters or None)
 
@@ -490,9 +500,9 @@ class JobRunAdmin(TenantAdmin):
         "key",
         "status",
         "attempts",
-        "started_at",
-        "finished_at",
-        "duration",
+        short_datetime("started_at", _("started at")),
+        short_datetime("finished_at", _("finished at")),
+        elapsed("started_at", "finished_at", _("duration")),
         "organization",
     )
     list_select_related = ("organization",)
@@ -510,7 +520,7 @@ class JobRunAdmin(TenantAdmin):
         fields = list(super().get_fields(request, obj))
         if tenancy.is_operator(request.user):
             return fields
-        return [("error_reason" if f == "error" else f) for f in fields]
+        return [("error_reason" if f == "error" else f) for f in fields if f != "error_reason"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         return [*super().get_readonly_fields(request, obj), "error_reason"]

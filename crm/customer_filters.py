@@ -12,7 +12,7 @@ RFM segment is the campaigns app's (its snapshots), registered with `segment_loo
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import date, datetime, time, timedelta
 from decimal import Decimal, InvalidOperation
@@ -178,9 +178,12 @@ def _parse(name: str, raw: Any) -> Any:
         raise ValueError(f"{name}: {raw!r} cannot be read") from None
 
 
-def form_fields(*, terms: tuple[str, ...], prefix: str = "") -> dict[str, forms.Field]:
+def form_fields(
+    *, terms: tuple[str, ...], prefix: str = "", stores: Iterable[tuple[int, str]] | None = None
+) -> dict[str, forms.Field]:
     """Form fields for the filter's `terms` (its field names), named as the terms: the customer
-    list's filter and the campaign's audience section build their forms from them."""
+    list's filter and the campaign's audience section build their forms from them. Given one
+    organization's `stores` (id, name), the store is picked by its name, not typed as an id."""
     made: dict[str, forms.Field] = {
         "last_purchase_from": forms.DateField(
             required=False, label=_("last purchase from"), widget=forms.DateInput(attrs={"type": "date"})
@@ -209,6 +212,14 @@ def form_fields(*, terms: tuple[str, ...], prefix: str = "") -> dict[str, forms.
             label=_("may receive marketing on"),
         ),
     }
+    if stores is not None:
+        made["store_id"] = forms.TypedChoiceField(
+            required=False,
+            coerce=int,
+            empty_value=None,
+            choices=[("", "—"), *((str(pk), name) for pk, name in stores)],
+            label=_("bought at store"),
+        )
     return {prefix + name: made[name] for name in terms}
 
 

@@ -41,6 +41,7 @@ FEMININE = frozenset(
         "pendência",
     }
 )
+_PRONOUNS = re.compile(r"\b(editá|alterá|adicioná)-l(o|os)\b")
 _PARTICIPLES = re.compile(r"\b(foi|foram) (adicionad|alterad|removid|modificad|excluíd)(o|os)\b")
 
 
@@ -55,8 +56,10 @@ def gender_agree(message: str, verbose_name: str) -> str:
         return message
     name = str(verbose_name)
     text = str(message)
-    agreed = re.sub(rf"\bO {re.escape(name)}\b", f"A {name}", text)
-    agreed = re.sub(rf"\bo {re.escape(name)}\b", f"a {name}", agreed)
+    agreed = re.sub(rf"\bO\s+{re.escape(name)}\b", f"A {name}", text)
+    agreed = re.sub(rf"\bo\s+{re.escape(name)}\b", f"a {name}", agreed)
+    agreed = re.sub(rf"\boutro\s+{re.escape(name)}\b", f"outra {name}", agreed)
     agreed = _PARTICIPLES.sub(lambda m: f"{m[1]} {m[2]}{'a' if m[3] == 'o' else 'as'}", agreed)
+    agreed = _PRONOUNS.sub(lambda m: f"{m[1]}-l{'a' if m[2] == 'o' else 'as'}", agreed)  # editá-la
     agreed = agreed.replace("outro(a)", "outra")
     return mark_safe(agreed) if isinstance(message, SafeString) else agreed  # noqa: S308 - escaped before

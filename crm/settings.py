@@ -87,6 +87,10 @@ if LANGUAGE_CODE not in dict(LANGUAGES):
         "LANGUAGE_CODE", f"{LANGUAGE_CODE!r} is not one of {', '.join(dict(LANGUAGES))}"
     )
 USE_I18N = True
+# Numbers on pages in the locale's grouping ("1.234.567" in pt-BR). An id or a count that a URL, a
+# form value, an HTML attribute or JavaScript reads is written with `|unlocalize` (or str() in Python):
+# tests/crm/test_thousand_separator.py renders every admin page with ids past 1,000,000.
+USE_THOUSAND_SEPARATOR = True
 LOCALE_PATHS = [BASE_DIR / "locale"]
 
 INSTALLED_APPS = [

@@ -326,8 +326,13 @@ class TenantAdmin(CheckedLists):
 
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, Any]:
         """The form prefilled from the URL (?customer=<id>, ?store=…): a relation's value only when it
-        is one of the user's choices, so walking ids names nothing of another organization."""
+        is one of the user's choices, so walking ids names nothing of another organization. A
+        manager of one organization finds it chosen (a campaign's templates are that organization's)."""
         initial = super().get_changeform_initial_data(request)
+        managed = managed_ids(request.user)
+        has_organization = any(f.name == "organization" and f.many_to_one for f in self.model._meta.fields)
+        if has_organization and managed is not None and len(managed) == 1 and "organization" not in initial:
+            initial["organization"] = str(next(iter(managed)))
         for name, value in list(initial.items()):
             try:
                 field = self.model._meta.get_field(name)

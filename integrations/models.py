@@ -8,6 +8,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.utils import timezone as dj_timezone
 from django.utils.translation import gettext_lazy as _
+from django.utils.translation import pgettext_lazy
 
 from crm import crypto
 from crm.models import E164, SINGLE_LINE, Organization, Store
@@ -81,7 +82,7 @@ class WhatsappTemplate(models.Model):
         APPROVED = "APPROVED", _("approved")
         PENDING = "PENDING", _("pending review")
         REJECTED = "REJECTED", _("rejected")
-        PAUSED = "PAUSED", _("paused")
+        PAUSED = "PAUSED", pgettext_lazy("a WhatsApp template's status (o modelo)", "paused")
         DISABLED = "DISABLED", _("disabled")
         IN_APPEAL = "IN_APPEAL", _("in appeal")
         DELETED = "DELETED", _("deleted")

@@ -205,7 +205,14 @@ class CampaignAdmin(CampaignViews, CampaignDisplay, TenantAdmin):
         if obj is None or not obj.pk:
             return fieldsets
         other = "channel-whatsapp" if obj.channel == Channel.EMAIL else "channel-email"
-        return [fs for fs in fieldsets if other not in fs[1].get("classes", ())]
+        kept = [fs for fs in fieldsets if other not in fs[1].get("classes", ())]
+        if not obj.content_locked:
+            return kept
+        # Sent content is shown read-only: no template picker offering another one.
+        return [
+            (name, {**options, "fields": tuple(f for f in options["fields"] if f != "whatsapp_template")})
+            for name, options in kept
+        ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Campaign | None = None) -> Any:
         """What a started campaign sent is history: its content is shown, never edited (the model

@@ -153,7 +153,13 @@ class CampaignViews(TenantAdmin):
         if not form.is_valid():
             return JsonResponse({"error": form.errors.get_json_data()}, status=400)
         counts = selectors.campaign_audience_counts(campaign=form.campaign())
-        return JsonResponse({**counts, "receives_display": number(counts["receives"])})
+        return JsonResponse(
+            {
+                **counts,
+                "receives_display": number(counts["receives"]),
+                "selected_display": number(counts["selected"]),
+            }
+        )
 
     def lifecycle_view(self, request: HttpRequest, pk: int, verb: str) -> HttpResponse:
         """GET: the confirmation of start, pause, resume or cancel, repeating the audience's size

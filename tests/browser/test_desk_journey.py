@@ -152,6 +152,21 @@ def test_a_manager_composes_sees_the_audience_confirms_and_sees_cost_and_revenue
     expect(page.locator('#live-status [data-field="cost"]')).to_have_text(re.compile(r"^US\$\s?\d+,\d{2}"))
     screenshot(page, "desk-sent")
 
+    # The home page's board takes the screen's width: at 1366 px its campaigns table reads a cost on
+    # one line ("US$ 42,69", not "US$ 42, / 69" in Django's 600-px home column).
+    page.goto("/admin/")
+    table_width, cost_lines = page.evaluate(
+        """() => {
+            const table = document.getElementById("dashboard-campaigns");
+            const range = document.createRange();
+            range.selectNodeContents(table.querySelector('tbody td[data-money="cost"]'));
+            return [table.getBoundingClientRect().width, range.getClientRects().length];
+        }"""
+    )
+    assert table_width > 900 and cost_lines == 1, (table_width, cost_lines)
+    screenshot(page, "desk-home-board")
+    page.goto(f"/admin/campaigns/campaign/{pk}/change/")
+
     customer_id, phone = stack.orm.run(_sell, pk)
     page.reload()
     expect(page.locator(".field-attribution")).to_contain_text("R$ 250,00")

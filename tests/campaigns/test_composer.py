@@ -92,6 +92,15 @@ def test_a_manager_picks_a_synced_template_and_maps_its_variables(synced, manage
     )  # picked again on edit
 
 
+def test_a_manager_of_one_organization_finds_it_chosen_and_its_templates_offered(synced, manager) -> None:
+    """The add form opened from the home page has no ?organization: a manager of one organization
+    must not have to pick it (and reload) before the synced templates are offered."""
+    page = manager.get("/admin/campaigns/campaign/add/").content.decode()
+    org = synced["org"].pk
+    assert f'<option value="{org}" selected>' in page
+    assert f'value="{_template("promo_demo").pk}" data-waba="{WABA}"' in page
+
+
 def test_rejected_and_paused_templates_are_not_offered_and_a_wrong_mapping_is_refused(
     synced, manager
 ) -> None:

@@ -101,6 +101,7 @@ def test_a_manager_sees_a_sent_campaigns_content_read_only_and_cannot_change_it(
     page = manager.get(url)
     assert page.status_code == 200
     assert b'name="redirect_url"' not in page.content and b'name="template_name"' not in page.content
+    assert b'name="whatsapp_template"' not in page.content  # no picker offering another template
     response = manager.post(url, _form(started, redirect_url=EDITED, template_name="outro"))
     assert response.status_code in (200, 302)
     stored = Campaign.objects.get(pk=started.pk)

@@ -152,3 +152,19 @@ def test_the_customer_list_filters_with_the_same_terms_and_refuses_bad_input(sho
     assert "Ana" in body and "Bia" in body and "Caio" not in body
     bad = client.get("/admin/crm/customer/", {"cf_birthday_month": "13"})
     assert bad.status_code in (200, 302) and bad.status_code != 500
+
+
+def test_a_manager_picks_the_store_by_its_name_on_the_customer_list(shop):
+    user = get_user_model().objects.create_user("gerente", password="pw-gerente-1234", is_staff=True)
+    Membership.objects.create(user=user, organization=shop["org"], role=Membership.Role.MANAGER)
+    other = Organization.objects.create(name="Outra", slug="outra")
+    Store.objects.create(organization=other, erp_code="9", name="Loja de outra organização")
+    client = Client()
+    client.force_login(user)
+    body = client.get("/admin/crm/customer/").content.decode()
+    centro = shop["centro"].pk
+    assert '<select name="cf_store_id"' in body and f'<option value="{centro}">Centro</option>' in body
+    assert "Norte</option>" in body and "Loja de outra organização" not in body
+    assert "comprou na loja</label>" in body  # no id to type
+    page = client.get("/admin/crm/customer/", {"cf_store_id": str(centro)}).content.decode()
+    assert "Ana" in page and "Bia" not in page

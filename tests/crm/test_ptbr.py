@@ -18,6 +18,19 @@ def test_a_feminine_model_name_gets_a_feminine_article_and_participle():
         assert gender_agree("O campanha “Natal” foi adicionado com sucesso.", "campanha") == (
             "A campanha “Natal” foi adicionada com sucesso."
         )
+        assert (
+            gender_agree(
+                "O campanha “Natal” foi adicionado com sucesso. Você pode editá-lo novamente abaixo.",
+                "campanha",
+            )
+            == "A campanha “Natal” foi adicionada com sucesso. Você pode editá-la novamente abaixo."
+        )
+        assert (
+            gender_agree(
+                "O  loja “Centro” foi alterado com sucesso. Você talvez adicione outro loja abaixo.", "loja"
+            )
+            == "A loja “Centro” foi alterada com sucesso. Você talvez adicione outra loja abaixo."
+        )
         assert gender_agree("O cliente “Ana” foi alterado com sucesso.", "cliente") == (
             "O cliente “Ana” foi alterado com sucesso."
         )
@@ -56,3 +69,15 @@ def test_the_404_and_403_pages_speak_the_visitors_language(db):
     assert page.status_code == 404 and "Página não encontrada" in page.content.decode()
     english = Client(HTTP_ACCEPT_LANGUAGE="en").get("/nothing-here/")
     assert english.status_code == 404 and "Page not found" in english.content.decode()
+
+
+def test_a_status_agrees_with_what_it_describes():
+    """ "o modelo" (a WhatsApp template) is pausado, "a campanha" pausada: one msgid, two genders."""
+    from integrations.models import WhatsappTemplate
+
+    with translation.override("pt-br"):
+        assert [str(s.label) for s in (WhatsappTemplate.Status.APPROVED, WhatsappTemplate.Status.PAUSED)] == [
+            "aprovado",
+            "pausado",
+        ]
+        assert str(Campaign.Status.PAUSED.label) == "pausada"
