@@ -12,7 +12,7 @@ Uses (and creates, migrates) the database in DATABASE_URL; flushes the Redis dat
    offered (and the producer's CPU), p50/p95/p99 of (message sent_at - enrollment entered_at),
    the load, and per event: statements and CPU of the producer, the workers and PostgreSQL.
 2. tick: --due due enrollments among --waiting waiting ones (written with INSERT ... SELECT
-   generate_series), then the tick's two reads: the due steps' specs (time, queries) and
+   generate_series), then the tick's two reads: the due steps' batch jobs (time, queries) and
    requeue_missing over them (time); at both sizes (--due alone, then with --waiting).
 3. date: --customers customers, birth dates spread over the year; a date flow's daily pass
    (time, queries, entered) and a second run the same day.
@@ -241,9 +241,10 @@ def _tick(label: str) -> None:
     started = time.perf_counter()
     enqueued = recovery.requeue_missing(iter(specs))
     requeue = time.perf_counter() - started
+    due = sum(len(s.kwargs["enrollment_ids"]) for s in specs)
     print(
-        f"tick, {label}: {len(specs)} due read in {read * 1000:.0f} ms ({len(queries)} queries); "
-        f"{enqueued} jobs enqueued in {requeue * 1000:.0f} ms"
+        f"tick, {label}: {due} due read as {len(specs)} batch jobs in {read * 1000:.0f} ms "
+        f"({len(queries)} queries); {enqueued} jobs enqueued in {requeue * 1000:.0f} ms"
     )
 
 
