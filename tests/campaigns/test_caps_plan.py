@@ -108,7 +108,7 @@ def _states(wa: dict) -> dict[str, list[dict[str, Any]]]:
     (a fresh database after autovacuum: the state in which CI saw the partial (campaign, sent_at)
     index read instead); filled in bulk with the empty table's statistics; analyzed with history;
     a fan-out's queued rows beside a few sent ones, analyzed (the partial index tiny beside the
-    customer index)."""
+    customer index); then twenty campaigns' rows more on those statistics."""
     org = wa["org"]
     org.block_multiple_campaigns = True
     org.save()
@@ -129,6 +129,15 @@ def _states(wa: dict) -> dict[str, list[dict[str, Any]]]:
     _sql(f"UPDATE {table} SET status = 'sent', sent_at = now() WHERE customer_id <= 50")  # noqa: S608
     _sql(f"ANALYZE {table}")
     states["queued fan-out, a few sent, analyzed"] = _plans(campaign, ids)
+    # Twenty more campaigns since, the statistics still of one: where the unique (campaign,
+    # customer) index's skip scan is estimated at one descent, and would cost twenty.
+    _sql(
+        f"INSERT INTO {table} (campaign_id, organization_id, customer_id, batch, token, queued_at, "  # noqa: S608
+        "status, error_reason, sent_at, attempts, phone, wa_id, cost, cost_currency) "
+        f"SELECT 2000000 + k, {org.pk}, c, 0, left(md5(c || '/' || k), 22), now(), 'queued', '', NULL, 0, "
+        "'', '', 0, '' FROM generate_series(1, 10000) AS c, generate_series(1, 20) AS k"
+    )
+    states["twenty campaigns since, statistics of one"] = _plans(campaign, ids)
     return states
 
 
