@@ -57,9 +57,21 @@ _MODELS: dict[str, type[WhatsappMessage] | type[EmailMessage]] = {
 }
 _LABELS: dict[str, str] = {Channel.WHATSAPP: "WhatsApp", Channel.EMAIL: "email"}
 # The caps' statement reads the message tables with index probes of their (customer, sent_at)
-# index only: set for it alone, in the same round trip (several statements in one; PostgreSQL runs
-# them in one transaction when no other is open, and RESET puts the caller's settings back when
-# one is).
+# index: sequential and bitmap scans, hash and merge joins off, so each customer is its probes.
+# Those settings do not choose between indexes, so the probes are written so that no other index
+# can serve them, by construction rather than by costs: no clause names sent_at or status on its
+# own (the window is the row comparison (customer_id, sent_at) >= (customer, since), which no
+# other index's columns match and which, unlike `sent_at >= …`, does not imply the partial
+# (campaign, sent_at) index's predicate `sent_at IS NOT NULL`; the not-sent probe's statuses are
+# told apart in the aggregate), and `campaign_id <> …`, `status <> …` are no index conditions.
+# Before, on an empty table just analyzed (a fresh database), the window's probe read the whole
+# partial (campaign, sent_at) index and the not-sent one skip-scanned (campaign, status, id). The
+# one other index left is the unique (campaign, customer): `customer_id = …` matches its second
+# column (a skip scan over the campaigns); only a table with no page at all had it picked, where
+# every probe reads nothing (tests/campaigns/test_caps_plan.py; docs/benchmarks.md, "Contact
+# caps"). Set for that statement alone, in the same round trip (several statements in one;
+# PostgreSQL runs them in one transaction when no other is open, and RESET puts the caller's
+# settings back when one is).
 _PLANNER = ("enable_seqscan", "enable_bitmapscan", "enable_hashjoin", "enable_mergejoin")
 PLAN_STABLE = "".join(f"SET LOCAL {name} = off; " for name in _PLANNER)
 PLAN_RESET = "".join(f"; RESET {name}" for name in _PLANNER)
@@ -136,32 +148,38 @@ def history_sql(*, campaign: Campaign, customer_ids: list[int], now: datetime) -
     for c in channels_counted(organization=org, channel=campaign.channel):
         reached = ", ".join(["%s"] * len(_REACHED[c]))
         parts.append(
-            f"SELECT m.customer_id, m.campaign_id, m.status, m.sent_at, m.status IN ({reached}) AS reached "  # noqa: S608
-            f"FROM {_TABLES[c]} m WHERE m.customer_id = given.id AND m.sent_at >= %s "
+            f"SELECT m.campaign_id, m.status, m.sent_at, m.status IN ({reached}) AS reached "  # noqa: S608
+            f"FROM {_TABLES[c]} m WHERE m.customer_id = given.id "
+            "AND (m.customer_id, m.sent_at) >= (given.id, %s) "
             # A control group's row (campaigns.lift) has a would-be send time: not a contact.
             "AND m.campaign_id <> %s AND m.status <> 'held_out'"
         )
         # The block's 24 hours lie within the limit's window (message_limit_days is 1 or more).
         params += [*_REACHED[c], min(since, day_ago) if block else since, campaign.pk]
         if block:
-            # Not sent yet: sent_at NULL, the end of each customer's range in the same index.
+            # Not sent yet: sent_at NULL, the end of each customer's range in the same index (queued
+            # or sending told apart in the aggregate: a status here would be an index condition of
+            # (campaign, status, id)).
             parts.append(
-                "SELECT m.customer_id, m.campaign_id, m.status, m.sent_at, false "  # noqa: S608
+                "SELECT m.campaign_id, m.status, m.sent_at, false "  # noqa: S608
                 f"FROM {_TABLES[c]} m WHERE m.customer_id = given.id AND m.sent_at IS NULL "
-                "AND m.status IN ('queued', 'sending') AND m.campaign_id <> %s"
+                "AND m.campaign_id <> %s"
             )
             params.append(campaign.pk)
+    # Whether a queued message's campaign started first: EXISTS on that campaign's key (or, as
+    # PostgreSQL may choose, the organization's earlier campaigns hashed once), not a join whose
+    # method and inner index the costs would choose.
     sql = (
         "SELECT given.id, count(*) FILTER (WHERE h.reached AND h.sent_at >= %s), "  # noqa: S608
         "coalesce(bool_or(h.sent_at >= %s), false), "
         "coalesce(bool_or(h.status = 'sending' AND h.sent_at IS NULL), false), "
-        "coalesce(bool_or(h.status = 'queued' AND h.sent_at IS NULL "
-        "AND (other.started_at, other.id) < (%s, %s)), false) "
+        "coalesce(bool_or(h.status = 'queued' AND h.sent_at IS NULL AND EXISTS "
+        f"(SELECT FROM {Campaign._meta.db_table} other WHERE other.id = h.campaign_id "
+        "AND other.organization_id = %s AND (other.started_at, other.id) < (%s, %s))), false) "
         f"FROM unnest(%s::bigint[]) AS given(id) CROSS JOIN LATERAL ({' UNION ALL '.join(parts)}) AS h "
-        f"LEFT JOIN {Campaign._meta.db_table} other ON other.id = h.campaign_id AND h.sent_at IS NULL "
         "GROUP BY given.id"
     )
-    return sql, [since, day_ago, campaign.started_at or now, campaign.pk, customer_ids, *params]
+    return sql, [since, day_ago, org.pk, campaign.started_at or now, campaign.pk, customer_ids, *params]
 
 
 def _results(cursor: Any) -> list[tuple]:

@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -97,26 +97,106 @@ def _plans(campaign: Campaign, ids: list[int]) -> list[dict[str, Any]]:
     return plans
 
 
-def test_the_caps_read_the_message_tables_through_the_customer_index_in_every_state(wa):
+def _sql(statement: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(statement)
+
+
+def _states(wa: dict) -> dict[str, list[dict[str, Any]]]:
+    """The caps' plans in the states the message table is met in, built for real (no statistics
+    written by hand), in an order that makes each one: empty and never analyzed; empty and analyzed
+    (a fresh database after autovacuum: the state in which CI saw the partial (campaign, sent_at)
+    index read instead); filled in bulk with the empty table's statistics; analyzed with history;
+    a fan-out's queued rows beside a few sent ones, analyzed (the partial index tiny beside the
+    customer index); then twenty campaigns' rows more on those statistics."""
     org = wa["org"]
     org.block_multiple_campaigns = True
     org.save()
     earlier = wa["campaign"](name="Earlier", status=Campaign.Status.SENDING, started_at=timezone.now())
     campaign = wa["campaign"](name="Now", status=Campaign.Status.SENDING, started_at=timezone.now())
+    table = WhatsappMessage._meta.db_table
     ids = list(range(1, 5001))
-    states = {"fresh": _plans(campaign, ids)}
+    _sql(f"TRUNCATE {table}")
+    states = {"empty, never analyzed": _plans(campaign, ids)}
+    _sql(f"ANALYZE {table}")
+    states["empty, analyzed"] = _plans(campaign, ids)
     _write_history(org, earlier, customers=20_000, per_customer=5)
     states["filled, statistics of the empty table"] = _plans(campaign, ids)
-    with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {WhatsappMessage._meta.db_table}")
+    _sql(f"ANALYZE {table}")
     states["analyzed"] = _plans(campaign, ids)
+    _sql(f"TRUNCATE {table}")
+    _write_history(org, earlier, customers=50_000, per_customer=0)
+    _sql(f"UPDATE {table} SET status = 'sent', sent_at = now() WHERE customer_id <= 50")  # noqa: S608
+    _sql(f"ANALYZE {table}")
+    states["queued fan-out, a few sent, analyzed"] = _plans(campaign, ids)
+    # Twenty more campaigns since, the statistics still of one: where the unique (campaign,
+    # customer) index's skip scan is estimated at one descent, and would cost twenty.
+    _sql(
+        f"INSERT INTO {table} (campaign_id, organization_id, customer_id, batch, token, queued_at, "  # noqa: S608
+        "status, error_reason, sent_at, attempts, phone, wa_id, cost, cost_currency) "
+        f"SELECT 2000000 + k, {org.pk}, c, 0, left(md5(c || '/' || k), 22), now(), 'queued', '', NULL, 0, "
+        "'', '', 0, '' FROM generate_series(1, 10000) AS c, generate_series(1, 20) AS k"
+    )
+    states["twenty campaigns since, statistics of one"] = _plans(campaign, ids)
+    return states
+
+
+# The unique (campaign, customer) index: `customer_id = …` matches its second column (a skip scan
+# over the campaigns), so it is the one other index that can serve a probe (campaigns.caps).
+ONCE = {
+    c.name
+    for model in (WhatsappMessage, EmailMessage)
+    for c in model._meta.constraints
+    if getattr(c, "fields", ()) == ("campaign", "customer")
+}
+
+
+def test_the_caps_read_the_message_tables_through_the_customer_index_in_every_state(wa):
+    """With rows in the table, every probe reads the (customer, sent_at) index, with one plan
+    shape. On a table with no page at all every estimate is clamped to one row and PostgreSQL may
+    pick the unique (campaign, customer) index by a hair (both read nothing there); never the
+    partial (campaign, sent_at) index nor one by status, which the code before read there."""
+    states = _states(wa)
     for state, plans in states.items():
         read = [s for plan in plans for s in scans(plan)]
         assert read, state
         assert all(kind != "Seq Scan" for kind, _, _ in read), (state, read)
-        assert all(index.endswith("_customer_sent") for _, _, index in read), (state, read)
-    shapes = {state: [shape(p) for p in plans] for state, plans in states.items()}
-    assert shapes["fresh"] == shapes["filled, statistics of the empty table"] == shapes["analyzed"], shapes
+        empty = state.startswith("empty")
+        assert all(index.endswith("_customer_sent") or (empty and index in ONCE) for _, _, index in read), (
+            state,
+            read,
+        )
+    shapes = {s: [shape(p) for p in plans] for s, plans in states.items() if not s.startswith("empty")}
+    assert len({repr(s) for s in shapes.values()}) == 1, shapes
+
+
+class _Rollback(Exception):
+    pass
+
+
+def test_no_other_index_than_the_unique_one_can_serve_the_caps(wa):
+    """By construction, not by costs: with the (customer, sent_at) indexes gone (in a transaction
+    rolled back), the probes have no index left to read but the unique (campaign, customer) one —
+    no partial index whose predicate the window implies, no index by sent_at or status."""
+    indexes = [i.name for model in (WhatsappMessage, EmailMessage) for i in model._meta.indexes]
+    customer = [name for name in indexes if name.endswith("_customer_sent")]
+    org = wa["org"]
+    org.block_multiple_campaigns = True
+    org.save()
+    earlier = wa["campaign"](name="Earlier", status=Campaign.Status.SENDING, started_at=timezone.now())
+    campaign = wa["campaign"](name="Now", status=Campaign.Status.SENDING, started_at=timezone.now())
+    _write_history(org, earlier, customers=2_000, per_customer=5)
+    read: list[tuple[str, str, str]] = []
+    with pytest.raises(_Rollback), transaction.atomic():
+        for name in customer:
+            _sql(f"DROP INDEX {name}")
+        for analyze in (False, True):
+            if analyze:
+                _sql(f"ANALYZE {WhatsappMessage._meta.db_table}")
+            read += [s for plan in _plans(campaign, list(range(1, 1001))) for s in scans(plan)]
+        raise _Rollback
+    assert read
+    assert {index for _, _, index in read} <= ONCE | {""}, read
 
 
 @pytest.fixture
