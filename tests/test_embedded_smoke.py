@@ -118,7 +118,7 @@ def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
         opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
         wait_for(
             lambda: _get(opener, f"{base}/healthz")[0] == 200,
-            timeout=300,  # a hang guard: a first start migrates a new database (~2 min on a loaded CI machine)
+            timeout=300,  # a hang guard: a first start migrates a new database
             interval=0.5,
             what="the embedded stack to answer /healthz",
         )
@@ -221,7 +221,7 @@ def test_up_runs_everything_embedded_and_ctrl_c_stops_it_all(tmp_path):
         )
         wait_for(
             lambda: _get(opener, f"{base}/healthz")[0] == 200 or up.poll() is not None,
-            timeout=300,  # a hang guard: a first start migrates a new database (~2 min on a loaded CI machine)
+            timeout=300,  # a hang guard: a first start migrates a new database
             interval=0.5,
             what="the restarted stack to answer /healthz",
         )
