@@ -163,7 +163,9 @@ class CampaignDisplay(TenantAdmin):
             _("rate"),
             number(data["rate"], 2),
             _("ETA"),
-            data["eta_seconds"] or "—",
+            f"{number(data['eta_seconds'])} s"
+            if data["eta_seconds"]
+            else "—",  # as the page's script writes it
         )
 
     @admin.display(description=_("audience now"))

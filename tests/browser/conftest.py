@@ -197,7 +197,7 @@ def stack(chromium: Path, transactional_db: None, tmp_path: Path) -> Iterator[St
                 *(sys.executable, "manage.py", "up", "--port", str(port), "--workers", "1"),
                 *("--demo-customers", str(DEMO_CUSTOMERS), "--no-color"),
                 *("--meta-port", str(_free_port()), "--smtp-port", str(_free_port())),
-                *("--erp-port", str(_free_port())),
+                *("--erp-port", str(_free_port()), "--chatwoot-port", str(_free_port())),
             ],
             cwd=ROOT,
             env=env,

@@ -131,6 +131,13 @@ def test_a_manager_composes_sees_the_audience_confirms_and_sees_cost_and_revenue
     assert int(preview.locator('[data-skip="no_consent"]').inner_text()) >= 2
     expect(preview.locator('[data-field="estimated-cost"]')).to_contain_text("US$")
     screenshot(page, "desk-audience")
+    # "Send this campaign to me" sits below the form, not behind it (its heading's band showed
+    # behind the page's first rows).
+    test_send_top, form_bottom = page.evaluate(
+        "() => [document.getElementById('test-send').getBoundingClientRect().top,"
+        " document.getElementById('campaign_form').getBoundingClientRect().bottom]"
+    )
+    assert test_send_top >= form_bottom - 1, (test_send_top, form_bottom)
 
     page.click("#lifecycle-start")
     expect(page.locator("#lifecycle-question")).to_contain_text(str(world["receives"]))

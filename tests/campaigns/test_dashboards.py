@@ -439,3 +439,17 @@ def test_a_finished_campaigns_chart_stops_at_now_even_with_a_late_stamp_ahead(sh
     if data["timestamps"]:
         assert data["timestamps"][-1] <= timezone.now().timestamp()
     assert not data.get("x_range") or data["x_range"][1] <= timezone.now().timestamp() + 1
+
+
+def test_the_live_status_writes_its_eta_in_seconds_as_its_script_does(
+    world, admin_client, english, monkeypatch
+):
+    from campaigns import selectors
+
+    campaign = _campaign(world["org"], timezone.now() - timedelta(minutes=5))
+    real = selectors.campaign_status
+    monkeypatch.setattr(
+        selectors, "campaign_status", lambda campaign: {**real(campaign=campaign), "eta_seconds": 1234}
+    )
+    html = admin_client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
+    assert '<td data-field="eta_seconds">1,234 s</td>' in html  # not a bare "1234"
