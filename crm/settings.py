@@ -262,6 +262,8 @@ WHATSAPP_MAX_IN_FLIGHT = env.int("WHATSAPP_MAX_IN_FLIGHT", default=500)
 # A send job claims and sends its batch this many messages at a time; between two chunks it gives
 # its turn to another tenant's work waiting on the queue (crm.jobs.yield_turn, docs/fair-share.md).
 WHATSAPP_SEND_CHUNK = env.int("WHATSAPP_SEND_CHUNK", default=100)
+# A paced number's chunk holds at least this many seconds of its rate (250 messages at 1,000/s).
+WHATSAPP_SEND_CHUNK_SECONDS = env.float("WHATSAPP_SEND_CHUNK_SECONDS", default=0.25)
 # While a chunk's sends are in flight (their answers outstanding), the job claims its next chunk
 # (paced: books its slots right after them): neither the worker nor a number's schedule waits for a
 # chunk's latency and writes. False: each chunk is claimed once the one before is written.

@@ -58,3 +58,18 @@ def test_a_paced_job_books_the_next_chunk_while_its_answers_are_outstanding(wa, 
     assert _most_in_one_second(sandbox.messages()) <= RATE + 1
     campaign.refresh_from_db()
     assert campaign.status == Campaign.Status.SENT
+
+
+def test_a_fast_numbers_chunk_holds_a_quarter_second_of_its_rate(wa, sandbox, settings):
+    # At 20/s with WHATSAPP_SEND_CHUNK_SECONDS 0.5 a chunk is 10 messages, not WHATSAPP_SEND_CHUNK's 5:
+    # with the pipeline off, one chunk in flight at a time, all of it within Meta's latency.
+    campaign = _paced_campaign(wa, settings, people=4 * CHUNK, pipeline=False)
+    settings.WHATSAPP_SEND_CHUNK_SECONDS = 0.5
+    WhatsappNumber.objects.filter(pk=wa["number"].pk).update(messages_per_second=2 * RATE)
+    sandbox.configure(latency_ms=LATENCY_MS)
+
+    counts = sending.whatsapp_send_batch(campaign_id=campaign.pk, batch=0)
+
+    assert counts["sent"] == 4 * CHUNK
+    assert sandbox.stats()["in_flight_max"] == 2 * CHUNK
+    assert _most_in_one_second(sandbox.messages()) <= 2 * RATE + 1
