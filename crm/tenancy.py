@@ -297,7 +297,11 @@ class TenantAdmin(CheckedLists):
     # --- choices, prefilled values, errors ---------------------------------------------------------
     def formfield_for_dbfield(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         """Every JSON field of every form refuses what PostgreSQL's jsonb cannot store, and an
-        emptied one of a NOT NULL column is its default (a form error or a value, not a 500)."""
+        emptied one of a NOT NULL column is its default (a form error or a value, not a 500). Every
+        decimal or float field reads and shows the locale's numbers ("150,00", "1.234,56" in
+        pt-BR; "150.00" too), as a manager types them."""
+        if isinstance(db_field, models.DecimalField | models.FloatField):
+            kwargs.setdefault("localize", True)
         if isinstance(db_field, models.JSONField):
             kwargs.setdefault("form_class", StorableJSONField)
             if not db_field.null and db_field.has_default():

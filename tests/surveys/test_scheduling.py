@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from decimal import Decimal
 
+import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -168,3 +169,39 @@ def test_the_recovery_pass_re_enqueues_due_surveys_redis_lost(shop: Shop, redis_
     redis_db.flushdb()
     assert recovery.recover()["post-sale-surveys"] == 2
     assert sorted(_queued_job_ids()) == sorted(f"survey-{s.pk}" for s in due)
+
+
+@pytest.mark.parametrize(
+    ("typed", "stored", "shown"),
+    [
+        ("1.234,56", "1234.56", "1.234,56"),
+        ("150,00", "150.00", "150,00"),
+        ("150.00", "150.00", "150,00"),
+        ("99,9", "99.90", "99,90"),
+    ],
+)
+def test_a_sales_total_is_read_as_the_manager_types_it_in_pt_br(
+    shop: Shop, admin_client, typed, stored, shown
+):
+    # Money in the admin's forms reads the locale's numbers: "150,00" was "Informe um número".
+    response = admin_client.post(
+        "/admin/crm/sale/add/",
+        {
+            "organization": shop.org.pk,
+            "store": shop.centro.pk,
+            "customer": shop.bruno.pk,
+            "erp_id": "ADMIN-PT",
+            "total": typed,
+            "sold_at_0": "2026-03-10",
+            "sold_at_1": "15:30:00",
+        },
+        HTTP_ACCEPT_LANGUAGE="pt-br",
+    )
+
+    assert response.status_code == 302, response.content.decode()[:2000]
+    assert Sale.objects.get(erp_id="ADMIN-PT").total == Decimal(stored)
+    sale = Sale.objects.get(erp_id="ADMIN-PT")
+    page = admin_client.get(
+        f"/admin/crm/sale/{sale.pk}/change/", HTTP_ACCEPT_LANGUAGE="pt-br"
+    ).content.decode()
+    assert f'name="total" value="{shown}"' in page

@@ -3,10 +3,12 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+from django.conf import settings
 from django.core.management.base import CommandError, CommandParser
 from django.utils.translation import gettext as _
 
 from crm import cli
+from integrations.models import WhatsappNumber
 from project.demo.integrations import DEMO_PHONE_NUMBER_IDS
 
 
@@ -20,7 +22,11 @@ class Command(cli.CrmCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("phone", help="the customer's phone, E.164 or digits")
         parser.add_argument("text", help="what the customer writes")
-        parser.add_argument("--sandbox-url", default="http://127.0.0.1:8081", help="the Meta sandbox")
+        parser.add_argument(
+            "--sandbox-url",
+            default="",
+            help="the Meta sandbox (default: the business number's Graph URL, where `make run` put it)",
+        )
         parser.add_argument(
             "--phone-number-id", default=DEMO_PHONE_NUMBER_IDS[0], help="the business number written to"
         )
@@ -35,10 +41,9 @@ class Command(cli.CrmCommand):
             "type": options["type"],
             "phone_number_id": options["phone_number_id"],
         }
+        url = options["sandbox_url"] or _graph_url(options["phone_number_id"])
         try:
-            response = httpx.post(
-                f"{options['sandbox_url'].rstrip('/')}/_sandbox/inbound", json=body, timeout=30
-            )
+            response = httpx.post(f"{url.rstrip('/')}/_sandbox/inbound", json=body, timeout=30)
         except httpx.HTTPError as exc:
             raise CommandError(_("the Meta sandbox did not answer: %(error)s") % {"error": exc}) from None
         if response.status_code != 200:
@@ -48,3 +53,9 @@ class Command(cli.CrmCommand):
             _("posted %(wamid)s to the webhook (delivered: %(delivered)s)")
             % {"wamid": data.get("wamid"), "delivered": data.get("delivered")}
         )
+
+
+def _graph_url(phone_number_id: str) -> str:
+    """The sandbox a business number talks to (`make run --meta-port` sets it), else the deployment's."""
+    number = WhatsappNumber.objects.filter(phone_number_id=phone_number_id).only("graph_url").first()
+    return number.graph_url if number is not None and number.graph_url else settings.WHATSAPP_GRAPH_URL
