@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
+from django.core.exceptions import PermissionDenied
 from django.db import models
 from django.db.models import QuerySet
 from django.http import (
@@ -230,6 +232,20 @@ class CampaignAdmin(CampaignViews, CampaignDisplay, TenantAdmin):
         if obj is None or tenancy.is_operator(request.user):
             return True
         return not lifecycle.campaign_has_messages(campaign=obj)
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None) -> Any:
+        """A manager who asks to delete a campaign with messages is refused with why and what to do
+        (archive it), not the generic "ask your organization's manager"."""
+        campaign = self.get_object(request, unquote(object_id))
+        if (
+            campaign is not None
+            and super().has_delete_permission(request, campaign)
+            and not self.has_delete_permission(request, campaign)
+        ):
+            raise PermissionDenied(
+                _("Campaigns with messages are archived, not deleted: %(names)s") % {"names": campaign}
+            )
+        return super().delete_view(request, object_id, extra_context)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Campaign]) -> None:
         """The list's bulk delete deletes only campaigns without messages (unless by an operator)."""

@@ -128,8 +128,12 @@ def test_a_manager_cannot_delete_a_campaign_with_messages_and_archives_it_instea
         sold_at=timezone.now(),
     )
     assert SaleAttribution.objects.filter(sale=sale, campaign=started).exists()
-    assert manager.get(f"/admin/campaigns/campaign/{started.pk}/delete/").status_code == 403
-    assert manager.post(f"/admin/campaigns/campaign/{started.pk}/delete/", {"post": "yes"}).status_code == 403
+    # Asked to delete it, the manager is told why not and what to do instead (it answered the
+    # generic "access denied, ask your organization's manager" to the manager).
+    for ask in (manager.get, lambda url: manager.post(url, {"post": "yes"})):
+        response = ask(f"/admin/campaigns/campaign/{started.pk}/delete/")
+        assert response.status_code == 403
+        assert "Campanhas com mensagens são arquivadas, não excluídas" in response.content.decode()
     manager.post(
         "/admin/campaigns/campaign/",
         {"action": "delete_selected", "_selected_action": [started.pk], "post": "yes"},
