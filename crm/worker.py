@@ -121,6 +121,20 @@ class Worker(SimpleWorker):
                 self.died_of = None
                 self._noting_death(self._fail_unfetchable, str(job_id), queue, exc)
 
+    # --- a warm stop that holds: RQ raises StopRequested from the signal handler, wherever the
+    # main thread is when idle; an `except Exception` on the way (RQ's registry sweep, a logging
+    # handler) swallows it, and the idle loop, which never asks again, waits for a second signal.
+    def _shutdown(self) -> None:
+        self._stop_requested = True
+        super()._shutdown()
+
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        # Called between jobs and on every idle second (never from the job's heartbeat thread,
+        # which passes a pipeline): the place a remembered stop is acted on.
+        if self._stop_requested and pipeline is None and self.get_state() != WorkerStatus.BUSY:
+            raise StopRequested
+        super().heartbeat(timeout, pipeline=pipeline)
+
     def subscribe(self) -> None:
         # The command channel (stop a job, shut down) matters for long-lived workers; a burst
         # worker would only pay the ~1 s it takes to stop the listener thread.
