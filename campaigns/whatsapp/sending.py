@@ -9,8 +9,9 @@
 - `_book_lanes`: each number's credentials, fresh from the database and decrypted in memory only,
   and its pacing slots; the messages beyond the pacing horizon go back to QUEUED and wait.
 - `batch_send`: the Graph API calls, every number's concurrently, no transaction open, started on
-  the process's event loop: while a paced chunk is in flight the job claims the next chunk and
-  books its slots (`_send_chunks`), so the number's schedule never idles.
+  the process's event loop: while chunks are in flight the job claims the next ones and books
+  their slots (`_send_chunks`, up to WHATSAPP_MAX_IN_FLIGHT messages), so neither the worker nor
+  a number's schedule idles.
 - `batch_classify`: Meta's answers into a `BatchPlan`, pure: which messages are sent (and their
   cost), failed, of unknown outcome, retried or released, which customers opted out, whether the
   organization or a number is paused and why, how long the batch waits.
@@ -28,6 +29,7 @@ import asyncio
 import concurrent.futures
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from decimal import Decimal
 
@@ -95,66 +97,75 @@ class _Flight:
 
     @property
     def pipelines(self) -> bool:
-        """Whether the next chunk is claimed (and its slots booked) while this one is in flight:
+        """Whether a next chunk is claimed (and its slots booked) while this one is in flight:
         every message within the pacing horizon (none waits), paced or not."""
         return bool(settings.WHATSAPP_SEND_PIPELINE) and self.pace_wait is None
 
 
 def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[str, int]:
-    """The batch's queued messages, WHATSAPP_SEND_CHUNK at a time; returns counts by outcome.
+    """The batch's queued messages, a chunk (`_chunk_size`) at a time; returns counts by outcome.
     Raises Defer when some wait for a retry, a throttle or their number's pacing (the rest waits
     too), Yield after a full chunk when another tenant's work waits ahead (the next run takes the
     rest).
 
-    Pipelined: while a chunk's sends are in flight, the next chunk is claimed (and, paced, its slots
-    booked right after them), so neither the worker nor a number's schedule waits for a chunk's
-    last answers (Meta's latency) and its writes. At most two chunks in flight, both landed (their answers
-    written) before the job defers or yields."""
+    Pipelined: while chunks' sends are in flight, the next ones are claimed (and, paced, their slots
+    booked right after them), up to WHATSAPP_MAX_IN_FLIGHT messages, so neither the worker nor a
+    number's schedule waits for a chunk's last answers (Meta's latency) and its writes. The turn is
+    asked before each claim, so work waiting for it waits for the chunks in flight, not the batch;
+    every chunk in flight is landed (its answers written) before the job defers or yields."""
     counts: dict[str, int] = {}
     handled: list[int] = []
     chunk = _chunk_size(campaign)
-    flight = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
-    while flight is not None:
-        following = None
-        # A full chunk gives its turn when other work waits (crm.jobs.turn_waits); asked before the
-        # next chunk is claimed, so that work waits for one chunk, not two.
-        give_turn = flight.pipelines and flight.claimed == chunk and jobs.turn_waits()
-        if flight.pipelines and not give_turn:
-            try:
-                following = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
-            except Exception:
-                _land(campaign, batch, flight, counts)  # Meta has them: their answers are written first
-                raise
-        delays = _land(campaign, batch, flight, counts)
-        try:
-            if delays:
-                # Before the batches queued meanwhile: its numbers' next slots are its own.
-                raise Defer(
-                    min(delays),
-                    "messages wait for a retry, a throttle or their number's pacing",
-                    at_front=True,
-                )
-            if give_turn or (flight.claimed == chunk and not flight.pipelines and jobs.turn_waits()):
-                # Another tenant's batch waiting on this queue (or work on a queue served first)
-                # runs now, not after this one: the job goes back to the head of its tenant's list
-                # and its next run takes the rest.
-                raise jobs.Yield(f"batch {campaign.pk}/{batch}: another tenant's work waits")
-        except Defer as stop:
-            if following is not None:  # in flight too: its answers are written before the job goes
-                waits = _land(campaign, batch, following, counts)
-                if waits and isinstance(stop, jobs.Yield):  # then its messages wait for their time
-                    raise Defer(min(waits), stop.reason, at_front=True) from None
-            raise
-        if following is None and not flight.pipelines:
-            following = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
-        flight = following
+    depth = max(2, int(settings.WHATSAPP_MAX_IN_FLIGHT) // chunk)
+    flights: deque[_Flight] = deque()
+    claiming, give_turn = True, False
+    while True:
+        if claiming and (not flights or (len(flights) < depth and flights[-1].pipelines)):
+            if flights and flights[-1].claimed < chunk:
+                claiming = False  # a short chunk: nothing more was queued
+            elif handled and jobs.turn_waits():
+                # A full chunk gives its turn when other work waits (crm.jobs.turn_waits).
+                claiming, give_turn = False, True
+            else:
+                try:
+                    following = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
+                except Exception:
+                    _land_all(campaign, batch, flights, counts)  # Meta has them: answers written first
+                    raise
+                if following is None:
+                    claiming = False
+                else:
+                    flights.append(following)
+                continue
+        if not flights:
+            break
+        delays = _land(campaign, batch, flights.popleft(), counts)
+        if delays:
+            _land_all(campaign, batch, flights, counts)
+            # Before the batches queued meanwhile: its numbers' next slots are its own.
+            raise Defer(
+                min(delays), "messages wait for a retry, a throttle or their number's pacing", at_front=True
+            )
+    if give_turn:
+        # Another tenant's batch waiting on this queue (or work on a queue served first) runs now,
+        # not after this one: the job goes back to the head of its tenant's list and its next run
+        # takes the rest.
+        raise jobs.Yield(f"batch {campaign.pk}/{batch}: another tenant's work waits")
     return counts
+
+
+def _land_all(campaign: Campaign, batch: int, flights: deque[_Flight], counts: dict[str, int]) -> list[float]:
+    """Every chunk still in flight landed, oldest first; returns how long their messages that wait must."""
+    waits: list[float] = []
+    while flights:
+        waits += _land(campaign, batch, flights.popleft(), counts)
+    return waits
 
 
 def _chunk_size(campaign: Campaign) -> int:
     """WHATSAPP_SEND_CHUNK messages, or WHATSAPP_SEND_CHUNK_SECONDS of the campaign's number's pacing
-    when that is more: two chunks in flight must cover Meta's latency at the number's rate, or its
-    schedule idles (chunks of 100 held a number at 1,000/s to ~850/s at 200 ms; 250 reached it).
+    when that is more: the chunks in flight must cover Meta's latency at the number's rate, or its
+    schedule idles (two chunks of 100 held a number at 1,000/s to ~850/s at 200 ms; 250 reached it).
     Unpaced chunks stay small: the turn another tenant's work waits for (chunks of 250 sent 1.0x a
     raw loop's requests at 200 ms instead of 0.55x, but a small campaign beside a big one took 2.8x
     its time alone instead of 1.4x; docs/benchmarks.md)."""

@@ -73,3 +73,44 @@ def test_a_fast_numbers_chunk_holds_a_quarter_second_of_its_rate(wa, sandbox, se
     assert counts["sent"] == 4 * CHUNK
     assert sandbox.stats()["in_flight_max"] == 2 * CHUNK
     assert _most_in_one_second(sandbox.messages()) <= 2 * RATE + 1
+
+
+def test_an_unpaced_job_keeps_up_to_max_in_flight_messages_in_flight_in_small_chunks(wa, sandbox, settings):
+    # Two chunks in flight held an unpaced worker to 0.5x a raw loop at 200 ms: the pipe holds
+    # WHATSAPP_MAX_IN_FLIGHT messages in chunks (each a turn other work may take), never more.
+    campaign = _paced_campaign(wa, settings, people=8 * CHUNK, pipeline=True)
+    WhatsappNumber.objects.filter(pk=wa["number"].pk).update(messages_per_second=0)
+    settings.WHATSAPP_MAX_IN_FLIGHT = 4 * CHUNK
+    sandbox.configure(latency_ms=LATENCY_MS)
+
+    counts = sending.whatsapp_send_batch(campaign_id=campaign.pk, batch=0)
+
+    assert counts["sent"] == 8 * CHUNK
+    assert sandbox.stats()["by_recipient_max"] == 1
+    assert 2 * CHUNK < sandbox.stats()["in_flight_max"] <= 4 * CHUNK
+
+
+def test_a_failure_claiming_a_chunk_lands_every_chunk_in_flight_before_it_is_raised(
+    wa, sandbox, settings, monkeypatch
+):
+    campaign = _paced_campaign(wa, settings, people=8 * CHUNK, pipeline=True)
+    WhatsappNumber.objects.filter(pk=wa["number"].pk).update(messages_per_second=0)
+    settings.WHATSAPP_MAX_IN_FLIGHT = 4 * CHUNK
+    sandbox.configure(latency_ms=LATENCY_MS)
+    prepare, calls = sending._prepare, []
+
+    def failing_third(lane, *, within):  # e.g. the number's token cannot be decrypted any more
+        calls.append(lane)
+        if len(calls) == 3:
+            raise RuntimeError("credentials unreadable")
+        prepare(lane, within=within)
+
+    monkeypatch.setattr(sending, "_prepare", failing_third)
+    with pytest.raises(RuntimeError, match="credentials unreadable"):
+        sending.whatsapp_send_batch(campaign_id=campaign.pk, batch=0)
+
+    rows = WhatsappMessage.objects.filter(campaign=campaign)
+    # The two chunks Meta had are written as sent; the rest waits, no attempt spent on the third.
+    assert rows.filter(status=S.SENT).count() == 2 * CHUNK == len(sandbox.messages())
+    assert rows.filter(status=S.QUEUED).count() == 6 * CHUNK
+    assert not rows.filter(status=S.QUEUED, attempts__gt=1).exists()
