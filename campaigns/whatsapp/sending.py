@@ -118,12 +118,13 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
     chunk = _chunk_size(campaign)
     depth = max(2, int(settings.WHATSAPP_MAX_IN_FLIGHT) // chunk)
     flights: deque[_Flight] = deque()
+    last: _Flight | None = None  # the chunk claimed last
     claiming, give_turn = True, False
     while True:
         if claiming and (not flights or (len(flights) < depth and flights[-1].pipelines)):
-            if flights and flights[-1].claimed < chunk:
+            if last is not None and last.claimed < chunk:
                 claiming = False  # a short chunk: nothing more was queued
-            elif handled and jobs.turn_waits():
+            elif last is not None and jobs.turn_waits():
                 # A full chunk gives its turn when other work waits (crm.jobs.turn_waits).
                 claiming, give_turn = False, True
             else:
@@ -136,6 +137,7 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
                     claiming = False
                 else:
                     flights.append(following)
+                    last = following
                 continue
         if not flights:
             break
@@ -154,12 +156,10 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
     return counts
 
 
-def _land_all(campaign: Campaign, batch: int, flights: deque[_Flight], counts: dict[str, int]) -> list[float]:
-    """Every chunk still in flight landed, oldest first; returns how long their messages that wait must."""
-    waits: list[float] = []
+def _land_all(campaign: Campaign, batch: int, flights: deque[_Flight], counts: dict[str, int]) -> None:
+    """Every chunk still in flight landed (Meta's answers written), oldest first."""
     while flights:
-        waits += _land(campaign, batch, flights.popleft(), counts)
-    return waits
+        _land(campaign, batch, flights.popleft(), counts)
 
 
 def _chunk_size(campaign: Campaign) -> int:

@@ -10,6 +10,7 @@ import pytest
 from campaigns import fanout, lifecycle
 from campaigns.models import Campaign, WhatsappMessage
 from campaigns.whatsapp import sending
+from crm import jobs
 from integrations.models import WhatsappNumber
 
 S = WhatsappMessage.Status
@@ -114,3 +115,18 @@ def test_a_failure_claiming_a_chunk_lands_every_chunk_in_flight_before_it_is_rai
     assert rows.filter(status=S.SENT).count() == 2 * CHUNK == len(sandbox.messages())
     assert rows.filter(status=S.QUEUED).count() == 6 * CHUNK
     assert not rows.filter(status=S.QUEUED, attempts__gt=1).exists()
+
+
+@pytest.mark.parametrize("pipeline", [True, False])
+def test_a_job_gives_its_turn_only_after_a_full_chunk_with_more_to_send(wa, sandbox, settings, monkeypatch, pipeline):
+    campaign = _paced_campaign(wa, settings, people=CHUNK + 2, pipeline=pipeline)
+    WhatsappNumber.objects.filter(pk=wa["number"].pk).update(messages_per_second=0)
+    monkeypatch.setattr(jobs, "turn_waits", lambda: True)  # another tenant's work always waits
+
+    with pytest.raises(jobs.Yield):
+        sending.whatsapp_send_batch(campaign_id=campaign.pk, batch=0)
+    assert len(sandbox.messages()) == CHUNK
+    # The rest is a short chunk: sent, and the batch done, without giving a turn for nothing.
+    counts = sending.whatsapp_send_batch(campaign_id=campaign.pk, batch=0)
+    assert counts["sent"] == 2
+    assert len(sandbox.messages()) == CHUNK + 2
