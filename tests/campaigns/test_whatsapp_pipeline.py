@@ -118,7 +118,9 @@ def test_a_failure_claiming_a_chunk_lands_every_chunk_in_flight_before_it_is_rai
 
 
 @pytest.mark.parametrize("pipeline", [True, False])
-def test_a_job_gives_its_turn_only_after_a_full_chunk_with_more_to_send(wa, sandbox, settings, monkeypatch, pipeline):
+def test_a_job_gives_its_turn_only_after_a_full_chunk_with_more_to_send(
+    wa, sandbox, settings, monkeypatch, pipeline
+):
     campaign = _paced_campaign(wa, settings, people=CHUNK + 2, pipeline=pipeline)
     WhatsappNumber.objects.filter(pk=wa["number"].pk).update(messages_per_second=0)
     monkeypatch.setattr(jobs, "turn_waits", lambda: True)  # another tenant's work always waits
