@@ -139,6 +139,7 @@ class ChatwootSandbox(ThreadedAppServer):
         )
         app.router.add_get(base + "/conversations/{conversation_id:\\d+}/messages", self._handle_message_list)
         app.router.add_get("/_sandbox/conversations", self._handle_sandbox_conversations)
+        app.router.add_get("/_sandbox/messages", self._handle_sandbox_messages)
         app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
         return app
 
@@ -163,6 +164,21 @@ class ChatwootSandbox(ThreadedAppServer):
                 ]
             }
         )
+
+    async def _handle_sandbox_messages(self, request: web.Request) -> web.Response:
+        """The messages stored after id `after` (default 0), in order, each with `received_at` (when
+        the sandbox took it, epoch seconds): for a process that watches a sandbox running in
+        another (a benchmark), at a cost proportional to what is new."""
+        try:
+            after = int(request.query.get("after", "0"))
+        except ValueError:
+            raise ChatwootError(400, "after must be a message id") from None
+        messages = self._state.messages
+        start = len(messages)
+        while start > 0 and messages[start - 1]["id"] > after:  # ids grow with the list
+            start -= 1
+        fields = ("id", "conversation_id", "phone", "content", "message_type", "private", "received_at")
+        return _json_response({"messages": [{k: m[k] for k in fields} for m in messages[start:]]})
 
     # -- thread-safe controls -------------------------------------------------------------------
 

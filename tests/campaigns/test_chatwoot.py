@@ -4,6 +4,7 @@ PostgreSQL, Redis and RQ workers; the mirror must never touch a send."""
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -395,6 +396,27 @@ def test_the_client_creates_a_conversation_with_its_first_message_in_one_call(cw
         )
     assert refused.value.status == 422 and not refused.value.retryable
     assert len(cw.conversations()) == 1 and len(cw.messages()) == 1
+
+
+def test_the_sandbox_lists_the_messages_stored_after_an_id_with_when_it_took_them(cw, client):
+    contact_id, source_id, _ = client.contact_create_or_find(phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID)
+    before = time.time()
+    conversation_id, first = client.conversation_create_with_message(
+        contact_id=contact_id, source_id=source_id, inbox_id=INBOX_ID, content="um", private=False
+    )
+    second = client.message_create(conversation_id=conversation_id, content="dois", private=False)
+
+    def after(message_id: int) -> list[dict]:
+        return httpx.get(f"{cw.url}/_sandbox/messages", params={"after": message_id}).json()["messages"]
+
+    listed = after(0)
+    assert [(m["id"], m["content"], m["phone"]) for m in listed] == [
+        (first, "um", PHONE),
+        (second, "dois", PHONE),
+    ]
+    assert before <= listed[0]["received_at"] <= listed[1]["received_at"] <= time.time()
+    assert [m["id"] for m in after(first)] == [second] and after(second) == []
+    assert httpx.get(f"{cw.url}/_sandbox/messages", params={"after": "x"}).status_code == 400
 
 
 def test_the_client_matches_the_exact_phone_and_reuses_a_contact_an_agent_created(cw, client):
