@@ -24,6 +24,7 @@ import contextlib
 import functools
 import json
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -68,9 +69,15 @@ _LOCK_SPACE = 0x43570000  # advisory lock ids: this space + the organization's i
 
 # One push per organization queued or running, however many messages are written meanwhile
 # (crm.jobs.Pending): a push clears the flag before it reads what waits, and passes again while
-# messages were written during its pass. The marker outlives a push killed with its worker by at most
-# the queue's timeout; `recover` pushes whatever waits over 30 s meanwhile.
-PENDING = jobs.Pending("chatwoot-push", queues.get_spec(queues.CHATWOOT_INBOUND).timeout + 60)
+# messages were written during its pass. A running push keeps its marker alive (every third of
+# MARKER_TTL, as the inbox's drain does), so the marker of a push killed with its worker (kill -9,
+# OOM) frees itself within MARKER_TTL: the next message written enqueues a push at once; the dead
+# push's retry (the registry sweep) or `recover` (what waits over 30 s) takes over sooner or what
+# was written before. A push waiting deferred (Chatwoot down) or for a fixed token keeps its marker
+# for the queue's timeout, so writers meanwhile enqueue nothing that would only wait or be refused.
+MARKER_TTL = 30
+WAITING_TTL = queues.get_spec(queues.CHATWOOT_INBOUND).timeout + 60
+PENDING = jobs.Pending("chatwoot-push", MARKER_TTL)
 
 
 def push_job_id(organization_id: int) -> str:
@@ -176,10 +183,10 @@ def push(*, organization_id: int) -> int:
     except _TokenRefused:
         # What waits stays for a fixed token (saving the account pushes) or `recover`; the marker
         # kept, writers meanwhile enqueue no push that would only be refused.
-        PENDING.keep(organization_id)
+        PENDING.keep(organization_id, WAITING_TTL)
         return delivered
     except jobs.Defer:
-        PENDING.keep(organization_id)  # this deferred job is the organization's pending push
+        PENDING.keep(organization_id, WAITING_TTL)  # this deferred job is the organization's pending push
         raise
     except BaseException:
         PENDING.release(organization_id)  # a retry or `recover` runs it again; a writer may too
@@ -318,7 +325,11 @@ def _push_all(client: ChatwootClient, account: ChatwootAccount) -> int:
     ends the push once what is in flight came back and was written."""
     with ThreadPoolExecutor(max_workers=_concurrency(), thread_name_prefix="chatwoot-push") as pool:
         stream = _Stream(client, account, pool)
+        kept = time.monotonic()
         while True:
+            if time.monotonic() - kept >= PENDING.ttl / 3:  # alive: the marker lives on
+                PENDING.keep(account.organization_id)
+                kept = time.monotonic()
             stream.read()
             stream.submit()
             if not stream.running:
