@@ -73,6 +73,27 @@ def _wait(condition, what: str, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
+def _push_while_writing(run_jobs, write) -> None:
+    """Run the pushes in this thread until `write` (another thread, while they talk to Chatwoot)
+    is done and nothing waits."""
+    done = threading.Event()
+
+    def writer_body() -> None:
+        try:
+            write()
+        finally:
+            db_connection.close()
+            done.set()
+
+    writer = threading.Thread(target=writer_body)
+    writer.start()
+    deadline = time.monotonic() + 120  # a hang guard
+    while not (done.is_set() and not chatwoot_inbound.waiting()):
+        assert time.monotonic() < deadline, "messages still waiting for Chatwoot"
+        run_jobs(["chatwoot-inbound"], settle=0)
+    writer.join()
+
+
 def test_batches_written_while_chatwoot_is_slow_cost_at_most_two_pushes_and_arrive_in_order(
     wa, run_jobs, cw, counted
 ):
@@ -81,24 +102,13 @@ def test_batches_written_while_chatwoot_is_slow_cost_at_most_two_pushes_and_arri
     people = wa["customers"](3)
     batches = 12
     _batch(wa["org"], people, 0)
-    done = threading.Event()
 
     def more() -> None:  # the other batches come while the first push talks to Chatwoot
-        try:
-            _wait(lambda: cw.requests(), "the first push to reach Chatwoot")
-            for n in range(1, batches):
-                _batch(wa["org"], people, n)
-        finally:
-            db_connection.close()
-            done.set()
+        _wait(lambda: cw.requests(), "the first push to reach Chatwoot")
+        for n in range(1, batches):
+            _batch(wa["org"], people, n)
 
-    writer = threading.Thread(target=more)
-    writer.start()
-    deadline = time.monotonic() + 120
-    while not (done.is_set() and not chatwoot_inbound.waiting()):
-        assert time.monotonic() < deadline, "messages still waiting for Chatwoot"
-        run_jobs(["chatwoot-inbound"], settle=0)
-    writer.join()
+    _push_while_writing(run_jobs, more)
     assert counted["enqueued"] <= 2 and counted["runs"] <= 2, counted
     assert ConversationMessage.objects.filter(chatwoot_pending=True).count() == 0
     for person in people:
@@ -168,23 +178,12 @@ def test_a_push_running_longer_than_its_markers_ttl_keeps_it_and_takes_what_is_w
     cw.set_latency(150)
     people = wa["customers"](10)
     _batch(wa["org"], people, 0)
-    done = threading.Event()
 
     def more() -> None:  # written once the push has run well past the marker's 1 s
-        try:
-            _wait(lambda: len(cw.messages()) >= 5, "the push to be half-way")
-            _batch(wa["org"], people[:1], 1)
-        finally:
-            db_connection.close()
-            done.set()
+        _wait(lambda: len(cw.messages()) >= 5, "the push to be half-way")
+        _batch(wa["org"], people[:1], 1)
 
-    writer = threading.Thread(target=more)
-    writer.start()
-    deadline = time.monotonic() + 120
-    while not (done.is_set() and not chatwoot_inbound.waiting()):
-        assert time.monotonic() < deadline, "messages still waiting for Chatwoot"
-        run_jobs(["chatwoot-inbound"], settle=0)
-    writer.join()
+    _push_while_writing(run_jobs, more)
     assert counted["enqueued"] == 1, counted  # the running push's marker was alive all along
     theirs = [m["content"] for m in cw.messages() if m["content"].startswith(f"{people[0].pk} ")]
     assert theirs == [f"{people[0].pk} lote 0", f"{people[0].pk} lote 1"]
