@@ -521,9 +521,10 @@ class Pending:
             pipe.set(self.queued_key(key), 1, ex=self.ttl)
             pipe.execute()
 
-    def keep(self, key: object) -> None:
-        """The job still works (or waits deferred): its marker lives on."""
-        get_connection().expire(self.queued_key(key), self.ttl)
+    def keep(self, key: object, ttl: int | None = None) -> None:
+        """The job still works (or waits deferred): its marker lives on, `ttl` seconds (default:
+        the usual) from now."""
+        get_connection().expire(self.queued_key(key), ttl or self.ttl)
 
     def dirty(self, key: object) -> bool:
         return bool(get_connection().exists(self.dirty_key(key)))

@@ -14,7 +14,8 @@ order when it is back. Token refused: the messages wait with the error (the
 admin's "waiting for Chatwoot"); saving the organization's Chatwoot account pushes again at once,
 and the recovery pass every minute, so what was refused meanwhile is delivered once the token is
 fixed. The contact and conversation ids found for a customer are kept (`ChatwootThread`): a
-customer's later messages cost one call each, a new contact three (contact, conversation, message).
+customer's later messages cost one call each, a new contact two (the contact, then its conversation
+created with the message).
 """
 
 from __future__ import annotations
@@ -23,11 +24,13 @@ import contextlib
 import functools
 import json
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
@@ -66,9 +69,15 @@ _LOCK_SPACE = 0x43570000  # advisory lock ids: this space + the organization's i
 
 # One push per organization queued or running, however many messages are written meanwhile
 # (crm.jobs.Pending): a push clears the flag before it reads what waits, and passes again while
-# messages were written during its pass. The marker outlives a push killed with its worker by at most
-# the queue's timeout; `recover` pushes whatever waits over 30 s meanwhile.
-PENDING = jobs.Pending("chatwoot-push", queues.get_spec(queues.CHATWOOT_INBOUND).timeout + 60)
+# messages were written during its pass. A running push keeps its marker alive (every third of
+# MARKER_TTL, as the inbox's drain does), so the marker of a push killed with its worker (kill -9,
+# OOM) frees itself within MARKER_TTL: the next message written enqueues a push at once; the dead
+# push's retry (the registry sweep) or `recover` (what waits over 30 s) takes over sooner or what
+# was written before. A push waiting deferred (Chatwoot down) or for a fixed token keeps its marker
+# for the queue's timeout, so writers meanwhile enqueue nothing that would only wait or be refused.
+MARKER_TTL = 30
+WAITING_TTL = queues.get_spec(queues.CHATWOOT_INBOUND).timeout + 60
+PENDING = jobs.Pending("chatwoot-push", MARKER_TTL)
 
 
 def push_job_id(organization_id: int) -> str:
@@ -174,10 +183,10 @@ def push(*, organization_id: int) -> int:
     except _TokenRefused:
         # What waits stays for a fixed token (saving the account pushes) or `recover`; the marker
         # kept, writers meanwhile enqueue no push that would only be refused.
-        PENDING.keep(organization_id)
+        PENDING.keep(organization_id, WAITING_TTL)
         return delivered
     except jobs.Defer:
-        PENDING.keep(organization_id)  # this deferred job is the organization's pending push
+        PENDING.keep(organization_id, WAITING_TTL)  # this deferred job is the organization's pending push
         raise
     except BaseException:
         PENDING.release(organization_id)  # a retry or `recover` runs it again; a writer may too
@@ -316,7 +325,11 @@ def _push_all(client: ChatwootClient, account: ChatwootAccount) -> int:
     ends the push once what is in flight came back and was written."""
     with ThreadPoolExecutor(max_workers=_concurrency(), thread_name_prefix="chatwoot-push") as pool:
         stream = _Stream(client, account, pool)
+        kept = time.monotonic()
         while True:
+            if time.monotonic() - kept >= PENDING.ttl / 3:  # alive: the marker lives on
+                PENDING.keep(account.organization_id)
+                kept = time.monotonic()
             stream.read()
             stream.submit()
             if not stream.running:
@@ -371,7 +384,7 @@ def _record(outcomes: list[_Outcome]) -> int:
     inbound = []
     for row, chatwoot_id in delivered:
         if row.direction == row.Direction.INBOUND:
-            row.chatwoot_message_id = chatwoot_id
+            row.chatwoot_message_id = chatwoot_id or None  # 0: posted, its id not shown
             inbound.append(row)
     ConversationMessage.objects.bulk_update(inbound, ["chatwoot_message_id"])
     return done
@@ -434,18 +447,36 @@ def _deliver(
         except IntegrationError as exc:
             if exc.status != 404 or key in found:
                 raise
-    found[key] = _thread(client, row, inbox_id)
-    return _post(client, account, row, found[key][1])
+    return _post_to_new_thread(client, account, row, inbox_id, found)
 
 
-def _thread(client: ChatwootClient, row: ConversationMessage, inbox_id: int) -> Thread:
-    """The customer's contact and conversation in the inbox, found or created: a new contact is
-    created at once (a phone Chatwoot already has is then searched for) and has no conversation yet."""
+def _post_to_new_thread(
+    client: ChatwootClient,
+    account: ChatwootAccount,
+    row: ConversationMessage,
+    inbox_id: int,
+    found: dict[tuple[int, int], Thread],
+) -> int:
+    """The customer's contact and conversation in the inbox, found or created, and the row posted
+    to it. A new contact is created at once (a phone Chatwoot already has is then searched for);
+    having no conversation yet, it gets one created with the row as its first message: two calls.
+    A handoff (a note, then open and assign) goes through `_post`."""
     phone = row.customer.phone
     contact_id, source_id, created = client.contact_create_or_find(
         phone_e164=phone, name=row.customer.name, inbox_id=inbox_id
     )
     source_id = source_id or phone.lstrip("+")
+    if created and row.kind != HANDOFF_KIND:
+        # A contact created just now holds nothing we posted earlier: no lookup for a lost answer.
+        conversation_id, message_id = client.conversation_create_with_message(
+            contact_id=contact_id, source_id=source_id, inbox_id=inbox_id, **_message_fields(account, row)
+        )
+        found[(row.customer_id, inbox_id)] = (contact_id, conversation_id)
+        if message_id is None:  # the answer showed another message as the latest: ask for ours
+            message_id = client.message_find(
+                conversation_id=conversation_id, attribute="crm_message_id", value=row.pk
+            )
+        return message_id or 0
     if created:
         conversation_id = client.conversation_create(
             contact_id=contact_id, source_id=source_id, inbox_id=inbox_id
@@ -454,7 +485,25 @@ def _thread(client: ChatwootClient, row: ConversationMessage, inbox_id: int) -> 
         conversation_id = client.conversation_find_or_create(
             contact_id=contact_id, source_id=source_id, inbox_id=inbox_id
         )
-    return contact_id, conversation_id
+    found[(row.customer_id, inbox_id)] = (contact_id, conversation_id)
+    return _post(client, account, row, conversation_id)
+
+
+def _message_fields(account: ChatwootAccount, row: ConversationMessage) -> dict[str, Any]:
+    """The row as a Chatwoot message: content, type, private flag, and our attributes."""
+    inbound = row.direction == row.Direction.INBOUND
+    campaign = row.source == row.Source.CAMPAIGN
+    attributes: dict[str, int] = {"crm_message_id": row.pk}  # what we posted: not an agent's reply
+    if campaign and row.campaign_message_id is not None:
+        attributes["campaign_message_id"] = row.campaign_message_id
+    return {
+        "content": chatwoot_content(row),
+        # A campaign's copy is a private note for organizations that mirror into the WhatsApp
+        # inbox's own conversations (an API-channel inbox never forwards an outgoing message).
+        "private": campaign and account.mode == ChatwootAccount.Mode.PRIVATE_NOTE,
+        "message_type": "incoming" if inbound else "outgoing",
+        "content_attributes": attributes,
+    }
 
 
 def _post(
@@ -469,20 +518,7 @@ def _post(
         )
         if posted is not None:
             return posted
-    inbound = row.direction == row.Direction.INBOUND
-    campaign = row.source == row.Source.CAMPAIGN
-    attributes: dict[str, int] = {"crm_message_id": row.pk}  # what we posted: not an agent's reply
-    if campaign and row.campaign_message_id is not None:
-        attributes["campaign_message_id"] = row.campaign_message_id
-    return client.message_create(
-        conversation_id=conversation_id,
-        content=chatwoot_content(row),
-        # A campaign's copy is a private note for organizations that mirror into the WhatsApp
-        # inbox's own conversations (an API-channel inbox never forwards an outgoing message).
-        private=campaign and account.mode == ChatwootAccount.Mode.PRIVATE_NOTE,
-        message_type="incoming" if inbound else "outgoing",
-        content_attributes=attributes,
-    )
+    return client.message_create(conversation_id=conversation_id, **_message_fields(account, row))
 
 
 def _hand_over(client: ChatwootClient, conversation_id: int, row: ConversationMessage) -> int:

@@ -1,8 +1,8 @@
 """Chatwoot application API (v1) client: plain values in, plain values out.
 
 Only what mirroring a campaign message and handing a customer to an agent need: find or create a
-contact, find or create its conversation in one inbox, post a message (or a private note) to it,
-open it and assign it. Every failure is an IntegrationError
+contact, find or create its conversation in one inbox (a new one with its first message, in one
+call), post a message (or a private note) to it, open it and assign it. Every failure is an IntegrationError
 classified by integrations.retry: retryable for timeouts, network errors, 408/425/429 and 5xx
 (with the answer's Retry-After); not for any other 4xx or a URL that can never work. A POST that
 went out without an answer is `maybe_delivered` and still retryable: a mirror never reaches the
@@ -132,13 +132,34 @@ class ChatwootClient:
 
     def conversation_create(self, *, contact_id: int, source_id: str | None, inbox_id: int) -> int:
         """The id of a new conversation of the contact in `inbox_id`."""
-        data: dict[str, Any] = {"inbox_id": inbox_id, "contact_id": contact_id}
-        if source_id:
-            data["source_id"] = source_id
-        created = self._request("POST", "/conversations", json=data)
+        created = self._request(
+            "POST", "/conversations", json=_conversation_body(contact_id, source_id, inbox_id)
+        )
         if not isinstance(created, dict) or "id" not in created:
             raise IntegrationError("Chatwoot: unexpected answer to a conversation creation", retryable=False)
         return int(created["id"])
+
+    def conversation_create_with_message(
+        self,
+        *,
+        contact_id: int,
+        source_id: str | None,
+        inbox_id: int,
+        content: str,
+        private: bool,
+        content_attributes: Mapping[str, Any] | None = None,
+        message_type: str = "outgoing",
+    ) -> tuple[int, int | None]:
+        """(conversation id, message id) of a new conversation of the contact in `inbox_id` created
+        with its first message in one call (Chatwoot builds both in one transaction: both or
+        neither). The message id is None when the answer's `messages` (the conversation's latest)
+        is not this one; never retried here."""
+        data = _conversation_body(contact_id, source_id, inbox_id)
+        data["message"] = _message_body(content, private, content_attributes, message_type)
+        created = self._request("POST", "/conversations", json=data)
+        if not isinstance(created, dict) or "id" not in created:
+            raise IntegrationError("Chatwoot: unexpected answer to a conversation creation", retryable=False)
+        return int(created["id"]), _message_id_in(created.get("messages"), data["message"])
 
     def conversation_find_or_create(self, *, contact_id: int, source_id: str | None, inbox_id: int) -> int:
         """The id of the contact's conversation in `inbox_id` (open or pending first), created if none."""
@@ -167,12 +188,7 @@ class ChatwootClient:
         body = self._request(
             "POST",
             f"/conversations/{int(conversation_id)}/messages",
-            json={
-                "content": content,
-                "message_type": message_type,
-                "private": private,
-                "content_attributes": dict(content_attributes or {}),
-            },
+            json=_message_body(content, private, content_attributes, message_type),
         )
         if not isinstance(body, dict) or "id" not in body:
             raise IntegrationError("Chatwoot: unexpected answer to a message creation", retryable=False)
@@ -233,6 +249,38 @@ class ChatwootClient:
             raise IntegrationError(
                 f"{what}: HTTP {status} with a body that is not JSON", retryable=False, status=status
             ) from exc
+
+
+def _conversation_body(contact_id: int, source_id: str | None, inbox_id: int) -> dict[str, Any]:
+    data: dict[str, Any] = {"inbox_id": inbox_id, "contact_id": contact_id}
+    if source_id:
+        data["source_id"] = source_id
+    return data
+
+
+def _message_body(
+    content: str, private: bool, content_attributes: Mapping[str, Any] | None, message_type: str
+) -> dict[str, Any]:
+    """A message as Chatwoot's MessageBuilder reads it, alone or as a new conversation's `message`."""
+    return {
+        "content": content,
+        "message_type": message_type,
+        "private": private,
+        "content_attributes": dict(content_attributes or {}),
+    }
+
+
+def _message_id_in(messages: Any, sent: Mapping[str, Any]) -> int | None:
+    """The id of the message in a conversation's answer (`messages`: its latest) that is the one
+    sent: same content, and its content_attributes hold what was sent."""
+    for message in messages if isinstance(messages, list) else []:
+        if not isinstance(message, dict) or "id" not in message or message.get("content") != sent["content"]:
+            continue
+        attributes = message.get("content_attributes")
+        attributes = attributes if isinstance(attributes, dict) else {}
+        if all(attributes.get(k) == v for k, v in sent["content_attributes"].items()):
+            return int(message["id"])
+    return None
 
 
 def _error_text(response: httpx.Response) -> str:

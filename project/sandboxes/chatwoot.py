@@ -2,7 +2,8 @@
 
 It answers, under ``/api/v1/accounts/{account_id}``, exactly what the mirror uses, with Chatwoot's
 JSON shapes: ``GET /contacts/search?q=``, ``POST /contacts``, ``GET /contacts/{id}/conversations``,
-``POST /conversations`` and ``POST /conversations/{id}/messages``. The ``api_access_token`` header
+``POST /conversations`` (with its first ``message``, as Chatwoot's) and
+``POST /conversations/{id}/messages``. The ``api_access_token`` header
 must be the account's token (401 otherwise, as Chatwoot answers); unknown contacts, conversations
 and inboxes are 404. Contacts, conversations and messages live in memory.
 
@@ -46,6 +47,8 @@ NOT_YOUR_ACCOUNT = "You are not authorized to access this account"
 NOT_FOUND = "Resource could not be found"
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+# Set by a handler that stores a message (lose_next_answers drops its answer).
+CREATES_MESSAGE = web.RequestKey("creates_message", bool)
 
 
 def _json_response(payload: Any, status: int = 200) -> web.Response:
@@ -136,6 +139,7 @@ class ChatwootSandbox(ThreadedAppServer):
         )
         app.router.add_get(base + "/conversations/{conversation_id:\\d+}/messages", self._handle_message_list)
         app.router.add_get("/_sandbox/conversations", self._handle_sandbox_conversations)
+        app.router.add_get("/_sandbox/messages", self._handle_sandbox_messages)
         app.router.add_route("*", "/{tail:.*}", self._handle_unknown)
         return app
 
@@ -161,6 +165,21 @@ class ChatwootSandbox(ThreadedAppServer):
             }
         )
 
+    async def _handle_sandbox_messages(self, request: web.Request) -> web.Response:
+        """The messages stored after id `after` (default 0), in order, each with `received_at` (when
+        the sandbox took it, epoch seconds): for a process that watches a sandbox running in
+        another (a benchmark), at a cost proportional to what is new."""
+        try:
+            after = int(request.query.get("after", "0"))
+        except ValueError:
+            raise ChatwootError(400, "after must be a message id") from None
+        messages = self._state.messages
+        start = len(messages)
+        while start > 0 and messages[start - 1]["id"] > after:  # ids grow with the list
+            start -= 1
+        fields = ("id", "conversation_id", "phone", "content", "message_type", "private", "received_at")
+        return _json_response({"messages": [{k: m[k] for k in fields} for m in messages[start:]]})
+
     # -- thread-safe controls -------------------------------------------------------------------
 
     def fail_next(self, n: int, status: int = 500, *, after: int = 0) -> None:
@@ -174,7 +193,8 @@ class ChatwootSandbox(ThreadedAppServer):
         self._on_loop(apply)
 
     def lose_next_answers(self, n: int) -> None:
-        """Take the next ``n`` message creations, then close the connection without an answer."""
+        """Take the next ``n`` message creations (a conversation created with its first message
+        too), then close the connection without an answer."""
 
         def apply() -> None:
             self._state.lose_answers = n
@@ -237,7 +257,7 @@ class ChatwootSandbox(ThreadedAppServer):
             except ChatwootError as error:
                 response = error.response()
         entry["status"] = response.status
-        if state.lose_answers > 0 and request.method == "POST" and request.path.endswith("/messages"):
+        if state.lose_answers > 0 and request.get(CREATES_MESSAGE) and response.status < 300:
             state.lose_answers -= 1
             entry["status"] = "lost"
             if request.transport is not None:
@@ -325,11 +345,21 @@ class ChatwootSandbox(ThreadedAppServer):
                 ),
                 "team": {"id": conversation["team_id"]} if conversation.get("team_id") else None,
             },
-            "messages": [],
+            # Chatwoot's conversation partial: the latest message, whatever its kind.
+            "messages": [self._message_json(m) for m in self._latest_message(conversation)],
             "unread_count": 0,
             "created_at": conversation["created_at"],
             "timestamp": conversation["created_at"],
         }
+
+    def _latest_message(self, conversation: dict[str, Any]) -> list[dict[str, Any]]:
+        for message in reversed(self._state.messages):
+            if (
+                message["conversation_id"] == conversation["id"]
+                and message["account_id"] == conversation["account_id"]
+            ):
+                return [message]
+        return []
 
     def _new_contact(self, account_id: int, phone: str, name: str) -> dict[str, Any]:
         if not E164_RE.fullmatch(phone):
@@ -395,8 +425,17 @@ class ChatwootSandbox(ThreadedAppServer):
         return _json_response({"payload": found})
 
     async def _handle_conversation_create(self, request: web.Request) -> web.Response:
+        """As Chatwoot's ConversationsController#create: the conversation, and with a `message`
+        its first message (MessageBuilder, as POST .../messages reads it), in one transaction:
+        a message refused creates no conversation either."""
         account_id = int(request.match_info["account_id"])
         data = await self._body(request)
+        first = data.get("message")
+        if first:
+            if not isinstance(first, dict):
+                raise ChatwootError(400, "message must be a JSON object")
+            self._message_fields(first)  # refused before anything is created
+            request[CREATES_MESSAGE] = True
         source_id = data.get("source_id")
         if data.get("contact_id") and data.get("inbox_id"):
             contact = self._contact(account_id, data["contact_id"])
@@ -425,6 +464,8 @@ class ChatwootSandbox(ThreadedAppServer):
             "created_at": int(time.time()),
         }
         self._state.conversations[(account_id, display_id)] = conversation
+        if first:
+            self._new_message(account_id, conversation, first)
         return _json_response(self._conversation_json(conversation))
 
     def _conversation_of(self, request: web.Request) -> dict[str, Any]:
@@ -460,15 +501,34 @@ class ChatwootSandbox(ThreadedAppServer):
         conversation = self._state.conversations.get((account_id, int(request.match_info["conversation_id"])))
         if conversation is None:
             raise ChatwootError(404, NOT_FOUND)
-        data = await self._body(request)
+        request[CREATES_MESSAGE] = True
+        message = self._new_message(account_id, conversation, await self._body(request))
+        return _json_response(
+            {
+                **self._message_json(message),
+                "status": "sent",
+                "source_id": None,
+                "sender": {"id": 1, "name": "Agent", "type": "user"},
+            }
+        )
+
+    @staticmethod
+    def _message_fields(data: dict[str, Any]) -> tuple[str, int, dict[str, Any]]:
+        """(content, message_type, content_attributes) of a message's body, or Chatwoot's 422."""
         content = data.get("content")
         if not isinstance(content, str) or not content.strip():
             raise ChatwootError(422, "Content can't be blank", attributes=["content"])
         kind = data.get("message_type", "outgoing")
         message_type = kind if isinstance(kind, int) else MESSAGE_TYPES.get(str(kind))
-        if message_type not in MESSAGE_TYPES.values():
+        if message_type is None or message_type not in MESSAGE_TYPES.values():
             raise ChatwootError(422, f"'{kind}' is not a valid message_type", attributes=["message_type"])
         attributes = data.get("content_attributes") or {}
+        return content, message_type, attributes if isinstance(attributes, dict) else {}
+
+    def _new_message(
+        self, account_id: int, conversation: dict[str, Any], data: dict[str, Any]
+    ) -> dict[str, Any]:
+        content, message_type, attributes = self._message_fields(data)
         contact = self._state.contacts[conversation["contact_id"]]
         message = {
             "id": next(self._state.message_ids),
@@ -480,26 +540,28 @@ class ChatwootSandbox(ThreadedAppServer):
             "content": content,
             "message_type": message_type,
             "private": bool(data.get("private", False)),
-            "content_attributes": attributes if isinstance(attributes, dict) else {},
+            "content_attributes": attributes,
             "created_at": int(time.time()),
+            "received_at": time.time(),  # the sandbox's own: when it took the message (benchmarks)
         }
         self._state.messages.append(message)
-        return _json_response(
-            {
-                "id": message["id"],
-                "content": content,
-                "inbox_id": message["inbox_id"],
-                "conversation_id": message["conversation_id"],
-                "message_type": message_type,
-                "content_type": "text",
-                "status": "sent",
-                "content_attributes": message["content_attributes"],
-                "created_at": message["created_at"],
-                "private": message["private"],
-                "source_id": None,
-                "sender": {"id": 1, "name": "Agent", "type": "user"},
-            }
-        )
+        return message
+
+    @staticmethod
+    def _message_json(message: dict[str, Any]) -> dict[str, Any]:
+        """A message as Chatwoot renders it (push_event_data's fields the clients read)."""
+        return {
+            "id": message["id"],
+            "content": message["content"],
+            "account_id": message["account_id"],
+            "inbox_id": message["inbox_id"],
+            "conversation_id": message["conversation_id"],
+            "message_type": message["message_type"],
+            "content_type": "text",
+            "content_attributes": message["content_attributes"],
+            "created_at": message["created_at"],
+            "private": message["private"],
+        }
 
     async def _handle_message_list(self, request: web.Request) -> web.Response:
         """The conversation's latest 20 messages, oldest first (Chatwoot's page without `before`)."""

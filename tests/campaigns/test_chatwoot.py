@@ -4,6 +4,7 @@ PostgreSQL, Redis and RQ workers; the mirror must never touch a send."""
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -127,8 +128,9 @@ def test_every_sent_message_is_mirrored_once_to_its_contacts_conversation(
     assert not copies.filter(chatwoot_pending=True).exists() and _waiting(wa["org"]) == 0
     assert {(c.direction, c.customer_id) for c in copies} == {("out", m.customer_id) for m in sent}
     assert redis_db.zcard("rq:failed:chatwoot-inbound") == 0
-    # A new contact costs 3 calls (contact, conversation, message); its ids are kept for the next.
-    assert len(cw.requests()) == 4 * 3
+    # A new contact costs 2 calls (the contact, its conversation created with the message); its ids
+    # are kept for the next.
+    assert len(cw.requests()) == 4 * 2
     assert ChatwootThread.objects.filter(organization=wa["org"]).count() == 4
 
 
@@ -167,8 +169,8 @@ def test_a_campaign_message_and_the_customers_replies_share_one_conversation_in_
         (0, "obrigado"),
     ]
     assert len({m["conversation_id"] for m in lines}) == 1
-    # New contacts cost 3 calls each; the kept conversation, one call per later message.
-    assert len(cw.requests()) == 2 * 3 + 1 + 1
+    # New contacts cost 2 calls each; the kept conversation, one call per later message.
+    assert len(cw.requests()) == 2 * 2 + 1 + 1
 
 
 def test_chatwoot_down_changes_no_send_and_the_mirror_waits_then_catches_up_in_order(
@@ -365,6 +367,56 @@ def test_the_client_creates_a_contact_first_and_finds_it_when_the_phone_is_taken
     )
     assert [r["status"] for r in cw.requests()] == [200, 422, 200, 200, 200]
     assert len(cw.contacts()) == 1 and len(cw.conversations()) == 1
+
+
+def test_the_client_creates_a_conversation_with_its_first_message_in_one_call(cw, client):
+    contact_id, source_id, _ = client.contact_create_or_find(phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID)
+    conversation_id, message_id = client.conversation_create_with_message(
+        contact_id=contact_id,
+        source_id=source_id,
+        inbox_id=INBOX_ID,
+        content="[image: foto.jpg image/jpeg] olha",
+        private=False,
+        message_type="incoming",
+        content_attributes={"crm_message_id": 41},
+    )
+    [stored] = cw.messages()
+    assert (stored["id"], stored["conversation_id"]) == (message_id, conversation_id)
+    assert (stored["content"], stored["message_type"], stored["private"]) == (
+        "[image: foto.jpg image/jpeg] olha",
+        0,
+        False,
+    )
+    assert stored["content_attributes"] == {"crm_message_id": 41}
+    assert [r["path"].rsplit("/", 1)[-1] for r in cw.requests()] == ["contacts", "conversations"]
+    # A message Chatwoot refuses creates no conversation either (one transaction).
+    with pytest.raises(IntegrationError) as refused:
+        client.conversation_create_with_message(
+            contact_id=contact_id, source_id=source_id, inbox_id=INBOX_ID, content=" ", private=True
+        )
+    assert refused.value.status == 422 and not refused.value.retryable
+    assert len(cw.conversations()) == 1 and len(cw.messages()) == 1
+
+
+def test_the_sandbox_lists_the_messages_stored_after_an_id_with_when_it_took_them(cw, client):
+    contact_id, source_id, _ = client.contact_create_or_find(phone_e164=PHONE, name="Ana", inbox_id=INBOX_ID)
+    before = time.time()
+    conversation_id, first = client.conversation_create_with_message(
+        contact_id=contact_id, source_id=source_id, inbox_id=INBOX_ID, content="um", private=False
+    )
+    second = client.message_create(conversation_id=conversation_id, content="dois", private=False)
+
+    def after(message_id: int) -> list[dict]:
+        return httpx.get(f"{cw.url}/_sandbox/messages", params={"after": message_id}).json()["messages"]
+
+    listed = after(0)
+    assert [(m["id"], m["content"], m["phone"]) for m in listed] == [
+        (first, "um", PHONE),
+        (second, "dois", PHONE),
+    ]
+    assert before <= listed[0]["received_at"] <= listed[1]["received_at"] <= time.time()
+    assert [m["id"] for m in after(first)] == [second] and after(second) == []
+    assert httpx.get(f"{cw.url}/_sandbox/messages", params={"after": "x"}).status_code == 400
 
 
 def test_the_client_matches_the_exact_phone_and_reuses_a_contact_an_agent_created(cw, client):

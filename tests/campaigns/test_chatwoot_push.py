@@ -19,6 +19,7 @@ from messaging import chatwoot_inbound, tasks
 from messaging.models import ConversationMessage
 from project.sandboxes.chatwoot import ChatwootSandbox
 from tests.campaigns.test_conversations import ACCOUNT_ID, CW_TOKEN, INBOX_ID, _chatwoot
+from tests.conftest import child_env
 
 
 @pytest.fixture
@@ -72,6 +73,27 @@ def _wait(condition, what: str, timeout: float = 60) -> None:
         time.sleep(0.02)
 
 
+def _push_while_writing(run_jobs, write) -> None:
+    """Run the pushes in this thread until `write` (another thread, while they talk to Chatwoot)
+    is done and nothing waits."""
+    done = threading.Event()
+
+    def writer_body() -> None:
+        try:
+            write()
+        finally:
+            db_connection.close()
+            done.set()
+
+    writer = threading.Thread(target=writer_body)
+    writer.start()
+    deadline = time.monotonic() + 120  # a hang guard
+    while not (done.is_set() and not chatwoot_inbound.waiting()):
+        assert time.monotonic() < deadline, "messages still waiting for Chatwoot"
+        run_jobs(["chatwoot-inbound"], settle=0)
+    writer.join()
+
+
 def test_batches_written_while_chatwoot_is_slow_cost_at_most_two_pushes_and_arrive_in_order(
     wa, run_jobs, cw, counted
 ):
@@ -80,24 +102,13 @@ def test_batches_written_while_chatwoot_is_slow_cost_at_most_two_pushes_and_arri
     people = wa["customers"](3)
     batches = 12
     _batch(wa["org"], people, 0)
-    done = threading.Event()
 
     def more() -> None:  # the other batches come while the first push talks to Chatwoot
-        try:
-            _wait(lambda: cw.requests(), "the first push to reach Chatwoot")
-            for n in range(1, batches):
-                _batch(wa["org"], people, n)
-        finally:
-            db_connection.close()
-            done.set()
+        _wait(lambda: cw.requests(), "the first push to reach Chatwoot")
+        for n in range(1, batches):
+            _batch(wa["org"], people, n)
 
-    writer = threading.Thread(target=more)
-    writer.start()
-    deadline = time.monotonic() + 120
-    while not (done.is_set() and not chatwoot_inbound.waiting()):
-        assert time.monotonic() < deadline, "messages still waiting for Chatwoot"
-        run_jobs(["chatwoot-inbound"], settle=0)
-    writer.join()
+    _push_while_writing(run_jobs, more)
     assert counted["enqueued"] <= 2 and counted["runs"] <= 2, counted
     assert ConversationMessage.objects.filter(chatwoot_pending=True).count() == 0
     for person in people:
@@ -140,6 +151,45 @@ def test_a_lost_push_or_marker_loses_nothing_recover_delivers(wa, run_jobs, cw, 
     assert not jobs.get_connection().exists(chatwoot_inbound.PENDING.queued_key(org))
 
 
+@pytest.mark.slow
+def test_a_marker_left_by_a_killed_push_frees_itself_and_the_next_message_has_its_push(
+    wa, run_jobs, cw, counted
+):
+    _chatwoot(wa["org"], cw)
+    people = wa["customers"](1)
+    org = wa["org"].pk
+    # A worker killed -9 mid-push, its job gone (its last attempt): the marker lives on, no job runs.
+    chatwoot_inbound.PENDING.wake(org, lambda: None)
+    marker = chatwoot_inbound.PENDING.queued_key(org)
+    # A hang guard, not a duration: the marker must free itself long before the queue's timeout.
+    _wait(lambda: not jobs.get_connection().exists(marker), "the dead push's marker to expire", timeout=90)
+    _batch(wa["org"], people, 0)
+    assert counted["enqueued"] == 1  # no `recover` needed: the message enqueued its push
+    run_jobs(["chatwoot-inbound"], settle=0)
+    assert [m["content"] for m in cw.messages()] == [f"{people[0].pk} lote 0"]
+
+
+def test_a_push_running_longer_than_its_markers_ttl_keeps_it_and_takes_what_is_written_meanwhile(
+    wa, run_jobs, cw, counted, monkeypatch, settings
+):
+    _chatwoot(wa["org"], cw)
+    monkeypatch.setattr(chatwoot_inbound, "PENDING", jobs.Pending("chatwoot-push", 1))
+    settings.CHATWOOT_PUSH_CONCURRENCY = 1  # one conversation at a time: a push of several seconds
+    cw.set_latency(150)
+    people = wa["customers"](10)
+    _batch(wa["org"], people, 0)
+
+    def more() -> None:  # written once the push has run well past the marker's 1 s
+        _wait(lambda: len(cw.messages()) >= 5, "the push to be half-way")
+        _batch(wa["org"], people[:1], 1)
+
+    _push_while_writing(run_jobs, more)
+    assert counted["enqueued"] == 1, counted  # the running push's marker was alive all along
+    theirs = [m["content"] for m in cw.messages() if m["content"].startswith(f"{people[0].pk} ")]
+    assert theirs == [f"{people[0].pk} lote 0", f"{people[0].pk} lote 1"]
+    assert len(cw.messages()) == 11
+
+
 def test_while_chatwoot_is_down_one_push_waits_deferred_and_delivers_when_it_is_back(
     wa, run_jobs, cw, counted
 ):
@@ -154,3 +204,34 @@ def test_while_chatwoot_is_down_one_push_waits_deferred_and_delivers_when_it_is_
     run_jobs(["chatwoot-inbound"], settle=chatwoot_inbound.DOWN_DEFER + 5)
     assert [m["content"] for m in cw.messages()] == [f"{people[0].pk} lote {n}" for n in range(4)]
     assert counted["enqueued"] == 1 and counted["runs"] == 2
+
+
+@pytest.mark.slow
+def test_a_push_killed_with_its_worker_is_taken_over_within_a_minute_not_after_its_marker_expires(
+    wa, worker_process
+):
+    """kill -9 mid-push leaves the organization's "queued" marker (TTL: the queue's timeout + 60 s)
+    and its advisory lock's session; a message written meanwhile enqueues nothing. The next pool
+    must deliver everything, each once and in order, well before the marker would expire."""
+    with ChatwootSandbox(
+        accounts={ACCOUNT_ID: CW_TOKEN}, inboxes={INBOX_ID: ACCOUNT_ID}, latency_ms=150
+    ) as cw:
+        _chatwoot(wa["org"], cw)
+        people = wa["customers"](30)
+        org = wa["org"].pk
+        _batch(wa["org"], people, 0)
+        # One conversation at a time (2 calls of 150 ms each for a new contact): still pushing
+        # when the first message shows, however slow this process is to see it.
+        workers = worker_process("--processes", "1", env=child_env(CHATWOOT_PUSH_CONCURRENCY="1"))
+        _wait(lambda: cw.messages(), "the first message in Chatwoot", timeout=120)
+        workers.kill()  # SIGKILL mid-push
+        assert chatwoot_inbound.waiting().get(org, 0) > 0
+        assert jobs.get_connection().exists(chatwoot_inbound.PENDING.queued_key(org))
+        _batch(wa["org"], people[:1], 1)  # the dead push's marker lives on: no push is enqueued
+        worker_process("--processes", "1")
+        # A hang guard well under the marker's TTL (360 s): no duration is asserted beyond it.
+        _wait(lambda: not chatwoot_inbound.waiting(), "every message in Chatwoot", timeout=150)
+        for person in people:
+            theirs = [m["content"] for m in cw.messages() if m["content"].startswith(f"{person.pk} ")]
+            written = [f"{person.pk} lote 0"] + ([f"{person.pk} lote 1"] if person == people[0] else [])
+            assert theirs == written  # each once, in order

@@ -238,6 +238,7 @@ def test_a_message_whose_answer_was_lost_is_found_and_not_posted_twice(wa, meta,
     assert first.chatwoot_pending and first.chatwoot_error.startswith(chatwoot_inbound.MAYBE_DELIVERED)
     assert chatwoot_inbound.push(organization_id=wa["org"].pk) == 2
     assert [m["content"] for m in cw.messages()] == ["mensagem 0", "mensagem 1"]  # each once, in order
+    assert len(cw.conversations()) == 1 and len(cw.contacts()) == 1
     first.refresh_from_db()
     assert first.chatwoot_message_id == cw.messages()[0]["id"]
 
