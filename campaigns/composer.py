@@ -27,7 +27,7 @@ from campaigns.variables import VARIABLE_SOURCES
 from campaigns.whatsapp.templates import store_names, template_values
 from crm.customer_filters import TERMS, CustomerFilter, form_fields, from_cleaned
 from crm.models import Customer, Organization, Sale
-from integrations.models import WhatsappNumber, WhatsappTemplate
+from integrations.models import PriceCategory, WhatsappNumber, WhatsappTemplate
 
 MAX_VARIABLES = 10
 _VARIABLE_RE = re.compile(r"\{\{\s*(\d{1,3})\s*\}\}")
@@ -123,7 +123,7 @@ class TemplateSelect(forms.Select):
 
 class TemplateChoiceField(forms.ModelChoiceField):
     def label_from_instance(self, obj: WhatsappTemplate) -> str:
-        return f"{obj.name} ({obj.language}) — {obj.category.lower()}"
+        return f"{obj.name} ({obj.language}) — {obj.get_category_display()}"
 
 
 class VariablesWidget(forms.Widget):
@@ -279,7 +279,8 @@ class CampaignForm(forms.ModelForm):
             return data
         data["template_name"] = template.name
         data["template_language"] = template.language
-        data["template_category"] = template.category.lower() or "marketing"
+        category = template.category.lower()
+        data["template_category"] = category if category in PriceCategory.values else PriceCategory.MARKETING
         mapped = data.get("template_variables") or []
         if len(mapped) != template.variable_count:
             self.add_error(

@@ -39,6 +39,8 @@ FEMININE = frozenset(
         "métrica",
         "métricas",
         "pendência",
+        "rotina",
+        "rotinas",
     }
 )
 _PRONOUNS = re.compile(r"\b(editá|alterá|adicioná)-l(o|os)\b")

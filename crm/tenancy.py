@@ -34,6 +34,7 @@ from django.utils.translation import gettext_lazy as _
 from crm import intake
 from crm.admin_lists import CheckedLists
 from crm.models import Membership
+from crm.number_input import LocalizedDecimalField, LocalizedFloatField
 from crm.ptbr import gender_agree
 
 OPERATE_PLATFORM = "crm.operate_platform"
@@ -301,7 +302,11 @@ class TenantAdmin(CheckedLists):
         decimal or float field reads and shows the locale's numbers ("150,00", "1.234,56" in
         pt-BR; "150.00" too), as a manager types them."""
         if isinstance(db_field, models.DecimalField | models.FloatField):
-            kwargs.setdefault("localize", True)
+            kwargs.setdefault("localize", True)  # and a malformed "1.2.3,4" is refused, not 123,4
+            kwargs.setdefault(
+                "form_class",
+                LocalizedDecimalField if isinstance(db_field, models.DecimalField) else LocalizedFloatField,
+            )
         if isinstance(db_field, models.JSONField):
             kwargs.setdefault("form_class", StorableJSONField)
             if not db_field.null and db_field.has_default():

@@ -21,7 +21,7 @@ from campaigns import lift_pages
 from crm.models import Customer
 from crm.tenancy import TenantAdmin
 from flows import schema, selectors, services, triggers
-from flows.models import Enrollment, EnrollmentStep, Flow
+from flows.models import Enrollment, EnrollmentStep, Flow, step_label
 
 
 class FlowForm(forms.ModelForm):
@@ -86,7 +86,7 @@ class FlowAdmin(TenantAdmin):
             (
                 (
                     s["index"],
-                    s["type"],
+                    step_label(s["type"]),
                     s["done"],
                     s["sent"],
                     s["revenue"],

@@ -9,6 +9,35 @@ from django.utils.translation import gettext_lazy as _
 
 from campaigns.models import CONTROL_MAX_PERCENT, Campaign
 from crm.models import Customer, Organization
+from flows.schema import STEP_TYPES, TRIGGER_TYPES
+
+# What a manager reads for the flow language's words (flows.schema): every type has its label.
+_TRIGGER_LABELS = {
+    "sale": _("a sale"),
+    "customer_created": _("customer created"),
+    "date": _("a date"),
+    "no_purchase": _("no purchase"),
+    "segment_entered": _("entered a segment"),
+    "whatsapp_reply": _("WhatsApp reply"),
+    "link_clicked": _("link clicked"),
+    "survey_answered": _("survey answered"),
+}
+_STEP_LABELS = {
+    "wait": _("wait"),
+    "send_whatsapp": _("send a WhatsApp message"),
+    "send_email": _("send an email"),
+    "condition": _("condition"),
+    "split": _("split"),
+    "handoff": _("hand off to an agent"),
+    "runner": _("integration runner"),
+}
+TRIGGER_CHOICES = [(kind, _TRIGGER_LABELS[kind]) for kind in TRIGGER_TYPES]
+STEP_CHOICES = [(kind, _STEP_LABELS[kind]) for kind in STEP_TYPES]
+
+
+def step_label(kind: str) -> str:
+    """A step type as a manager reads it (the type itself when unknown)."""
+    return str(_STEP_LABELS.get(kind, kind))
 
 
 def _once() -> str:
@@ -36,7 +65,9 @@ class Flow(models.Model):
     # Bumped whenever the steps change: a step's messages belong to the campaign of its version.
     version = models.PositiveIntegerField(_("version"), default=1, editable=False)
     # The trigger's type, copied from `trigger` for the indexed lookups of the event consumers.
-    trigger_type = models.CharField(_("trigger type"), max_length=32, editable=False, default="")
+    trigger_type = models.CharField(
+        _("trigger type"), max_length=32, editable=False, default="", choices=TRIGGER_CHOICES
+    )
     created_at = models.DateTimeField(_("created at"), default=dj_timezone.now, editable=False)
     updated_at = models.DateTimeField(_("updated at"), auto_now=True)
 
@@ -142,7 +173,7 @@ class EnrollmentStep(models.Model):
         Flow, on_delete=models.CASCADE, related_name="+", db_index=False, verbose_name=_("flow")
     )
     index = models.PositiveIntegerField(_("step"))
-    type = models.CharField(_("type"), max_length=20)
+    type = models.CharField(_("type"), max_length=20, choices=STEP_CHOICES)
     outcome = models.CharField(_("outcome"), max_length=10, choices=Outcome.choices, default=Outcome.DONE)
     detail = models.CharField(_("detail"), max_length=300, blank=True, default="")
     campaign = models.ForeignKey(

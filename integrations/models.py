@@ -74,6 +74,29 @@ class WhatsappNumber(models.Model):
         return crypto.decrypt(self.access_token_encrypted, context=_TOKEN_CONTEXT)
 
 
+class TemplateCategory(models.TextChoices):
+    """Meta's template categories as Meta names them (a category Meta adds later shows as sent)."""
+
+    MARKETING = "MARKETING", _("marketing")
+    UTILITY = "UTILITY", _("utility")
+    AUTHENTICATION = "AUTHENTICATION", _("authentication")
+    SERVICE = "SERVICE", _("service")
+
+
+# The rate card's categories (integrations.whatsapp.pricing.CATEGORIES): Meta's, lower-cased.
+PriceCategory = models.TextChoices(  # type: ignore[call-overload]
+    "PriceCategory", [(c.name, (c.value.lower(), c.label)) for c in TemplateCategory]
+)
+
+
+class HeaderFormat(models.TextChoices):
+    TEXT = "TEXT", _("text")
+    IMAGE = "IMAGE", _("image")
+    VIDEO = "VIDEO", _("video")
+    DOCUMENT = "DOCUMENT", _("document")
+    LOCATION = "LOCATION", _("location")
+
+
 class WhatsappTemplate(models.Model):
     """A message template of a WhatsApp Business account, as Meta last said it is (synced by
     integrations.services.whatsapp_templates_sync). Campaigns pick an APPROVED one."""
@@ -98,8 +121,12 @@ class WhatsappTemplate(models.Model):
     name = models.CharField(_("name"), max_length=512)
     language = models.CharField(_("language"), max_length=10)
     status = models.CharField(_("status"), max_length=12, choices=Status.choices)
-    category = models.CharField(_("category"), max_length=20, blank=True, default="")
-    header_format = models.CharField(_("header"), max_length=16, blank=True, default="")
+    category = models.CharField(
+        _("category"), max_length=20, blank=True, default="", choices=TemplateCategory.choices
+    )
+    header_format = models.CharField(
+        _("header"), max_length=16, blank=True, default="", choices=HeaderFormat.choices
+    )
     header_text = models.CharField(_("header text"), max_length=200, blank=True, default="")
     body = models.TextField(_("body"), blank=True, default="")
     footer = models.TextField(_("footer"), blank=True, default="")
@@ -134,7 +161,7 @@ class WhatsappTemplate(models.Model):
 class WhatsappPrice(models.Model):
     """Meta's rate per delivered template message, by category and recipient country (data, not code)."""
 
-    category = models.CharField(_("category"), max_length=20)  # marketing, utility, authentication
+    category = models.CharField(_("category"), max_length=20, choices=PriceCategory.choices)
     country = models.CharField(_("country (ISO 3166 alpha-2, or * for any other)"), max_length=2)
     price = models.DecimalField(_("price"), max_digits=10, decimal_places=6, default=Decimal("0"))
     currency = models.CharField(_("currency"), max_length=3, default="USD")
@@ -146,7 +173,7 @@ class WhatsappPrice(models.Model):
         constraints = [models.UniqueConstraint(fields=["category", "country"], name="whatsapp_price_unique")]
 
     def __str__(self) -> str:
-        return f"{self.category}/{self.country}: {self.price} {self.currency}"
+        return f"{self.get_category_display()}/{self.country}: {self.price} {self.currency}"
 
 
 _CHATWOOT_CONTEXT = "integrations.ChatwootAccount.api_token"

@@ -152,6 +152,18 @@ class CampaignFilter(admin.SimpleListFilter):
         return queryset.filter(campaign_id=int(value))
 
 
+# What the sender does on each of Meta's errors, as the error-code filter says it.
+ACTION_LABELS = {
+    whatsapp_errors.Action.RETRY: _("retried"),
+    whatsapp_errors.Action.THROTTLED: _("retried later (rate limit)"),
+    whatsapp_errors.Action.DROP_RECIPIENT: _("recipient dropped"),
+    whatsapp_errors.Action.OPT_OUT: _("customer opted out"),
+    whatsapp_errors.Action.STOP_CAMPAIGN: _("campaign stopped"),
+    whatsapp_errors.Action.STOP_ORGANIZATION: _("organization stopped"),
+    whatsapp_errors.Action.PAUSE_NUMBER: _("number paused"),
+}
+
+
 class ErrorCodeFilter(admin.SimpleListFilter):
     """Meta's error code: the codes the sender knows, any other through the URL (?error_code__exact=).
     Django's default filter would list the codes with a SELECT DISTINCT over every message."""
@@ -161,7 +173,7 @@ class ErrorCodeFilter(admin.SimpleListFilter):
 
     def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
         known = sorted(whatsapp_errors.BY_CODE.items())
-        return [(str(code), f"{code} · {action.value.replace('_', ' ')}") for code, action in known]
+        return [(str(code), f"{code} · {ACTION_LABELS[action]}") for code, action in known]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet) -> QuerySet:
         value = self.value()

@@ -15,6 +15,7 @@ from django.utils.translation import gettext_lazy as _
 from campaigns.models.messages import EmailMessage, WhatsappMessage
 from campaigns.models.segments import Segment
 from crm.models import SINGLE_LINE, Organization, Store
+from integrations.models import PriceCategory
 
 
 class Channel(models.TextChoices):
@@ -111,7 +112,9 @@ class Campaign(models.Model):
     )
     template_name = models.CharField(_("template name"), max_length=512, blank=True, default="")
     template_language = models.CharField(_("template language"), max_length=10, default="pt_BR")
-    template_category = models.CharField(_("template category"), max_length=20, default="marketing")
+    template_category = models.CharField(
+        _("template category"), max_length=20, default="marketing", choices=PriceCategory.choices
+    )
     template_variables = models.JSONField(
         _("template variables"),
         default=list,

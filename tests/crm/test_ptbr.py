@@ -81,3 +81,18 @@ def test_a_status_agrees_with_what_it_describes():
             "pausado",
         ]
         assert str(Campaign.Status.PAUSED.label) == "pausada"
+
+
+def test_a_providers_and_a_flows_words_are_labels():
+    """Meta's template categories (MARKETING, UTILITY), the rate card's, a flow's trigger and step
+    types are shown as words of the reader's language, and a value Meta adds later as it came."""
+    from flows.models import EnrollmentStep, Flow
+    from integrations.models import WhatsappPrice, WhatsappTemplate
+
+    with translation.override("pt-br"):
+        assert WhatsappTemplate(category="UTILITY").get_category_display() == "utilidade"
+        assert WhatsappTemplate(category="AUTHENTICATION").get_category_display() == "autenticação"
+        assert WhatsappTemplate(category="NEW_ONE").get_category_display() == "NEW_ONE"
+        assert WhatsappPrice(category="utility").get_category_display() == "utilidade"
+        assert Flow(trigger_type="no_purchase").get_trigger_type_display() == "sem compra"
+        assert EnrollmentStep(type="send_whatsapp").get_type_display() == "enviar uma mensagem de WhatsApp"

@@ -7,9 +7,7 @@ attribute or a script, and the lists' counts are grouped."""
 from __future__ import annotations
 
 import re
-from html.parser import HTMLParser
 from io import StringIO
-from urllib.parse import urljoin, urlsplit
 
 import pytest
 from django.contrib import admin
@@ -21,50 +19,14 @@ from crm.models import Organization
 from project.demo.integrations import DEMO_ACCESS_TOKEN, DEMO_PHONE_NUMBER_IDS
 from project.sandboxes.whatsapp import SandboxServer
 from tests.browser.crowd import crowd
+from tests.crm.crawl import Page, crawl
 
 pytestmark = pytest.mark.django_db
 
 FIRST_ID = 7_654_321  # ids; the crowded counts and amounts are 1,234,567
 # An id or a crowded count written with the separator: the ids from 7.654.321, and 1.234.567.
 GROUPED = re.compile(r"\b(7\.65[4-9]|1\.234)\.\d{3}\b")
-# Attributes that are words for a person, where a grouped number is right.
-HUMAN = {"title", "alt", "aria-label", "placeholder", "data-filter-title"}
-# Links a crawl must not follow: they end the session or change state on GET (none should).
-SKIP = re.compile(r"/(logout|password_change|delete|password)/|/admin/r/|^/admin/jsi18n")
-PAGES = 400
 APPS = ("crm", "messaging", "campaigns", "integrations", "erp", "surveys", "runner", "flows")
-
-
-class _Page(HTMLParser):
-    def __init__(self) -> None:
-        super().__init__(convert_charrefs=True)
-        self.links: list[str] = []
-        self.machine: list[str] = []  # what a URL, a form or a script reads
-        self.cells: list[str] = []  # the text of the lists' result cells
-        self._script = False
-        self._cell = 0
-
-    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
-        for name, value in attrs:
-            if value and name not in HUMAN:
-                self.machine.append(f"<{tag} {name}={value!r}>")
-            if name == "href" and value:
-                self.links.append(value)
-        self._script = tag == "script"
-        if tag == "td":
-            self._cell += 1
-            self.cells.append("")
-
-    def handle_endtag(self, tag: str) -> None:
-        self._script = False
-        if tag == "td" and self._cell:
-            self._cell -= 1
-
-    def handle_data(self, data: str) -> None:
-        if self._script:
-            self.machine.append(f"<script>{data}")
-        elif self._cell:
-            self.cells[-1] += data
 
 
 def _ids_past(first: int) -> None:
@@ -79,40 +41,17 @@ def _ids_past(first: int) -> None:
             cursor.execute("SELECT setval(%s::regclass, %s, false)", [name, first])
 
 
-def _shape(path: str) -> str:
-    return re.sub(r"\d+", "N", path)
-
-
 def _crawl(client, start: str) -> tuple[dict[str, list[str]], list[str]]:
     """Each page's machine-read values with a grouped number, and every list's result cells."""
-    seen: set[str] = set()
-    queue = [start]
+    pages = crawl(client, start)
+    assert len(pages) > 40, sorted(pages)  # the crawl reached the lists and their pages
     grouped: dict[str, list[str]] = {}
     cells: list[str] = []
-    while queue and len(seen) < PAGES:
-        url = queue.pop(0)
-        shape = _shape(urlsplit(url).path)
-        if shape in seen:
-            continue
-        seen.add(shape)
-        response = client.get(url)
-        assert response.status_code in (200, 302), f"{url}: {response.status_code}"
-        if response.status_code != 200 or "html" not in response.get("Content-Type", ""):
-            continue
-        page = _Page()
-        page.feed(response.content.decode())
+    for url, page in pages.items():
         bad = [value for value in page.machine if GROUPED.search(value)]
         if bad:
             grouped[url] = [re.sub(r"\s+", " ", value)[:200] for value in bad[:5]]
         cells += [f"{url} {cell.strip()}" for cell in page.cells]
-        for href in page.links:
-            target = urljoin(url, href)
-            parts = urlsplit(target)
-            if parts.netloc or not parts.path.startswith("/admin/") or SKIP.search(parts.path):
-                continue
-            if _shape(parts.path) not in seen:
-                queue.append(target)
-    assert len(seen) > 40, sorted(seen)  # the crawl reached the lists and their pages
     return grouped, cells
 
 
@@ -144,6 +83,6 @@ def test_ids_past_a_million_carry_no_separator_where_a_machine_reads_them_and_co
 
     manager = get_user_model().objects.get(username="demo-manager")
     client.force_login(manager)
-    home = _Page()
+    home = Page()
     home.feed(client.get("/admin/").content.decode())
     assert not [value for value in home.machine if GROUPED.search(value)]

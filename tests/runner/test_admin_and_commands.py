@@ -25,11 +25,11 @@ def test_runner_run_starts_a_manual_execution_for_the_handlers_organization(py_h
     run_jobs()
     execution.refresh_from_db()
     assert execution.status == "completed"
-    with pytest.raises(CommandError, match=r"^não há handler crm-x/nope \(handlers: crm-x/leads\)$"):
+    with pytest.raises(CommandError, match=r"^não há rotina crm-x/nope \(rotinas: crm-x/leads\)$"):
         call_command("runner_run", "crm-x", "nope")
     with pytest.raises(CommandError, match=r"^não há organização 'nope' \(organizações: runner-org\)$"):
         call_command("runner_run", "crm-x", "leads", "--org", "nope")
-    with pytest.raises(CommandError, match=r"^não há handler foo/bar \(handlers: crm-x/leads\)$"):
+    with pytest.raises(CommandError, match=r"^não há rotina foo/bar \(rotinas: crm-x/leads\)$"):
         call_command("dlq_replay", "--handler", "foo/bar")
     with pytest.raises(CommandError, match=r"^--handler 'foo': use INTEGRATION_KEY/HANDLER_KEY$"):
         call_command("dlq_replay", "--handler", "foo")
