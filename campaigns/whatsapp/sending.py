@@ -96,6 +96,10 @@ class _Flight:
     started: float = field(default_factory=time.monotonic)
 
     @property
+    def paced(self) -> bool:
+        return any(lane.number.messages_per_second for lane in self.lanes)
+
+    @property
     def pipelines(self) -> bool:
         """Whether a next chunk is claimed (and its slots booked) while this one is in flight:
         every message within the pacing horizon (none waits), paced or not."""
@@ -109,18 +113,21 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
     rest).
 
     Pipelined: while chunks' sends are in flight, the next ones are claimed (and, paced, their slots
-    booked right after them), up to WHATSAPP_MAX_IN_FLIGHT messages, so neither the worker nor a
+    booked right after them), up to WHATSAPP_MAX_IN_FLIGHT messages (paced, two chunks), so neither the worker nor a
     number's schedule waits for a chunk's last answers (Meta's latency) and its writes. The turn is
     asked before each claim, so work waiting for it waits for the chunks in flight, not the batch;
     every chunk in flight is landed (its answers written) before the job defers or yields."""
     counts: dict[str, int] = {}
     handled: list[int] = []
     chunk = _chunk_size(campaign)
-    depth = max(2, int(settings.WHATSAPP_MAX_IN_FLIGHT) // chunk)
+    # Paced, two chunks (each a quarter second of the number's rate or more) cover Meta's latency;
+    # more would book its schedule seconds ahead, which a yield then waits for.
+    unpaced_depth = max(2, int(settings.WHATSAPP_MAX_IN_FLIGHT) // chunk)
     flights: deque[_Flight] = deque()
     last: _Flight | None = None  # the chunk claimed last
     claiming, give_turn = True, False
     while True:
+        depth = 2 if any(f.paced for f in flights) else unpaced_depth
         if claiming and (not flights or (len(flights) < depth and flights[-1].pipelines)):
             if last is not None and last.claimed < chunk:
                 claiming = False  # a short chunk: nothing more was queued
