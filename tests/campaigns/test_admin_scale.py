@@ -211,7 +211,7 @@ def test_the_error_code_filter_offers_known_codes_without_reading_the_messages(a
     seed(8)
 
     _, page, sql = _queries(admin_client, WA)
-    assert "131050 · opt out" in page
+    assert "131050 · customer opted out" in page
     assert not any("DISTINCT" in q for q in sql)
     failed = admin_client.get(f"{WA}?error_code__exact=131050").context["cl"].result_list
     assert len(failed) == 2 and {m.error_code for m in failed} == {131050}
