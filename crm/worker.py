@@ -347,6 +347,8 @@ class Worker(SimpleWorker):
         organization_id = job.meta.get("organization_id", kwargs.get("organization_id"))
         outcome = {
             JobStatus.FINISHED: "succeeded",
+            # A success whose result is not kept (result_ttl 0: RQ never marks it finished).
+            JobStatus.STARTED: "succeeded",
             JobStatus.SCHEDULED: "retry-scheduled",
             JobStatus.QUEUED: "requeued",
             JobStatus.FAILED: "failed",

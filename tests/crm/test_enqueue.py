@@ -235,10 +235,13 @@ def test_each_job_outcome_is_one_log_line_with_queue_id_org_and_duration(run_job
         "tests.jobs.record", queue="email-send", kwargs={"key": "log", "value": "1", "organization_id": 7}
     )
     bad = jobs.enqueue("tests.jobs.fail", queue="runs", kwargs={"key": "log-f"}, attempts=1)
+    # A result not kept (the inbox's jobs): RQ leaves the job's status STARTED (was logged so).
+    unkept = jobs.enqueue("tests.jobs.record", queue="inbox", kwargs={"key": "log", "value": "2"}, result_ttl=0)
     with caplog.at_level("INFO", logger="crm.jobs"):
         run_jobs()
     lines = {r.job_id: r for r in caplog.records if r.name == "crm.jobs"}
     assert lines[ok].outcome == "succeeded" and lines[ok].queue == "email-send"
+    assert lines[unkept].outcome == "succeeded" and lines[unkept].getMessage().startswith("job succeeded")
     assert lines[ok].organization_id == 7 and lines[ok].duration >= 0
     assert lines[bad].outcome == "failed" and lines[bad].levelname == "WARNING"
 
