@@ -236,7 +236,9 @@ def test_each_job_outcome_is_one_log_line_with_queue_id_org_and_duration(run_job
     )
     bad = jobs.enqueue("tests.jobs.fail", queue="runs", kwargs={"key": "log-f"}, attempts=1)
     # A result not kept (the inbox's jobs): RQ leaves the job's status STARTED (was logged so).
-    unkept = jobs.enqueue("tests.jobs.record", queue="inbox", kwargs={"key": "log", "value": "2"}, result_ttl=0)
+    unkept = jobs.enqueue(
+        "tests.jobs.record", queue="inbox", kwargs={"key": "log", "value": "2"}, result_ttl=0
+    )
     with caplog.at_level("INFO", logger="crm.jobs"):
         run_jobs()
     lines = {r.job_id: r for r in caplog.records if r.name == "crm.jobs"}
