@@ -162,6 +162,40 @@ def test_the_async_seam_refuses_too():
         asyncio.run(fetch())
 
 
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("url", ["ftp://8.8.8.8/", "file:///etc/passwd", "gopher://x/", "https:///nohost"])
+def test_the_async_seam_sends_nothing_but_http_and_https(url, settings):
+    import asyncio
+
+    import aiohttp
+
+    settings.ALLOW_PRIVATE_OUTBOUND_URLS = True  # the scheme alone refuses them
+
+    async def fetch() -> None:
+        async with http.async_session() as session:
+            await session.get(url)
+
+    with pytest.raises((outbound.OutboundURLError, aiohttp.ClientError, ValueError)):
+        asyncio.run(fetch())
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_async_seam_refuses_a_scheme_aiohttp_would_connect_for(settings):
+    import asyncio
+
+    settings.ALLOW_PRIVATE_OUTBOUND_URLS = True
+    with socket.socket() as listener:  # something listens: only the guard keeps the request in
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+
+        async def fetch() -> None:
+            async with http.async_session() as session:
+                await session.get(f"ws://127.0.0.1:{listener.getsockname()[1]}/")
+
+        with pytest.raises(outbound.OutboundURLError):
+            asyncio.run(fetch())
+
+
 @pytest.mark.django_db
 def test_demo_urls_named_on_the_command_line_work_against_loopback(settings, tmp_path, monkeypatch):
     settings.VAR_DIR = tmp_path
