@@ -134,9 +134,7 @@ def test_a_job_gives_its_turn_only_after_a_full_chunk_with_more_to_send(
     assert len(sandbox.messages()) == CHUNK + 2
 
 
-def test_a_paced_job_books_no_more_than_two_chunks_of_its_schedule_ahead(
-    wa, sandbox, settings, monkeypatch
-):
+def test_a_paced_job_books_no_more_than_two_chunks_of_its_schedule_ahead(wa, sandbox, settings, monkeypatch):
     # Unpaced, the pipe holds WHATSAPP_MAX_IN_FLIGHT messages; paced, more than two chunks would
     # book the number's schedule seconds ahead, and a job giving its turn waits for all of it.
     campaign = _paced_campaign(wa, settings, people=6 * CHUNK, pipeline=True)
