@@ -377,9 +377,10 @@ class _Stream:
 
 
 def _push_all(clients: _ThreadClients, account: ChatwootAccount) -> int:
-    """Conversations side by side (CHATWOOT_PUSH_CONCURRENCY), each in order, new rows read every
-    STREAM_POLL seconds while conversations are in flight; a Chatwoot down or a refused token
-    ends the push once what is in flight came back and was written."""
+    """Conversations side by side (CHATWOOT_PUSH_CONCURRENCY), each in order; every STREAM_POLL
+    seconds while conversations are in flight, what came back is taken and rows a writer committed
+    meanwhile are read (`_Stream.read`); a Chatwoot down or a refused token ends the push once
+    what is in flight came back and was written."""
     with ThreadPoolExecutor(max_workers=_concurrency(), thread_name_prefix="chatwoot-push") as pool:
         stream = _Stream(clients, account, pool)
         kept = time.monotonic()
