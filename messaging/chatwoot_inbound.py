@@ -66,6 +66,7 @@ DOWN_DEFER = 10.0  # seconds before trying a Chatwoot that did not answer again
 _ACCOUNT_LEVEL_STATUSES = (401, 403)
 # The error's prefix of a row whose post went out without an answer: looked for before posting again.
 MAYBE_DELIVERED = "maybe delivered: "
+TAKEN = MAYBE_DELIVERED + "taken by a push that did not finish"
 _LOCK_SPACE = 0x43570000  # advisory lock ids: this space + the organization's id
 
 
@@ -320,6 +321,7 @@ class _Stream:
         limit = PUSH_CHUNK - len(self.taken)
         rows = _pending(self.organization_id, exclude=self.taken, blocked=self.blocked)
         self.more = len(rows) >= limit
+        _mark_taken(rows)
         new = {row.customer_id for row in rows} - self.known.keys()
         for (customer_id, inbox_id), thread in _known_threads(self.organization_id, list(new)).items():
             self.known[customer_id][(customer_id, inbox_id)] = thread
@@ -396,6 +398,16 @@ def _push_all(clients: _ThreadClients, account: ChatwootAccount) -> int:
             if any(e.retryable or e.status in _ACCOUNT_LEVEL_STATUSES for e in errors):
                 errors += stream.collect(None)
                 _raise_for(account, errors)
+
+
+def _mark_taken(rows: list[ConversationMessage]) -> None:
+    """Say in the database, before any is posted, that these rows may reach Chatwoot without
+    being marked delivered (a push killed between a post and its write, which comes every
+    WRITE_EVERY): the push that takes them next looks for each before posting it again. The rows
+    in hand keep what they said, so this push posts without looking (one statement per read)."""
+    fresh = [row.pk for row in rows if not row.chatwoot_error.startswith(MAYBE_DELIVERED)]
+    if fresh:
+        ConversationMessage.objects.filter(pk__in=fresh, chatwoot_pending=True).update(chatwoot_error=TAKEN)
 
 
 def _known_threads(organization_id: int, customer_ids: list[int]) -> dict[tuple[int, int], Thread]:

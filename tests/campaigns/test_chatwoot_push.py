@@ -273,3 +273,31 @@ def test_a_push_reads_what_waits_when_told_and_writes_what_it_delivered_together
         assert [c for c in contents if c.startswith(f"{person.pk} ")] == [
             f"{person.pk} lote {n}" for n in range(3)
         ]
+
+
+class _Killed(BaseException):
+    """A worker dying between Chatwoot's answers and the push's write (what kill -9 does)."""
+
+
+def test_messages_a_dead_push_posted_but_never_marked_are_found_not_posted_twice(wa, cw, monkeypatch):
+    _chatwoot(wa["org"], cw)
+    people = wa["customers"](3)
+    for n in range(2):
+        _batch(wa["org"], people, n)
+    record = chatwoot_inbound._record
+
+    def dying(outcomes):
+        raise _Killed
+
+    monkeypatch.setattr(chatwoot_inbound, "_record", dying)
+    with pytest.raises(_Killed):
+        chatwoot_inbound.push(organization_id=wa["org"].pk)
+    assert len(cw.messages()) == 6  # Chatwoot has them all; the database says none was delivered
+    assert set(ConversationMessage.objects.values_list("chatwoot_pending", "chatwoot_error")) == {
+        (True, chatwoot_inbound.TAKEN)
+    }
+    monkeypatch.setattr(chatwoot_inbound, "_record", record)
+    assert chatwoot_inbound.push(organization_id=wa["org"].pk) == 6
+    contents = [m["content"] for m in cw.messages()]
+    assert sorted(contents) == sorted(f"{p.pk} lote {n}" for p in people for n in range(2))  # each once
+    assert not ConversationMessage.objects.filter(chatwoot_pending=True).exists()
