@@ -24,6 +24,7 @@ import contextlib
 import functools
 import json
 import logging
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterator
@@ -60,10 +61,12 @@ PUSH_TASK = "messaging.tasks.chatwoot_push"
 HANDOFF_KIND = "handoff"
 PUSH_CHUNK = 500
 STREAM_POLL = 0.05  # seconds between reads of newly committed rows while conversations are in flight
+WRITE_EVERY = 0.25  # seconds between writes of the rows delivered while conversations are in flight
 DOWN_DEFER = 10.0  # seconds before trying a Chatwoot that did not answer again
 _ACCOUNT_LEVEL_STATUSES = (401, 403)
 # The error's prefix of a row whose post went out without an answer: looked for before posting again.
 MAYBE_DELIVERED = "maybe delivered: "
+TAKEN = MAYBE_DELIVERED + "taken by a push that did not finish"
 _LOCK_SPACE = 0x43570000  # advisory lock ids: this space + the organization's id
 
 
@@ -208,13 +211,42 @@ def _push_pass(organization_id: int) -> int | None:
         if not held:
             return None
         PENDING.begin(organization_id)
-        with ChatwootClient(
-            base_url=account.base_url,
-            account_id=account.account_id,
-            api_token=account.get_api_token(),
-            max_connections=_concurrency(),
-        ) as client:
-            return _push_all(client, account)
+        clients = _ThreadClients(account)
+        try:
+            return _push_all(clients, account)
+        finally:
+            clients.close()
+
+
+class _ThreadClients:
+    """One ChatwootClient (one connection) per push thread: httpcore's shared pool assigns every
+    request by scanning all its connections (a readability poll each) under one lock, which, 64
+    conversations side by side, cost the push's process more CPU than the requests themselves."""
+
+    def __init__(self, account: ChatwootAccount) -> None:
+        self._account, self._token = account, account.get_api_token()
+        self._local = threading.local()
+        self._made: list[ChatwootClient] = []
+        self._lock = threading.Lock()
+
+    def get(self) -> ChatwootClient:
+        client: ChatwootClient | None = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = ChatwootClient(
+                base_url=self._account.base_url,
+                account_id=self._account.account_id,
+                api_token=self._token,
+                max_connections=1,
+            )
+            with self._lock:
+                self._made.append(client)
+        return client
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._made:
+                client.close()
+            self._made.clear()
 
 
 def _pending(organization_id: int, *, exclude: set[int], blocked: set[int]) -> list[ConversationMessage]:
@@ -240,7 +272,7 @@ class _Outcome:
 
 
 def _conversation(
-    client: ChatwootClient,
+    clients: _ThreadClients,
     account: ChatwootAccount,
     rows: list[ConversationMessage],
     *,
@@ -248,6 +280,7 @@ def _conversation(
 ) -> _Outcome:
     """Deliver one customer's rows in order, stopping at the first failure (later ones wait)."""
     outcome = _Outcome()
+    client = clients.get()
     for row in rows:
         try:
             outcome.delivered.append((row, _deliver(client, account, row, known, outcome.threads)))
@@ -262,8 +295,8 @@ class _Stream:
     as soon as the customer has none in flight (no round waits for its slowest conversation);
     what comes back is written by the push's own thread."""
 
-    def __init__(self, client: ChatwootClient, account: ChatwootAccount, pool: ThreadPoolExecutor) -> None:
-        self.client, self.account, self.pool = client, account, pool
+    def __init__(self, clients: _ThreadClients, account: ChatwootAccount, pool: ThreadPoolExecutor) -> None:
+        self.clients, self.account, self.pool = clients, account, pool
         self.organization_id = account.organization_id
         self.blocked: set[int] = set()  # customers whose earlier message failed: later ones wait
         self.taken: set[int] = set()  # rows queued or in flight
@@ -271,13 +304,24 @@ class _Stream:
         self.running: dict[Future[_Outcome], tuple[int, list[int]]] = {}  # -> its customer and rows
         self.known: dict[int, dict[tuple[int, int], Thread]] = defaultdict(dict)
         self.delivered = 0
+        self.more = True  # rows may wait that no read took yet
+        self.unwritten: list[_Outcome] = []  # came back, not written yet
+        self.unwritten_ids: list[int] = []
+        self.written_at = time.monotonic()
 
     def read(self) -> None:
         """Queue the waiting rows not taken yet, oldest first (a bounded number at a time): rows
-        committed meanwhile, in whatever order their transactions commit."""
-        if len(self.taken) >= PUSH_CHUNK:
+        committed meanwhile, in whatever order their transactions commit. The database is asked
+        at the pass's start, when the last read left rows for want of room, and when a writer says
+        it committed more (the dirty flag, cleared before the read: a commit after it sets it
+        again, and the pass's end looks at it), not every STREAM_POLL."""
+        if len(self.taken) >= PUSH_CHUNK or not (self.more or PENDING.dirty(self.organization_id)):
             return
+        PENDING.begin(self.organization_id)
+        limit = PUSH_CHUNK - len(self.taken)
         rows = _pending(self.organization_id, exclude=self.taken, blocked=self.blocked)
+        self.more = len(rows) >= limit
+        _mark_taken(rows)
         new = {row.customer_id for row in rows} - self.known.keys()
         for (customer_id, inbox_id), thread in _known_threads(self.organization_id, list(new)).items():
             self.known[customer_id][(customer_id, inbox_id)] = thread
@@ -290,11 +334,14 @@ class _Stream:
         for customer_id in [c for c in self.queued if c not in busy]:
             group = self.queued.pop(customer_id)
             known = dict(self.known[customer_id])
-            future = self.pool.submit(_conversation, self.client, self.account, group, known=known)
+            future = self.pool.submit(_conversation, self.clients, self.account, group, known=known)
             self.running[future] = (customer_id, [row.pk for row in group])
 
     def collect(self, timeout: float | None) -> list[IntegrationError]:
-        """Write what came back within `timeout` (None: everything in flight); returns the errors."""
+        """Take what came back within `timeout` (None: everything in flight); returns the errors.
+        The delivered rows are written every WRITE_EVERY seconds, when nothing is in flight or on
+        an error, not one round trip per conversation (each costs this process time its
+        conversations' threads wait for); until then they stay taken, never read again."""
         done, _ = wait(list(self.running), timeout=timeout, return_when=FIRST_COMPLETED)
         if timeout is None:
             done = set(self.running)
@@ -302,9 +349,8 @@ class _Stream:
         outcomes = [future.result() for future in done]
         for future in done:
             _, ids = self.running.pop(future)
-            self.taken.difference_update(ids)  # delivered (no longer waiting) or blocked
-        self.delivered += _record(outcomes)
-        _keep_threads(self.organization_id, outcomes)
+            self.unwritten_ids.extend(ids)  # delivered (no longer waiting) or blocked, once written
+        self.unwritten.extend(outcomes)
         for outcome in outcomes:
             for (customer_id, inbox_id), thread in outcome.threads.items():
                 self.known[customer_id][(customer_id, inbox_id)] = thread
@@ -316,15 +362,29 @@ class _Stream:
                 self.blocked.add(row.customer_id)
                 self.taken.difference_update(r.pk for r in self.queued.pop(row.customer_id, []))
                 errors.append(exc)
+        if errors or not self.running or time.monotonic() - self.written_at >= WRITE_EVERY:
+            self.write()
         return errors
 
+    def write(self) -> None:
+        """Mark what was delivered since the last write, and keep the Chatwoot ids found (one
+        transaction)."""
+        if self.unwritten:
+            with transaction.atomic():
+                self.delivered += _record(self.unwritten)
+                _keep_threads(self.organization_id, self.unwritten)
+        self.taken.difference_update(self.unwritten_ids)
+        self.unwritten, self.unwritten_ids = [], []
+        self.written_at = time.monotonic()
 
-def _push_all(client: ChatwootClient, account: ChatwootAccount) -> int:
-    """Conversations side by side (CHATWOOT_PUSH_CONCURRENCY), each in order, new rows read every
-    STREAM_POLL seconds while conversations are in flight; a Chatwoot down or a refused token
-    ends the push once what is in flight came back and was written."""
+
+def _push_all(clients: _ThreadClients, account: ChatwootAccount) -> int:
+    """Conversations side by side (CHATWOOT_PUSH_CONCURRENCY), each in order; every STREAM_POLL
+    seconds while conversations are in flight, what came back is taken and rows a writer committed
+    meanwhile are read (`_Stream.read`); a Chatwoot down or a refused token ends the push once
+    what is in flight came back and was written."""
     with ThreadPoolExecutor(max_workers=_concurrency(), thread_name_prefix="chatwoot-push") as pool:
-        stream = _Stream(client, account, pool)
+        stream = _Stream(clients, account, pool)
         kept = time.monotonic()
         while True:
             if time.monotonic() - kept >= PENDING.ttl / 3:  # alive: the marker lives on
@@ -338,6 +398,16 @@ def _push_all(client: ChatwootClient, account: ChatwootAccount) -> int:
             if any(e.retryable or e.status in _ACCOUNT_LEVEL_STATUSES for e in errors):
                 errors += stream.collect(None)
                 _raise_for(account, errors)
+
+
+def _mark_taken(rows: list[ConversationMessage]) -> None:
+    """Say in the database, before any is posted, that these rows may reach Chatwoot without
+    being marked delivered (a push killed between a post and its write, which comes every
+    WRITE_EVERY): the push that takes them next looks for each before posting it again. The rows
+    in hand keep what they said, so this push posts without looking (one statement per read)."""
+    fresh = [row.pk for row in rows if not row.chatwoot_error.startswith(MAYBE_DELIVERED)]
+    if fresh:
+        ConversationMessage.objects.filter(pk__in=fresh, chatwoot_pending=True).update(chatwoot_error=TAKEN)
 
 
 def _known_threads(organization_id: int, customer_ids: list[int]) -> dict[tuple[int, int], Thread]:

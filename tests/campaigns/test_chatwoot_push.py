@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 from django.db import connection as db_connection
 from django.db import transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from crm import jobs, recovery
@@ -235,3 +236,68 @@ def test_a_push_killed_with_its_worker_is_taken_over_within_a_minute_not_after_i
             theirs = [m["content"] for m in cw.messages() if m["content"].startswith(f"{person.pk} ")]
             written = [f"{person.pk} lote 0"] + ([f"{person.pk} lote 1"] if person == people[0] else [])
             assert theirs == written  # each once, in order
+
+
+def _statements(captured, table_op: str) -> int:
+    return sum(1 for q in captured if q["sql"].startswith(table_op))
+
+
+def test_a_push_reads_what_waits_when_told_and_writes_what_it_delivered_together(
+    wa, run_jobs, cw, monkeypatch, settings
+):
+    """One customer's messages go one after another to a slow Chatwoot while a writer adds another
+    customer's: the waiting rows are read at the start and once more when the writer says so (not
+    every STREAM_POLL), every delivered row is written in one statement at the end (not one per
+    conversation), and nothing delivered but not yet written is posted twice."""
+    _chatwoot(wa["org"], cw)
+    monkeypatch.setattr(chatwoot_inbound, "WRITE_EVERY", 3600.0)  # only "nothing in flight" writes
+    settings.CHATWOOT_PUSH_CONCURRENCY = 1
+    cw.set_latency(150)
+    people = wa["customers"](6)
+    for n in range(3):
+        _batch(wa["org"], people[:5], n)  # 5 customers, 3 messages each: >= 15 calls of 150 ms
+
+    def more() -> None:
+        _wait(lambda: len(cw.messages()) >= 2, "the push to be under way")
+        _batch(wa["org"], people[5:], 0)
+
+    with CaptureQueriesContext(db_connection) as captured:
+        _push_while_writing(run_jobs, more)
+    sql = captured.captured_queries
+    reads = _statements(sql, 'SELECT "messaging_conversationmessage"."id"')
+    assert 1 <= reads <= 4, reads  # the start, the writer's batch (and a pass or job after it)
+    assert _statements(sql, 'UPDATE "messaging_conversationmessage" SET "chatwoot_pending"') <= 3
+    contents = [m["content"] for m in cw.messages()]
+    assert len(contents) == len(set(contents)) == 16  # each once
+    for person in people[:5]:
+        assert [c for c in contents if c.startswith(f"{person.pk} ")] == [
+            f"{person.pk} lote {n}" for n in range(3)
+        ]
+
+
+class _Killed(BaseException):
+    """A worker dying between Chatwoot's answers and the push's write (what kill -9 does)."""
+
+
+def test_messages_a_dead_push_posted_but_never_marked_are_found_not_posted_twice(wa, cw, monkeypatch):
+    _chatwoot(wa["org"], cw)
+    people = wa["customers"](3)
+    for n in range(2):
+        _batch(wa["org"], people, n)
+    record = chatwoot_inbound._record
+
+    def dying(outcomes):
+        raise _Killed
+
+    monkeypatch.setattr(chatwoot_inbound, "_record", dying)
+    with pytest.raises(_Killed):
+        chatwoot_inbound.push(organization_id=wa["org"].pk)
+    assert len(cw.messages()) == 6  # Chatwoot has them all; the database says none was delivered
+    assert set(ConversationMessage.objects.values_list("chatwoot_pending", "chatwoot_error")) == {
+        (True, chatwoot_inbound.TAKEN)
+    }
+    monkeypatch.setattr(chatwoot_inbound, "_record", record)
+    assert chatwoot_inbound.push(organization_id=wa["org"].pk) == 6
+    contents = [m["content"] for m in cw.messages()]
+    assert sorted(contents) == sorted(f"{p.pk} lote {n}" for p in people for n in range(2))  # each once
+    assert not ConversationMessage.objects.filter(chatwoot_pending=True).exists()

@@ -10,6 +10,7 @@ import asyncio
 import ipaddress
 import smtplib
 import socket
+import ssl
 import threading
 from email.message import EmailMessage
 
@@ -360,3 +361,11 @@ def test_the_admin_test_email_through_a_redirecting_esp_shows_no_inside_body(cli
     assert f"HTTP {redirector.status}" in text
     assert "INTERNAL-SECRET" not in text and "REDIRECT-BODY" not in text
     assert internal.hits == []
+
+
+def test_every_client_shares_one_certificate_checking_context():
+    # Loading the CA bundle costs tens of ms of CPU: once per process, not twice per client.
+    with http.client() as first, http.client() as second:
+        contexts = {id(c._transport._pool._ssl_context) for c in (first, second)}
+    assert contexts == {id(http.ssl_context())}
+    assert http.ssl_context().verify_mode == ssl.CERT_REQUIRED and http.ssl_context().check_hostname
