@@ -7,9 +7,15 @@ from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from campaigns.caps import skip_reason_label
 from campaigns.models import CustomerSegment, EmailMessage, WhatsappMessage
 from crm.customer_page import ROWS, on_customer_section, table, when
 from crm.models import Customer
+
+
+def _reason(message: WhatsappMessage | EmailMessage) -> str:
+    """Why it was skipped, failed or bounced, in the page's language when it is one of ours."""
+    return getattr(message, "bounce_message", "") or skip_reason_label(message.error_reason)
 
 
 def messages(customer: Customer) -> str:
@@ -17,7 +23,7 @@ def messages(customer: Customer) -> str:
     parts = []
     for label, model in (("WhatsApp", WhatsappMessage), (_("Email"), EmailMessage)):
         rows = [
-            (when(m.sent_at or m.queued_at), m.campaign.name, m.get_status_display(), m.error_reason or "")
+            (when(m.sent_at or m.queued_at), m.campaign.name, m.get_status_display(), _reason(m))
             for m in model.objects.filter(customer=customer)
             .select_related("campaign")
             .order_by("-sent_at", "-id")[:ROWS]

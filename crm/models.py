@@ -526,7 +526,7 @@ class JobRun(models.Model):
         indexes = [models.Index(fields=["status", "started_at"], name="jobrun_status_started")]
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.key} ({self.status})"
+        return f"{self.kind}:{self.key} ({self.get_status_display()})"
 
     @property
     def duration(self):

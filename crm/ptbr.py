@@ -27,18 +27,27 @@ FEMININE = frozenset(
         "resposta",
         "respostas",
         "conexão",
+        "conexões",
         "execução",
+        "execuções",
         "integração",
+        "integrações",
         "configuração",
         "configurações",
         "conta",
+        "contas",
         "inscrição",
+        "inscrições",
         "etapa",
+        "etapas",
         "jornada",
+        "jornadas",
         "supressão",
+        "supressões",
         "métrica",
         "métricas",
         "pendência",
+        "pendências",
         "rotina",
         "rotinas",
     }
@@ -64,4 +73,5 @@ def gender_agree(message: str, verbose_name: str) -> str:
     agreed = _PARTICIPLES.sub(lambda m: f"{m[1]} {m[2]}{'a' if m[3] == 'o' else 'as'}", agreed)
     agreed = _PRONOUNS.sub(lambda m: f"{m[1]}-l{'a' if m[2] == 'o' else 'as'}", agreed)  # editá-la
     agreed = agreed.replace("outro(a)", "outra")
+    agreed = re.sub(rf"\b{re.escape(name)}\s+selecionado(s?)\b", rf"{name} selecionada\1", agreed)  # actions
     return mark_safe(agreed) if isinstance(message, SafeString) else agreed  # noqa: S308 - escaped before

@@ -278,6 +278,14 @@ class TenantAdmin(CheckedLists):
         """Django's generic messages agree with a feminine model name in pt-BR (crm.ptbr)."""
         super().message_user(request, gender_agree(message, self.model._meta.verbose_name), *args, **kwargs)
 
+    def get_action_choices(self, request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        """Django's "Remover %(verbose_name_plural)s selecionados" agrees too: "campanhas selecionadas"."""
+        plural = self.model._meta.verbose_name_plural
+        return [
+            (name, gender_agree(label, plural))
+            for name, label in super().get_action_choices(request, *args, **kwargs)
+        ]
+
     def get_queryset(self, request: HttpRequest) -> QuerySet:
         return scope(super().get_queryset(request), request.user, self.tenant_path)
 

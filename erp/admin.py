@@ -109,7 +109,7 @@ class ErpSyncIssueAdmin(TenantAdmin):
         "store",
         "external_id",
         "trans_id",
-        "reason",
+        "reason_shown",
         "times_seen",
     )
     list_select_related = ("organization", "store")
@@ -122,7 +122,7 @@ class ErpSyncIssueAdmin(TenantAdmin):
         "kind",
         "external_id",
         "trans_id",
-        "reason",
+        "reason_shown",
         "payload",
         "first_seen_at",
         "seen_at",
@@ -135,3 +135,7 @@ class ErpSyncIssueAdmin(TenantAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+    @admin.display(description=_("reason"), ordering="reason")
+    def reason_shown(self, obj: ErpSyncIssue) -> str:
+        return obj.reason_shown()

@@ -9,6 +9,7 @@ from django.utils.translation import gettext_lazy as _
 
 from crm import crypto
 from crm.models import Organization, Store
+from erp.reasons import reason_text
 from integrations.outbound import validate_outbound_url
 
 _PASSWORD_CONTEXT = "erp.ErpConnection.password"  # noqa: S105 - a label, not a secret
@@ -95,7 +96,11 @@ class ErpSyncIssue(models.Model):
     kind = models.CharField(_("kind"), max_length=10, choices=Kind.choices)
     external_id = models.CharField(_("ERP id"), max_length=64, blank=True, default="")
     trans_id = models.BigIntegerField(_("trans_id"), null=True, blank=True)
-    reason = models.CharField(_("reason"), max_length=300)
+    reason = models.CharField(_("reason"), max_length=300)  # in English; shown by `reason_shown`
+    # The reason as a message id and its values (erp.reasons), so each reader sees it in their own
+    # language; "" for a reason without one (an issue from before, read back by its shape).
+    reason_code = models.CharField(_("reason (message id)"), max_length=200, blank=True, default="")
+    reason_params = models.JSONField(_("reason (values)"), default=dict, blank=True)
     payload = models.TextField(_("record (excerpt)"), blank=True, default="")
     fingerprint = models.CharField(_("fingerprint"), max_length=64, editable=False)
     first_seen_at = models.DateTimeField(_("first seen at"), default=dj_timezone.now)
@@ -114,4 +119,8 @@ class ErpSyncIssue(models.Model):
         indexes = [models.Index(fields=["organization", "seen_at"], name="erp_sync_issue_org_seen")]
 
     def __str__(self) -> str:
-        return f"{self.kind} {self.external_id or '?'}: {self.reason}"
+        return f"{self.kind} {self.external_id or '?'}: {self.reason_shown()}"
+
+    def reason_shown(self) -> str:
+        """The reason in the active language."""
+        return reason_text(code=self.reason_code, params=self.reason_params, english=self.reason)

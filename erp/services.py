@@ -37,6 +37,7 @@ from crm import hooks, jobs, prometheus, queues
 from crm.cli import number
 from crm.models import JobRun, Organization, Store
 from erp.models import ErpConnection
+from erp.reasons import SALE_OF_ANOTHER_STORE, SOLD_IN_THE_FUTURE
 from erp.upserts import SalesUpsert, customers_upsert, sales_upsert, sync_issues_record
 from integrations.millennium.client import (
     CUSTOMERS_PATH,
@@ -266,15 +267,23 @@ def _sales_refuse(page: Page[ErpSale], *, store: Store) -> tuple[list[ErpSale], 
     future = 0
     for s in page.records:
         if s.store_code != store.erp_code:
-            reason = f"a sale of store {s.store_code!r} answered for store {store.erp_code!r}"
+            code, params = SALE_OF_ANOTHER_STORE, {"store": repr(s.store_code), "asked": repr(store.erp_code)}
         elif s.sold_at > limit:
-            reason = f"sold in the future: {s.sold_at.isoformat()} is ahead of the sync's clock"
+            code, params = SOLD_IN_THE_FUTURE, {"sold_at": s.sold_at.isoformat()}
             future += 1
         else:
             ours.append(s)
             continue
         issues.append(
-            MalformedRecord(kind="sale", external_id=s.erp_id, trans_id=s.trans_id, reason=reason, excerpt="")
+            MalformedRecord(
+                kind="sale",
+                external_id=s.erp_id,
+                trans_id=s.trans_id,
+                reason=code % params,
+                excerpt="",
+                reason_code=code,
+                reason_params=params,
+            )
         )
     return ours, issues, future
 

@@ -348,6 +348,8 @@ def sync_issues_record(
             external_id=issue.external_id,
             trans_id=issue.trans_id,
             reason=issue.reason[:300],
+            reason_code=issue.reason_code,
+            reason_params=dict(issue.reason_params),
             payload=issue.excerpt,
             fingerprint=fingerprint,
             first_seen_at=now,
@@ -357,7 +359,7 @@ def sync_issues_record(
         ErpSyncIssue,
         [rows[k] for k in sorted(rows)],
         conflict=["organization", "kind", "fingerprint"],
-        update=["seen_at"],
+        update=["seen_at", "reason_code", "reason_params"],  # an issue from before gets its id
         assign={"times_seen": "{t}.times_seen + 1"},
     )
     logger.warning(

@@ -117,11 +117,13 @@ class BigTableAdmin(TenantAdmin):
         return BigTableChangeList
 
 
-def message_fields(model: type[models.Model]) -> list[str]:
+def message_fields(model: type[models.Model]) -> tuple[str, ...]:
     """A message's fields as its page shows them (all read-only): whose and where it stands first,
-    then the rest as the model declares them (the shared CampaignMessage fields, then the channel's)."""
+    then the rest as the model declares them (the shared CampaignMessage fields, then the channel's);
+    the error reason as its admin's `reason` shows it, in the page's language."""
     lead = ["id", "campaign", "organization", "customer", "status"]
-    return [*lead, *(f.name for f in model._meta.fields if f.name not in lead)]
+    rest = (f.name for f in model._meta.fields if f.name not in lead)
+    return (*lead, *("reason" if name == "error_reason" else name for name in rest))
 
 
 class CampaignFilter(admin.SimpleListFilter):

@@ -42,7 +42,7 @@ class WhatsappMessageAdmin(BigTableAdmin):
     search_fields = ("phone", "wamid")  # how they are searched: get_search_results
     search_help_text = _("A phone number or its beginning (+5511…), or a Meta message id (wamid.…).")
     raw_id_fields = ("campaign", "customer", "organization")
-    readonly_fields = message_fields(WhatsappMessage)
+    readonly_fields = fields = message_fields(WhatsappMessage)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str
@@ -92,7 +92,7 @@ class EmailMessageAdmin(BigTableAdmin):
     search_fields = ("email", "esp_message_id")  # how they are searched: get_search_results
     search_help_text = _("An address (in any case) or the provider's message id.")
     raw_id_fields = ("campaign", "customer", "organization")
-    readonly_fields = message_fields(EmailMessage)
+    readonly_fields = fields = message_fields(EmailMessage)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet, search_term: str

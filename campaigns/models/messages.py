@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import secrets
+from collections.abc import Callable
 from decimal import Decimal
 
 from django.conf import settings
@@ -88,6 +89,7 @@ class CampaignMessage(models.Model):
     campaign_id: int
     customer_id: int
     status: str
+    get_status_display: Callable[[], str]
 
     # No database constraint (see MESSAGE_FKS), no index of its own (one less to write per message).
     organization = models.ForeignKey(
@@ -112,7 +114,7 @@ class CampaignMessage(models.Model):
         abstract = True
 
     def __str__(self) -> str:
-        return f"{self.campaign_id}/{self.customer_id} {self.status}"
+        return f"{self.campaign_id}/{self.customer_id} {self.get_status_display()}"
 
 
 class WhatsappMessage(CampaignMessage):

@@ -34,6 +34,7 @@ import httpx
 import phonenumbers
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_email
+from django.utils.translation import gettext_noop
 
 from integrations import http
 from integrations.errors import IntegrationError
@@ -49,6 +50,65 @@ _CNPJ_RE = re.compile(r"^[0-9A-Z]{12}[0-9]{2}$")
 _NON_DIGITS = re.compile(r"\D")
 
 T = TypeVar("T")
+PARAM_CHARS = 200
+
+
+# Why a record cannot be read: message ids, each shown in its reader's language.
+NOT_A_DATE = gettext_noop("not a date: %(value)s")
+DATE_OUT_OF_RANGE = gettext_noop("date out of range: %(value)s")
+NOT_A_DATE_VALUE = gettext_noop("not a /Date(ms±hhmm)/ value: %(value)s")
+DATE_WITHOUT_ZONE = gettext_noop("a date without a time zone: %(value)s")
+DOCUMENT_NOT_TEXT = gettext_noop("CPF/CNPJ is not text: %(value)s")
+INVALID_CPF = gettext_noop("invalid CPF %(value)s (check digits)")
+NOT_A_DOCUMENT = gettext_noop("not a CPF or CNPJ: %(value)s")
+INVALID_CNPJ = gettext_noop("invalid CNPJ %(value)s (check digits)")
+NOT_A_NUMBER = gettext_noop("%(what)s is not a number: %(value)s")
+TRANS_ID_NOT_INTEGER = gettext_noop("trans_id is not an integer: %(value)s")
+TRANS_ID_NEGATIVE = gettext_noop("trans_id is negative: %(value)s")
+MISSING = gettext_noop("no %(what)s")
+NOT_AN_ID = gettext_noop("%(what)s is not an id: %(value)s")
+ID_TOO_LONG = gettext_noop("%(what)s is longer than 64 characters")
+NOT_TEXT = gettext_noop("%(what)s is not text: %(value)s")
+ITEMS_NOT_A_LIST = gettext_noop("itens is not a list: %(value)s")
+ITEM_NOT_AN_OBJECT = gettext_noop("item %(n)s is not an object")
+TOTAL_OUT_OF_RANGE = gettext_noop("valor_final out of range: %(value)s")
+RECORD_NOT_AN_OBJECT = gettext_noop("the record is not an object")
+RECORD_MESSAGES = (
+    NOT_A_DATE,
+    DATE_OUT_OF_RANGE,
+    NOT_A_DATE_VALUE,
+    DATE_WITHOUT_ZONE,
+    DOCUMENT_NOT_TEXT,
+    INVALID_CPF,
+    NOT_A_DOCUMENT,
+    INVALID_CNPJ,
+    NOT_A_NUMBER,
+    TRANS_ID_NOT_INTEGER,
+    TRANS_ID_NEGATIVE,
+    MISSING,
+    NOT_AN_ID,
+    ID_TOO_LONG,
+    NOT_TEXT,
+    ITEMS_NOT_A_LIST,
+    ITEM_NOT_AN_OBJECT,
+    TOTAL_OUT_OF_RANGE,
+    RECORD_NOT_AN_OBJECT,
+)
+
+
+class RecordError(ValueError):
+    """Why a record cannot be read, as an untranslated message id (marked with gettext_noop, so the
+    catalogue has it) and its values: the domain stores both and each reader sees it in their own
+    language. str() is the English sentence."""
+
+    def __init__(self, message: str, **params: Any) -> None:
+        self.message = message
+        self.params = {k: str(v)[:PARAM_CHARS] for k, v in params.items()}
+        super().__init__(message % self.params)
+
+
+def _shown(value: Any) -> str:
+    return repr(value)[:PARAM_CHARS]
 
 
 # --- values ------------------------------------------------------------------------------------
@@ -60,7 +120,7 @@ def parse_date(value: Any) -> datetime:
     The milliseconds are UTC; the offset only says in which zone the ERP wrote it, so the result
     is that instant expressed in that offset (UTC when there is none)."""
     if not isinstance(value, str):
-        raise ValueError(f"not a date: {value!r}")
+        raise RecordError(NOT_A_DATE, value=_shown(value))
     match = _DATE_RE.match(value.strip())
     if match:
         millis, offset = match.groups()
@@ -71,13 +131,13 @@ def parse_date(value: Any) -> datetime:
         try:
             return datetime.fromtimestamp(int(millis) / 1000, tz=zone)
         except (OverflowError, OSError, ValueError):
-            raise ValueError(f"date out of range: {value!r}") from None
+            raise RecordError(DATE_OUT_OF_RANGE, value=_shown(value)) from None
     try:
         parsed = datetime.fromisoformat(value.strip())
     except ValueError:
-        raise ValueError(f"not a /Date(ms±hhmm)/ value: {value!r}") from None
+        raise RecordError(NOT_A_DATE_VALUE, value=_shown(value)) from None
     if parsed.tzinfo is None:
-        raise ValueError(f"a date without a time zone: {value!r}")
+        raise RecordError(DATE_WITHOUT_ZONE, value=_shown(value))
     return parsed
 
 
@@ -125,7 +185,7 @@ def normalize_cpf_cnpj(value: Any) -> str:
     if value is None or value == "":
         return ""
     if isinstance(value, bool) or not isinstance(value, str | int):
-        raise ValueError(f"CPF/CNPJ is not text: {value!r}")
+        raise RecordError(DOCUMENT_NOT_TEXT, value=_shown(value))
     raw = _NOT_DOC.sub("", str(value)).upper()
     if not raw:
         return ""
@@ -133,14 +193,14 @@ def normalize_cpf_cnpj(value: Any) -> str:
         if len(raw) <= 11:
             doc = raw.zfill(11)
             if len(set(doc)) == 1 or doc[9:] != cpf_check_digits(doc[:9]):
-                raise ValueError(f"invalid CPF {value!r} (check digits)")
+                raise RecordError(INVALID_CPF, value=_shown(value))
             return doc
         if len(raw) <= 14:
             raw = raw.zfill(14)
     if not _CNPJ_RE.match(raw):
-        raise ValueError(f"not a CPF or CNPJ: {value!r}")
+        raise RecordError(NOT_A_DOCUMENT, value=_shown(value))
     if len(set(raw)) == 1 or raw[12:] != cnpj_check_digits(raw[:12]):
-        raise ValueError(f"invalid CNPJ {value!r} (check digits)")
+        raise RecordError(INVALID_CNPJ, value=_shown(value))
     return raw
 
 
@@ -198,42 +258,42 @@ def normalize_email(value: Any) -> str:
 
 def _decimal(value: Any, what: str) -> Decimal:
     if isinstance(value, bool) or not isinstance(value, int | float | str):
-        raise ValueError(f"{what} is not a number: {value!r}")
+        raise RecordError(NOT_A_NUMBER, what=what, value=_shown(value))
     try:
         number = Decimal(str(value).strip())
     except InvalidOperation:
-        raise ValueError(f"{what} is not a number: {value!r}") from None
+        raise RecordError(NOT_A_NUMBER, what=what, value=_shown(value)) from None
     if not number.is_finite():
-        raise ValueError(f"{what} is not a number: {value!r}")
+        raise RecordError(NOT_A_NUMBER, what=what, value=_shown(value))
     return number
 
 
 def _trans_id(value: Any) -> int:
     if isinstance(value, bool):
-        raise ValueError(f"trans_id is not an integer: {value!r}")
+        raise RecordError(TRANS_ID_NOT_INTEGER, value=_shown(value))
     if isinstance(value, int):
         number = value
     elif isinstance(value, str) and value.strip().isdigit():
         number = int(value)
     else:
-        raise ValueError(f"trans_id is not an integer: {value!r}")
+        raise RecordError(TRANS_ID_NOT_INTEGER, value=_shown(value))
     if number < 0:
-        raise ValueError(f"trans_id is negative: {value!r}")
+        raise RecordError(TRANS_ID_NEGATIVE, value=_shown(value))
     return number
 
 
 def _identifier(value: Any, what: str, *, required: bool = True) -> str:
     if value is None or value == "":
         if required:
-            raise ValueError(f"no {what}")
+            raise RecordError(MISSING, what=what)
         return ""
     if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"{what} is not an id: {value!r}")
+        raise RecordError(NOT_AN_ID, what=what, value=_shown(value))
     text = str(value).strip()
     if len(text) > 64:
-        raise ValueError(f"{what} is longer than 64 characters")
+        raise RecordError(ID_TOO_LONG, what=what)
     if not text and required:
-        raise ValueError(f"no {what}")
+        raise RecordError(MISSING, what=what)
     return text
 
 
@@ -241,7 +301,7 @@ def _text(value: Any, what: str, limit: int) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise ValueError(f"{what} is not text: {value!r}")
+        raise RecordError(NOT_TEXT, what=what, value=_shown(value))
     return " ".join(value.split())[:limit]
 
 
@@ -287,8 +347,11 @@ class MalformedRecord:
     kind: str  # "customer" | "sale"
     external_id: str  # the record's id when it had a readable one
     trans_id: int | None
-    reason: str
+    reason: str  # in English
     excerpt: str  # the record as JSON, cut to EXCERPT_CHARS
+    # The reason as an untranslated message id and its values ("" when it has none: any other error).
+    reason_code: str = ""
+    reason_params: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -355,21 +418,21 @@ def parse_sale(raw: Mapping[str, Any]) -> ErpSale:
     if items_raw is None:
         items_raw = []
     if not isinstance(items_raw, list):
-        raise ValueError(f"itens is not a list: {items_raw!r}"[:200])
+        raise RecordError(ITEMS_NOT_A_LIST, value=_shown(items_raw))
     items = []
     for n, item in enumerate(items_raw):
         if not isinstance(item, dict):
-            raise ValueError(f"item {n} is not an object")
+            raise RecordError(ITEM_NOT_AN_OBJECT, n=n)
         items.append(
             ErpSaleItem(
-                product=_identifier(item.get("produto"), f"produto of item {n}"),
-                quantity=_decimal(item.get("quantidade"), f"quantidade of item {n}"),
-                price=_decimal(item.get("preco"), f"preco of item {n}"),
+                product=_identifier(item.get("produto"), f"itens[{n}].produto"),
+                quantity=_decimal(item.get("quantidade"), f"itens[{n}].quantidade"),
+                price=_decimal(item.get("preco"), f"itens[{n}].preco"),
             )
         )
     total = _decimal(raw.get("valor_final"), "valor_final")
     if abs(total) >= Decimal("1e10"):
-        raise ValueError(f"valor_final out of range: {total}")
+        raise RecordError(TOTAL_OUT_OF_RANGE, value=total)
     return ErpSale(
         erp_id=_identifier(raw.get("pedidov"), "pedidov"),
         trans_id=_trans_id(raw.get("trans_id")),
@@ -400,7 +463,7 @@ def read_page(
             external_id = str(identifier)[:64] if isinstance(identifier, int | str) else ""
         try:
             if not isinstance(raw, dict):
-                raise ValueError("the record is not an object")
+                raise RecordError(RECORD_NOT_AN_OBJECT)
             page.records.append(parse(raw))
         except ValueError as exc:
             page.malformed.append(
@@ -410,6 +473,8 @@ def read_page(
                     trans_id=record_trans_id,
                     reason=str(exc)[:300],
                     excerpt=_excerpt(raw),
+                    reason_code=exc.message if isinstance(exc, RecordError) else "",
+                    reason_params=exc.params if isinstance(exc, RecordError) else {},
                 )
             )
     return page

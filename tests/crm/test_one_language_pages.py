@@ -79,10 +79,36 @@ def _foreign(text: str, vocabulary: set[str]) -> list[str]:
     return found
 
 
+def _a_day_of_work() -> None:
+    """What a day leaves on the desk: every customer skipped by the 24-hour rule (a reason stored
+    in English), and a job run completed."""
+    from campaigns.caps import SENT_WITHIN_24H
+    from campaigns.models import Campaign, WhatsappMessage
+    from crm.models import Customer, JobRun
+
+    campaign = Campaign.objects.filter(organization__slug="demo").first()
+    assert campaign is not None
+    WhatsappMessage.objects.bulk_create(
+        WhatsappMessage(
+            campaign=campaign,
+            organization_id=customer.organization_id,
+            customer=customer,
+            phone=customer.phone,
+            status=WhatsappMessage.Status.SKIPPED,
+            error_reason=SENT_WITHIN_24H,
+        )
+        for customer in Customer.objects.filter(organization=campaign.organization)
+    )
+    JobRun.objects.create(
+        kind="erp-customers", key="demo", organization=campaign.organization, status=JobRun.Status.COMPLETED
+    )
+
+
 def test_a_manager_reads_every_page_in_portuguese(client) -> None:
     with SandboxServer(numbers=dict.fromkeys(DEMO_PHONE_NUMBER_IDS, DEMO_ACCESS_TOKEN)) as sandbox:
         call_command("demo", customers=5, graph_url=sandbox.url, stdout=StringIO())
     call_command("demo_campaign", stdout=StringIO())
+    _a_day_of_work()
     client.force_login(get_user_model().objects.get(username="demo-manager"))
     pages = crawl(client, "/admin/", refused=[], HTTP_ACCEPT_LANGUAGE="pt-br")
     assert len(pages) > 40, sorted(pages)  # the lists, their pages and the forms

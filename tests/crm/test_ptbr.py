@@ -38,12 +38,18 @@ def test_a_feminine_model_name_gets_a_feminine_article_and_participle():
         assert gender_agree("The campaign “Natal” was added successfully.", "campaign").startswith("The ")
 
 
-def test_adding_a_campaign_in_portuguese_says_foi_adicionada(db):
+def _manager() -> tuple[Organization, Client]:
+    """An organization and its manager's browser, in Portuguese."""
     org = Organization.objects.create(name="Loja", slug="loja")
     user = get_user_model().objects.create_user("gerente", password="pw-gerente-1234", is_staff=True)
     Membership.objects.create(user=user, organization=org, role=Membership.Role.MANAGER)
     client = Client(HTTP_ACCEPT_LANGUAGE="pt-br")
     client.force_login(user)
+    return org, client
+
+
+def test_adding_a_campaign_in_portuguese_says_foi_adicionada(db):
+    org, client = _manager()
     page = client.post(
         "/admin/campaigns/campaign/add/",
         {
@@ -96,3 +102,13 @@ def test_a_providers_and_a_flows_words_are_labels():
         assert WhatsappPrice(category="utility").get_category_display() == "utilidade"
         assert Flow(trigger_type="no_purchase").get_trigger_type_display() == "sem compra"
         assert EnrollmentStep(type="send_whatsapp").get_type_display() == "enviar uma mensagem de WhatsApp"
+
+
+def test_the_delete_action_of_a_feminine_list_agrees(db):
+    """'Remover conexões com o ERP selecionadas', not '… selecionados' (seen on a fresh make run)."""
+    org, client = _manager()
+    campaign = Campaign.objects.create(organization=org, name="Natal")
+    html = client.get("/admin/campaigns/campaign/").content.decode()
+    assert "Remover campanhas selecionadas" in html and "campanhas selecionados" not in html
+    assert "Remover clientes selecionados" in client.get("/admin/crm/customer/").content.decode()
+    assert campaign.pk
