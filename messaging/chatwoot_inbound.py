@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import logging
 import threading
 import time
@@ -31,7 +30,6 @@ from collections.abc import Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import ObjectDoesNotExist
@@ -45,6 +43,7 @@ from crm import jobs, queues, recovery
 from integrations.chatwoot.client import ChatwootClient
 from integrations.errors import IntegrationError
 from integrations.models import ChatwootAccount
+from messaging.chatwoot_delivery import MAYBE_DELIVERED, Thread, deliver
 from messaging.models import ChatwootThread, ConversationMessage
 
 
@@ -58,14 +57,12 @@ logger = logging.getLogger(__name__)
 PUSH_TASK = "messaging.tasks.chatwoot_push"
 # A conversation row that is a handoff to a person (conversations.handoff_queue): delivered as a
 # private note, and its conversation opened and assigned.
-HANDOFF_KIND = "handoff"
 PUSH_CHUNK = 500
 STREAM_POLL = 0.05  # seconds between reads of newly committed rows while conversations are in flight
 WRITE_EVERY = 0.25  # seconds between writes of the rows delivered while conversations are in flight
 DOWN_DEFER = 10.0  # seconds before trying a Chatwoot that did not answer again
 _ACCOUNT_LEVEL_STATUSES = (401, 403)
 # The error's prefix of a row whose post went out without an answer: looked for before posting again.
-MAYBE_DELIVERED = "maybe delivered: "
 TAKEN = MAYBE_DELIVERED + "taken by a push that did not finish"
 _LOCK_SPACE = 0x43570000  # advisory lock ids: this space + the organization's id
 
@@ -258,9 +255,6 @@ def _pending(organization_id: int, *, exclude: set[int], blocked: set[int]) -> l
     return list(rows.select_related("customer", "store").order_by("id")[: PUSH_CHUNK - len(exclude)])
 
 
-Thread = tuple[int, int]  # Chatwoot's (contact id, conversation id) of a customer in an inbox
-
-
 @dataclass
 class _Outcome:
     """What one conversation's delivery did: the rows delivered in order (id, Chatwoot's id), the
@@ -283,7 +277,7 @@ def _conversation(
     client = clients.get()
     for row in rows:
         try:
-            outcome.delivered.append((row, _deliver(client, account, row, known, outcome.threads)))
+            outcome.delivered.append((row, deliver(client, account, row, known, outcome.threads)))
         except IntegrationError as exc:
             outcome.stopped = (row, exc)
             break
@@ -486,129 +480,6 @@ def _note(row: ConversationMessage, exc: IntegrationError) -> None:
     details = f" — {exc.details}" if exc.details else ""
     maybe = MAYBE_DELIVERED if exc.maybe_delivered else ""
     ConversationMessage.objects.filter(pk=row.pk).update(chatwoot_error=f"{maybe}{exc}{details}"[:1000])
-
-
-def chatwoot_content(row: ConversationMessage) -> str:
-    """What the agent reads: the text, or the type and what Meta gave of a media message."""
-    if row.media_id:
-        detail = " ".join(x for x in (row.media_filename, row.media_mime) if x)
-        label = f"[{row.kind}{': ' + detail if detail else ''}]"
-        return f"{label} {row.text}".strip()
-    if row.kind not in ("text", "button", "interactive"):
-        return f"[{row.kind}] {row.text}".strip()
-    return row.text or f"[{row.kind}]"
-
-
-def _deliver(
-    client: ChatwootClient,
-    account: ChatwootAccount,
-    row: ConversationMessage,
-    known: dict[tuple[int, int], Thread],
-    found: dict[tuple[int, int], Thread],
-) -> int:
-    """Post the row to its customer's conversation; returns Chatwoot's message id. The conversation
-    kept from earlier costs nothing more; one Chatwoot no longer has (404) is looked up again."""
-    inbox_id = (row.store.chatwoot_inbox_id if row.store is not None else None) or account.inbox_id
-    key = (row.customer_id, inbox_id)
-    thread = found.get(key) or known.get(key)
-    if thread is not None:
-        try:
-            return _post(client, account, row, thread[1])
-        except IntegrationError as exc:
-            if exc.status != 404 or key in found:
-                raise
-    return _post_to_new_thread(client, account, row, inbox_id, found)
-
-
-def _post_to_new_thread(
-    client: ChatwootClient,
-    account: ChatwootAccount,
-    row: ConversationMessage,
-    inbox_id: int,
-    found: dict[tuple[int, int], Thread],
-) -> int:
-    """The customer's contact and conversation in the inbox, found or created, and the row posted
-    to it. A new contact is created at once (a phone Chatwoot already has is then searched for);
-    having no conversation yet, it gets one created with the row as its first message: two calls.
-    A handoff (a note, then open and assign) goes through `_post`."""
-    phone = row.customer.phone
-    contact_id, source_id, created = client.contact_create_or_find(
-        phone_e164=phone, name=row.customer.name, inbox_id=inbox_id
-    )
-    source_id = source_id or phone.lstrip("+")
-    if created and row.kind != HANDOFF_KIND:
-        # A contact created just now holds nothing we posted earlier: no lookup for a lost answer.
-        conversation_id, message_id = client.conversation_create_with_message(
-            contact_id=contact_id, source_id=source_id, inbox_id=inbox_id, **_message_fields(account, row)
-        )
-        found[(row.customer_id, inbox_id)] = (contact_id, conversation_id)
-        if message_id is None:  # the answer showed another message as the latest: ask for ours
-            message_id = client.message_find(
-                conversation_id=conversation_id, attribute="crm_message_id", value=row.pk
-            )
-        return message_id or 0
-    if created:
-        conversation_id = client.conversation_create(
-            contact_id=contact_id, source_id=source_id, inbox_id=inbox_id
-        )
-    else:
-        conversation_id = client.conversation_find_or_create(
-            contact_id=contact_id, source_id=source_id, inbox_id=inbox_id
-        )
-    found[(row.customer_id, inbox_id)] = (contact_id, conversation_id)
-    return _post(client, account, row, conversation_id)
-
-
-def _message_fields(account: ChatwootAccount, row: ConversationMessage) -> dict[str, Any]:
-    """The row as a Chatwoot message: content, type, private flag, and our attributes."""
-    inbound = row.direction == row.Direction.INBOUND
-    campaign = row.source == row.Source.CAMPAIGN
-    attributes: dict[str, int] = {"crm_message_id": row.pk}  # what we posted: not an agent's reply
-    if campaign and row.campaign_message_id is not None:
-        attributes["campaign_message_id"] = row.campaign_message_id
-    return {
-        "content": chatwoot_content(row),
-        # A campaign's copy is a private note for organizations that mirror into the WhatsApp
-        # inbox's own conversations (an API-channel inbox never forwards an outgoing message).
-        "private": campaign and account.mode == ChatwootAccount.Mode.PRIVATE_NOTE,
-        "message_type": "incoming" if inbound else "outgoing",
-        "content_attributes": attributes,
-    }
-
-
-def _post(
-    client: ChatwootClient, account: ChatwootAccount, row: ConversationMessage, conversation_id: int
-) -> int:
-    if row.kind == HANDOFF_KIND:
-        return _hand_over(client, conversation_id, row)
-    if row.chatwoot_error.startswith(MAYBE_DELIVERED):
-        # Its last post got no answer: Chatwoot may have it already (no second line for it).
-        posted = client.message_find(
-            conversation_id=conversation_id, attribute="crm_message_id", value=row.pk
-        )
-        if posted is not None:
-            return posted
-    return client.message_create(conversation_id=conversation_id, **_message_fields(account, row))
-
-
-def _hand_over(client: ChatwootClient, conversation_id: int, row: ConversationMessage) -> int:
-    """The note for the agents, then the conversation open (and assigned): a retry after a
-    failure part-way posts the note again (a duplicate note beats a customer nobody picks up)."""
-    note = client.message_create(
-        conversation_id=conversation_id,
-        content=row.text,
-        private=True,
-        content_attributes={"crm_message_id": row.pk},
-    )
-    client.conversation_open(conversation_id=conversation_id)
-    try:
-        assign = json.loads(row.payload or "{}")
-    except ValueError:
-        assign = {}
-    client.conversation_assign(
-        conversation_id=conversation_id, assignee_id=assign.get("assignee_id"), team_id=assign.get("team_id")
-    )
-    return note
 
 
 @recovery.register("chatwoot-inbound")

@@ -24,7 +24,7 @@ from crm import aio, jobs, queues
 from crm.models import Customer
 from integrations.clients import graph_client
 from integrations.models import ChatwootAccount, WhatsappNumber
-from messaging import chatwoot_inbound, decisions
+from messaging import chatwoot_delivery, chatwoot_inbound, decisions
 from messaging.models import ConversationMessage, ConversationSettings
 
 logger = logging.getLogger(__name__)
@@ -34,7 +34,7 @@ REPLY_TASK = "messaging.tasks.conversation_reply_send"
 Direction = ConversationMessage.Direction
 Status = ConversationMessage.Status
 Source = ConversationMessage.Source
-HANDOFF_KIND = chatwoot_inbound.HANDOFF_KIND
+HANDOFF_KIND = chatwoot_delivery.HANDOFF_KIND
 # Texts that can carry a keyword (a media caption or a reaction never opts anyone out).
 KEYWORD_KINDS = frozenset({"text", "button", "interactive"})
 

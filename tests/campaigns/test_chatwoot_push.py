@@ -174,13 +174,15 @@ def test_a_push_running_longer_than_its_markers_ttl_keeps_it_and_takes_what_is_w
     wa, run_jobs, cw, counted, monkeypatch, settings
 ):
     _chatwoot(wa["org"], cw)
-    monkeypatch.setattr(chatwoot_inbound, "PENDING", jobs.Pending("chatwoot-push", 1))
+    # A marker of 3 s, kept every second: a margin a busy machine's scheduling does not eat (with
+    # 1 s, kept every 0.33 s, a CI run under load once let it expire).
+    monkeypatch.setattr(chatwoot_inbound, "PENDING", jobs.Pending("chatwoot-push", 3))
     settings.CHATWOOT_PUSH_CONCURRENCY = 1  # one conversation at a time: a push of several seconds
-    cw.set_latency(150)
+    cw.set_latency(600)  # 1.2 s a new contact: half-way is twice the marker's life
     people = wa["customers"](10)
     _batch(wa["org"], people, 0)
 
-    def more() -> None:  # written once the push has run well past the marker's 1 s
+    def more() -> None:  # written once the push has run well past the marker's 3 s
         _wait(lambda: len(cw.messages()) >= 5, "the push to be half-way")
         _batch(wa["org"], people[:1], 1)
 
