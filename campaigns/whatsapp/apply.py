@@ -23,11 +23,14 @@ logger = logging.getLogger(__name__)
 # --- Apply the plan ------------------------------------------------------------------------------
 
 
-def batch_apply(campaign: Campaign, plan: BatchPlan, messages: list[WhatsappMessage]) -> BatchPlan:
+def batch_apply(
+    campaign: Campaign, plan: BatchPlan, messages: list[WhatsappMessage], *, currency: str | None = None
+) -> BatchPlan:
     """Write the plan over `messages` (the batch's claimed ones still held) in one transaction of
     bulk statements, the rows locked and only those still SENDING written (`BatchPlan.reconciled`),
     the campaign's metrics with F(), the customers' opt-outs, the pauses and the sent messages'
-    copies for Chatwoot; then stop a campaign whose template is broken. Returns the plan as written."""
+    copies for Chatwoot; then stop a campaign whose template is broken. Returns the plan as written.
+    `currency`: the campaign's cost currency, when the caller read it already (a job's chunks)."""
     with transaction.atomic():
         rows = (
             WhatsappMessage.objects.select_for_update()
@@ -41,7 +44,7 @@ def batch_apply(campaign: Campaign, plan: BatchPlan, messages: list[WhatsappMess
             if cost:
                 priced.add(pk)
         plan = plan.reconciled(current, priced)
-        _write_messages(plan, {m.pk: m for m in messages}, _cost_currency(campaign))
+        _write_messages(plan, {m.pk: m for m in messages}, currency or _cost_currency(campaign))
         if plan.retry:
             WhatsappMessage.objects.filter(id__in=plan.retry).update(status=Status.QUEUED, sending_at=None)
         _release(plan.release)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import functools
 import logging
 import time
 from collections import deque
@@ -120,6 +121,7 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
     every chunk in flight is landed (its answers written) before the job defers or yields."""
     counts: dict[str, int] = {}
     handled: list[int] = []
+    rates = _Rates(campaign)
     chunk = _chunk_size(campaign)
     # Paced, two chunks (each a quarter second of the number's rate or more) cover Meta's latency;
     # more would book its schedule seconds ahead, which a yield then waits for.
@@ -139,7 +141,7 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
                 try:
                     following = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
                 except Exception:
-                    _land_all(campaign, batch, flights, counts)  # Meta has them: answers written first
+                    _land_all(campaign, batch, flights, counts, rates)  # Meta has them: answers written first
                     raise
                 if following is None:
                     claiming = False
@@ -149,9 +151,9 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
                 continue
         if not flights:
             break
-        delays = _land(campaign, batch, flights.popleft(), counts)
+        delays = _land(campaign, batch, flights.popleft(), counts, rates)
         if delays:
-            _land_all(campaign, batch, flights, counts)
+            _land_all(campaign, batch, flights, counts, rates)
             # Before the batches queued meanwhile: its numbers' next slots are its own.
             raise Defer(
                 min(delays), "messages wait for a retry, a throttle or their number's pacing", at_front=True
@@ -164,10 +166,12 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
     return counts
 
 
-def _land_all(campaign: Campaign, batch: int, flights: deque[_Flight], counts: dict[str, int]) -> None:
+def _land_all(
+    campaign: Campaign, batch: int, flights: deque[_Flight], counts: dict[str, int], rates: _Rates
+) -> None:
     """Every chunk still in flight landed (Meta's answers written), oldest first."""
     while flights:
-        _land(campaign, batch, flights.popleft(), counts)
+        _land(campaign, batch, flights.popleft(), counts, rates)
 
 
 def _chunk_size(campaign: Campaign) -> int:
@@ -200,7 +204,9 @@ def _next_chunk(
     return _Flight(len(ids), messages, skipped, lanes, pace_wait, batch_send(lanes))
 
 
-def _land(campaign: Campaign, batch: int, flight: _Flight, counts: dict[str, int]) -> list[float]:
+def _land(
+    campaign: Campaign, batch: int, flight: _Flight, counts: dict[str, int], rates: _Rates
+) -> list[float]:
     """Meta's answers for a chunk in flight, classified and written, its counts added to `counts`;
     returns how long its messages that wait must (none: [])."""
     outcomes = flight.sends.result() if flight.sends is not None else []
@@ -216,9 +222,12 @@ def _land(campaign: Campaign, batch: int, flight: _Flight, counts: dict[str, int
             time.monotonic() - flight.started,
             extra={"campaign_id": campaign.pk, "organization_id": campaign.organization_id},
         )
-    prices = _prices(campaign) if outcomes else {}
+    prices = rates.prices if outcomes else {}
     plan = batch_apply(
-        campaign, batch_classify(outcomes, skipped=flight.skipped, prices=prices), flight.messages
+        campaign,
+        batch_classify(outcomes, skipped=flight.skipped, prices=prices),
+        flight.messages,
+        currency=rates.currency,
     )
     for outcome, n in plan.counts.items():
         counts[outcome] = counts.get(outcome, 0) + n
@@ -376,10 +385,21 @@ async def _send_all(lanes: list[_Lane]) -> list[Outcome]:
     )
 
 
-def _prices(campaign: Campaign) -> dict[str, Decimal]:
-    """The rate card's prices of the campaign's category in the currency of its cost total (the
-    card's when it started): a card changed to another currency since prices nothing, so a total
-    never adds two currencies."""
-    currency = _cost_currency(campaign)
-    rows = WhatsappPrice.objects.filter(category=campaign.template_category, currency=currency)
-    return dict(rows.values_list("country", "price"))
+class _Rates:
+    """The campaign's cost currency and its rate card's prices in it, read once per job (at its
+    first answers), not for every chunk."""
+
+    def __init__(self, campaign: Campaign) -> None:
+        self.campaign = campaign
+
+    @functools.cached_property
+    def currency(self) -> str:
+        return _cost_currency(self.campaign)
+
+    @functools.cached_property
+    def prices(self) -> dict[str, Decimal]:
+        """The prices of the campaign's category in the currency of its cost total (the card's
+        when it started): a card changed to another currency since prices nothing, so a total never
+        adds two currencies."""
+        rows = WhatsappPrice.objects.filter(category=self.campaign.template_category, currency=self.currency)
+        return dict(rows.values_list("country", "price"))

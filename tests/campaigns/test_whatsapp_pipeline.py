@@ -149,3 +149,22 @@ def test_a_paced_job_books_no_more_than_two_chunks_of_its_schedule_ahead(wa, san
 
     assert counts["sent"] == 6 * CHUNK
     assert max(claimed) == 2 * CHUNK
+
+
+def test_a_job_reads_the_rate_card_once_not_for_every_chunk(wa, sandbox, settings):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    campaign = _paced_campaign(wa, settings, people=4 * CHUNK, pipeline=True)
+    WhatsappNumber.objects.filter(pk=wa["number"].pk).update(messages_per_second=0)
+    with CaptureQueriesContext(connection) as queries:
+        counts = sending.whatsapp_send_batch(campaign_id=campaign.pk, batch=0)
+
+    assert counts["sent"] == 4 * CHUNK
+    prices = [q for q in queries.captured_queries if "whatsappprice" in q["sql"]]
+    metrics = [
+        q
+        for q in queries.captured_queries
+        if q["sql"].startswith('SELECT "campaigns_campaignmetric"."cost_currency"')
+    ]
+    assert len(prices) == 1 and len(metrics) == 1  # four chunks: four and eight before
