@@ -151,7 +151,7 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
                 continue
         if not flights:
             break
-        delays = _land(campaign, batch, flights.popleft(), counts, rates)
+        delays = _land(campaign, batch, _landing(flights), counts, rates)
         if delays:
             _land_all(campaign, batch, flights, counts, rates)
             # Before the batches queued meanwhile: its numbers' next slots are its own.
@@ -169,9 +169,23 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
 def _land_all(
     campaign: Campaign, batch: int, flights: deque[_Flight], counts: dict[str, int], rates: _Rates
 ) -> None:
-    """Every chunk still in flight landed (Meta's answers written), oldest first."""
-    while flights:
-        _land(campaign, batch, flights.popleft(), counts, rates)
+    """Every chunk still in flight landed (Meta's answers written), in one write."""
+    if flights:
+        group = list(flights)
+        flights.clear()
+        _land(campaign, batch, group, counts, rates)
+
+
+def _landing(flights: deque[_Flight]) -> list[_Flight]:
+    """The oldest chunk in flight, its answers waited for, and each after it whose answers are all
+    in: written together, one transaction for them all (a job giving its turn, or whose answers
+    come at once, writes its chunks in one go, not one by one)."""
+    group = [flights.popleft()]
+    if group[0].sends is not None:
+        concurrent.futures.wait([group[0].sends])
+    while flights and (flights[0].sends is None or flights[0].sends.done()):
+        group.append(flights.popleft())
+    return group
 
 
 def _chunk_size(campaign: Campaign) -> int:
@@ -205,33 +219,34 @@ def _next_chunk(
 
 
 def _land(
-    campaign: Campaign, batch: int, flight: _Flight, counts: dict[str, int], rates: _Rates
+    campaign: Campaign, batch: int, group: list[_Flight], counts: dict[str, int], rates: _Rates
 ) -> list[float]:
-    """Meta's answers for a chunk in flight, classified and written, its counts added to `counts`;
-    returns how long its messages that wait must (none: [])."""
-    outcomes = flight.sends.result() if flight.sends is not None else []
-    for lane in flight.lanes:
-        lane.token = ""
+    """Meta's answers for chunks in flight, classified and written together, their counts added to
+    `counts`; returns how long their messages that wait must (none: [])."""
+    outcomes = [o for flight in group if flight.sends is not None for o in flight.sends.result()]
+    for flight in group:
+        for lane in flight.lanes:
+            lane.token = ""
     if outcomes:
         logger.info(
             "batch %s/%s: %s sends from %s number(s) in %.2fs",
             campaign.pk,
             batch,
             len(outcomes),
-            len(flight.lanes),
-            time.monotonic() - flight.started,
+            len({lane.number.pk for flight in group for lane in flight.lanes}),
+            time.monotonic() - group[0].started,
             extra={"campaign_id": campaign.pk, "organization_id": campaign.organization_id},
         )
-    prices = rates.prices if outcomes else {}
+    skipped = {pk: reason for flight in group for pk, reason in flight.skipped.items()}
     plan = batch_apply(
         campaign,
-        batch_classify(outcomes, skipped=flight.skipped, prices=prices),
-        flight.messages,
+        batch_classify(outcomes, skipped=skipped, prices=rates.prices if outcomes else {}),
+        [m for flight in group for m in flight.messages],
         currency=rates.currency,
     )
     for outcome, n in plan.counts.items():
         counts[outcome] = counts.get(outcome, 0) + n
-    return [d for d in (plan.delay, flight.pace_wait) if d is not None]
+    return [d for d in (plan.delay, *(flight.pace_wait for flight in group)) if d is not None]
 
 
 def _claim(

@@ -168,3 +168,19 @@ def test_a_job_reads_the_rate_card_once_not_for_every_chunk(wa, sandbox, setting
         if q["sql"].startswith('SELECT "campaigns_campaignmetric"."cost_currency"')
     ]
     assert len(prices) == 1 and len(metrics) == 1  # four chunks: four and eight before
+
+
+def test_the_chunks_whose_answers_are_all_in_are_written_with_the_oldest():
+    import concurrent.futures
+    from collections import deque
+
+    def flight(done: bool) -> sending._Flight:
+        sends: concurrent.futures.Future = concurrent.futures.Future()
+        if done:
+            sends.set_result([])
+        return sending._Flight(CHUNK, [], {}, [], None, sends)
+
+    oldest, answered, pending, after = flight(True), flight(True), flight(False), flight(True)
+    flights = deque([oldest, answered, pending, after])
+    assert sending._landing(flights) == [oldest, answered]  # in order: not past one still waiting
+    assert list(flights) == [pending, after]
