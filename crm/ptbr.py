@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from django.utils.safestring import SafeString, mark_safe
-from django.utils.translation import get_language
+from django.utils.translation import get_language, gettext_noop
 
 # First word of a model's verbose name in pt-BR that is feminine.
 FEMININE = frozenset(
@@ -51,6 +51,12 @@ FEMININE = frozenset(
         "rotina",
         "rotinas",
     }
+)
+# Django's "unique" messages, translated by our catalogue in words that agree whatever the fields'
+# and the model's gender (Django's own pt-BR: "Venda com este Organização e Id no ERP já existe").
+UNIQUE_MESSAGES = (
+    gettext_noop("%(model_name)s with this %(field_labels)s already exists."),
+    gettext_noop("%(model_name)s with this %(field_label)s already exists."),
 )
 _PRONOUNS = re.compile(r"\b(editá|alterá|adicioná)-l(o|os)\b")
 _PARTICIPLES = re.compile(r"\b(foi|foram) (adicionad|alterad|removid|modificad|excluíd)(o|os)\b")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
 from django.utils import translation
@@ -112,3 +113,17 @@ def test_the_delete_action_of_a_feminine_list_agrees(db):
     assert "Remover campanhas selecionadas" in html and "campanhas selecionados" not in html
     assert "Remover clientes selecionados" in client.get("/admin/crm/customer/").content.decode()
     assert campaign.pk
+
+
+def test_a_duplicate_is_refused_in_words_that_agree_whatever_the_fields_gender(db):
+    from django.core.exceptions import ValidationError
+
+    from crm.models import Store
+
+    org = Organization.objects.create(name="Dup", slug="dup")
+    Store.objects.create(organization=org, erp_code="001", name="Centro")
+    with translation.override("pt-br"), pytest.raises(ValidationError) as refused:
+        Store(organization=org, erp_code="001", name="Outra").validate_constraints()
+    text = " ".join(refused.value.messages)
+    assert "com este Organização" not in text  # Django's own pt-BR
+    assert text.startswith("Já existe Loja com estes valores de Organização e ")
