@@ -116,9 +116,9 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
     Pipelined: while chunks' sends are in flight, the next ones are claimed (and, paced, their slots
     booked right after them), up to WHATSAPP_MAX_IN_FLIGHT messages (paced, two chunks), so neither
     the worker nor a number's schedule waits for a chunk's last answers (Meta's latency) and its
-    writes. The turn is
-    asked before each claim, so work waiting for it waits for the chunks in flight, not the batch;
-    every chunk in flight is landed (its answers written) before the job defers or yields."""
+    writes. The turn is asked before each claim, so work waiting for it waits for the chunks in
+    flight, not the batch; every chunk in flight is landed (its answers written, those in together
+    with the oldest) before the job defers or yields."""
     counts: dict[str, int] = {}
     handled: list[int] = []
     rates = _Rates(campaign)
