@@ -16,8 +16,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from campaigns import composer, lifecycle, recurring, test_sends
-from campaigns import models as campaign_models
-from campaigns.models import Campaign, CampaignMetric, Sender, WhatsappMessage
+from campaigns.models import Campaign, CampaignMetric, Sender, TestSend, WhatsappMessage
 from campaigns.recurrence import next_occurrences, recurrence_error
 from crm.models import Customer, Membership, Sale, Store
 from integrations.models import WhatsappNumber, WhatsappTemplate
@@ -182,8 +181,8 @@ def test_a_test_send_reaches_the_sandbox_and_is_no_campaign_message(
         )
     assert response.status_code == 302
     run_jobs()
-    test = campaign_models.TestSend.objects.get(campaign=campaign)
-    assert (test.status, test.to) == (campaign_models.TestSend.Status.SENT, "+5511990000000"), test.error
+    test = TestSend.objects.get(campaign=campaign)
+    assert (test.status, test.to) == (TestSend.Status.SENT, "+5511990000000"), test.error
     (sent,) = sandbox.messages(to="5511990000000")
     assert sent["wamid"] == test.wamid
     body = next(c for c in sent["template"]["components"] if c["type"] == "body")
@@ -206,7 +205,7 @@ def test_a_test_send_is_refused_once_the_campaign_started_or_to_a_non_phone(sync
         test_sends.test_send_request(campaign=campaign, customer=customer, to="11990000000", user_id=None)
     other = Customer.objects.create(organization=synced["org"], erp_id="X", name="X", phone="+5511990000001")
     assert other.organization_id == campaign.organization_id
-    assert not campaign_models.TestSend.objects.exists()
+    assert not TestSend.objects.exists()
 
 
 @given(st.text(max_size=40))
