@@ -308,6 +308,8 @@ class TestSend(models.Model):
     """A campaign sent to its manager before it starts ("send this campaign to me"), with a chosen
     customer's variables: recorded here, never a campaign message (no count, no cost, no cap)."""
 
+    __test__ = False  # its name is not a test class's (pytest collected it wherever it was imported)
+
     class Status(models.TextChoices):
         QUEUED = "queued", _("queued")
         SENDING = "sending", _("sending")
