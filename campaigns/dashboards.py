@@ -178,15 +178,22 @@ def campaign_series(*, campaign: Campaign) -> dict[str, Any]:
     result["timestamps"] = [int(t.timestamp()) for t in stamps]
     axis_end = min(int(first.timestamp()) + step * max(count, MIN_POINTS), int(now.timestamp()))
     result["x_range"] = [int(first.timestamp()), max(axis_end, result["timestamps"][-1])]
+    # A stamp ahead of the clock (Meta's a second ahead of ours) counts in the last bucket, so the
+    # series always add up to the totals.
+    last = stamps[-1]
     for s in kinds:
         by_bucket = counts.get(s.key, {})
-        result["series"][s.key] = [by_bucket.get(t, 0) for t in stamps]
+        values = [by_bucket.get(t, 0) for t in stamps]
+        values[-1] += sum(n for t, n in by_bucket.items() if t > last)
+        result["series"][s.key] = values
         result["totals"][s.key] = sum(by_bucket.values())
     running = Decimal("0")
     cumulative = []
     for t in stamps:
         running += costs.get(t, Decimal("0"))
         cumulative.append(float(running))
+    running += sum((c for t, c in costs.items() if t > last), Decimal("0"))
+    cumulative[-1] = float(running)
     result["cost"] = cumulative
     result["cost_total"] = str(running.quantize(Decimal("0.000001")))
     return result

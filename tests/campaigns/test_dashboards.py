@@ -455,3 +455,32 @@ def test_the_live_status_writes_its_eta_in_seconds_as_its_script_does(
     )
     html = admin_client.get(f"/admin/campaigns/campaign/{campaign.pk}/change/").content.decode()
     assert '<td data-field="eta_seconds">1,234 s</td>' in html  # not a bare "1234"
+
+
+def test_a_stamp_ahead_of_the_clock_counts_in_the_last_bucket_so_the_series_add_up(world):
+    org = world["org"]
+    now = timezone.now()
+    campaign = _campaign(org, now - timedelta(minutes=3), finished_at=now - timedelta(minutes=2))
+    people = _customers(org, 3)
+    ahead = now + timedelta(minutes=2)  # another clock's stamp: a sent_at and a read_at ahead of ours
+    WhatsappMessage.objects.bulk_create(
+        [
+            WhatsappMessage(
+                campaign=campaign,
+                organization=org,
+                customer=c,
+                status="read",
+                sent_at=now - timedelta(minutes=3) if i else ahead,
+                read_at=ahead,
+                cost=Decimal("0.0625"),
+            )
+            for i, c in enumerate(people)
+        ]
+    )
+
+    data = dashboards.campaign_series(campaign=campaign)
+
+    assert data["timestamps"][-1] <= now.timestamp() + 60
+    assert {k: sum(v) for k, v in data["series"].items()} == data["totals"]
+    assert data["totals"]["read"] == 3 and data["series"]["read"][-1] == 3
+    assert data["cost"][-1] == pytest.approx(0.1875) and Decimal(data["cost_total"]) == Decimal("0.1875")
