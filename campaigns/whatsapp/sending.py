@@ -35,8 +35,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import F, Q
+from django.db import connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from campaigns import lifecycle, lift
@@ -89,6 +89,7 @@ class _Flight:
     the job goes on (claims and books the next chunk); `_land` takes Meta's answers and writes them."""
 
     claimed: int
+    last_id: int  # the chunk's last message: the next claim starts after it
     messages: list[WhatsappMessage]
     skipped: dict[int, str]
     lanes: list[_Lane]
@@ -120,7 +121,6 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
     flight, not the batch; every chunk in flight is landed (its answers written, those in together
     with the oldest) before the job defers or yields."""
     counts: dict[str, int] = {}
-    handled: list[int] = []
     rates = _Rates(campaign)
     chunk = _chunk_size(campaign)
     # Paced, two chunks (each a quarter second of the number's rate or more) cover Meta's latency;
@@ -139,7 +139,8 @@ def _send_chunks(campaign: Campaign, batch: int, *, paused: Q | None) -> dict[st
                 claiming, give_turn = False, True
             else:
                 try:
-                    following = _next_chunk(campaign, batch, paused=paused, limit=chunk, handled=handled)
+                    after = last.last_id if last is not None else 0
+                    following = _next_chunk(campaign, batch, paused=paused, limit=chunk, after=after)
                 except Exception:
                     _land_all(campaign, batch, flights, counts, rates)  # Meta has them: answers written first
                     raise
@@ -201,21 +202,20 @@ def _chunk_size(campaign: Campaign) -> int:
 
 
 def _next_chunk(
-    campaign: Campaign, batch: int, *, paused: Q | None, limit: int, handled: list[int]
+    campaign: Campaign, batch: int, *, paused: Q | None, limit: int, after: int
 ) -> _Flight | None:
-    """The batch's next chunk claimed (its ids added to `handled`), its eligible messages' slots
+    """The batch's next chunk (after message id `after`) claimed, its eligible messages' slots
     booked (those beyond the pacing horizon back to QUEUED) and their sends started; None when
     nothing is left to claim."""
-    ids = _claim(campaign.pk, batch, paused=paused, limit=limit, exclude=handled)
+    ids = _claim(campaign.pk, batch, paused=paused, limit=limit, after=after)
     if not ids:
         return None
-    handled += ids
     messages, skipped, lanes = batch_eligible(campaign=campaign, ids=ids)
     held, pace_wait = _book_lanes(lanes, claimed=ids)
     if held:
         messages = [m for m in messages if m.pk not in held]
         lanes = [lane for lane in lanes if lane.items]
-    return _Flight(len(ids), messages, skipped, lanes, pace_wait, batch_send(lanes))
+    return _Flight(len(ids), ids[-1], messages, skipped, lanes, pace_wait, batch_send(lanes))
 
 
 def _land(
@@ -250,31 +250,31 @@ def _land(
 
 
 def _claim(
-    campaign_id: int,
-    batch: int,
-    *,
-    paused: Q | None = None,
-    limit: int | None = None,
-    exclude: list[int] | None = None,
+    campaign_id: int, batch: int, *, paused: Q | None = None, limit: int | None = None, after: int = 0
 ) -> list[int]:
-    """Claim (QUEUED -> SENDING) up to `limit` of the batch's queued messages, in id order, but
-    those in `exclude` (already handled by this run: released for a later retry)."""
+    """Claim (QUEUED -> SENDING) up to `limit` of the batch's queued messages after id `after`, in
+    id order: one statement, the rows another claim holds skipped. A run claims past its last
+    chunk, so what it released for a later retry (back to QUEUED, behind it) waits for the next run."""
+    queued = WhatsappMessage.objects.filter(
+        campaign_id=campaign_id, batch=batch, status=Status.QUEUED, id__gt=after
+    )
+    if paused is not None:
+        queued = queued.exclude(paused)
+    locked = queued.select_for_update(skip_locked=True).order_by("id").values("id")[:limit]
+    table, quote = WhatsappMessage._meta.db_table, connection.ops.quote_name
     with transaction.atomic():
-        queued = WhatsappMessage.objects.select_for_update(skip_locked=True).filter(
-            campaign_id=campaign_id, batch=batch, status=Status.QUEUED
-        )
-        if paused is not None:
-            queued = queued.exclude(paused)
-        if exclude:
-            queued = queued.exclude(id__in=exclude)
-        ids = list(queued.order_by("id").values_list("id", flat=True)[:limit])
-        if ids:
-            WhatsappMessage.objects.filter(id__in=ids).update(
-                status=Status.SENDING, attempts=F("attempts") + 1, sending_at=timezone.now()
+        select, params = locked.query.get_compiler(connection=connection).as_sql()
+        with connection.cursor() as cursor:
+            # ARRAY(…): the locking subquery runs once, whatever plan the UPDATE gets.
+            cursor.execute(
+                f"UPDATE {quote(table)} SET status = %s, attempts = attempts + 1, sending_at = %s "  # noqa: S608
+                f"WHERE id = ANY(ARRAY({select})) RETURNING id",
+                [Status.SENDING, timezone.now(), *params],
             )
-            if not exclude:
-                # The batch's control group would have been sent now: its purchase window starts too.
-                lift.held_out_stamp(model=WhatsappMessage, campaign_id=campaign_id, batch=batch)
+            ids = sorted(row[0] for row in cursor.fetchall())
+        if ids and not after:
+            # The batch's control group would have been sent now: its purchase window starts too.
+            lift.held_out_stamp(model=WhatsappMessage, campaign_id=campaign_id, batch=batch)
     return ids
 
 

@@ -178,7 +178,7 @@ def test_the_chunks_whose_answers_are_all_in_are_written_with_the_oldest():
         sends: concurrent.futures.Future = concurrent.futures.Future()
         if done:
             sends.set_result([])
-        return sending._Flight(CHUNK, [], {}, [], None, sends)
+        return sending._Flight(CHUNK, 0, [], {}, [], None, sends)
 
     oldest, answered, pending, after = flight(True), flight(True), flight(False), flight(True)
     flights = deque([oldest, answered, pending, after])
