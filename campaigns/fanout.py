@@ -92,9 +92,13 @@ _FANOUT_FIELDS = (
 # the reason; the others QUEUED, each numbered among the audience's queued ones of its sending
 # number for its batch (FanoutPlan: the plan's rows give each number's share and how many of its
 # messages the pages before wrote; a number not in it, `size` a batch; the size and the time as
-# parameters). The link token as models._token makes it (secrets.token_urlsafe(16): 22 characters
-# of base64url), from the 16 bytes of a random UUID (122 of them random, from the server's strong
-# source). No row without the campaign's. A queued one drawn into the control group (campaigns.lift:
+# parameters). The link token: the page's random key (`campaign.token_key`, 11 characters of
+# base64url: 64 bits from the server's strong source, one draw a page) and the customer's id masked
+# with the page's random mask in 16 hex digits — unique, and a page's tokens side by side in the
+# token index. A token per row drawn at random (models._token's) cost the INSERT half its time: the
+# draws, and inserts scattered over an index larger than memory with history (docs/benchmarks.md).
+# A link is the token signed (campaigns.links): it is not guessed, it is forged or not. No row
+# without the campaign's. A queued one drawn into the control group (campaigns.lift:
 # `random()` against Campaign.control_percent, after the caps) is written HELD_OUT instead, numbered
 # into the batches with the others: its batch's send gives it its would-be send time.
 _FANOUT_ROWS = (
@@ -103,11 +107,18 @@ _FANOUT_ROWS = (
     "(coalesce(plan.earlier, 0) + row_number() OVER "
     "(PARTITION BY capped.reason IS NULL, capped.number_id ORDER BY capped.customer_id) - 1) "
     "/ coalesce(plan.share, %s) ELSE 0 END, "
-    "rtrim(translate(encode(uuid_send(gen_random_uuid()), 'base64'), '+/', '-_'), '='), "
+    "campaign.token_key || lpad(to_hex(capped.customer_id # campaign.token_mask), 16, '0'), "
     "%s::timestamptz, "
     "CASE WHEN capped.reason IS NOT NULL THEN 'skipped' WHEN capped.held THEN 'held_out' ELSE 'queued' END, "
     "coalesce(capped.reason, ''){number} FROM capped CROSS JOIN campaign "
     "LEFT JOIN plan ON plan.number_id = coalesce(capped.number_id, 0)"
+)
+
+# The page's token key and mask (see _FANOUT_ROWS), drawn once with the campaign's row.
+_TOKEN_KEY = (
+    "rtrim(translate(encode(substring(uuid_send(gen_random_uuid()) FROM 1 FOR 8), 'base64'), '+/', '-_'), '=') "
+    "AS token_key, ('x' || encode(substring(uuid_send(gen_random_uuid()) FROM 9 FOR 8), 'hex'))::bit(64)::bigint "
+    "AS token_mask"
 )
 
 
@@ -217,16 +228,20 @@ def _insert_page(
         ids = [row[0] for row in cursor.fetchall()]
     # The caps as a statement of their own, plan-stable (campaigns.caps), then joined to the page.
     capped = caps.skip_reasons(campaign=campaign, customer_ids=ids, now=now)
+    # Each skip as its reason's number among the page's few reasons (the statement's parameters are
+    # written into its text: a reason each would be 20,000 quoted strings to write and to parse).
+    reasons = sorted(set(capped.values()))
+    numbered = {reason: n for n, reason in enumerate(reasons, start=1)}
     # The campaign's row FOR KEY SHARE, what the foreign key's check would take on every row, once:
     # it cannot be deleted while the page is written (models.MESSAGE_FKS, campaign_deleting).
     # The INSERT's SQL from the model's metadata: values are parameters. Per page, not per run:
     # each page commits on its own, with the count of the recipients it skipped (only the rows it
     # wrote: a re-run counts none twice).
     sql = (
-        f"WITH campaign AS (SELECT id, organization_id, whatsapp_number_id "  # noqa: S608
+        f"WITH campaign AS (SELECT id, organization_id, whatsapp_number_id, {_TOKEN_KEY} "  # noqa: S608
         f"FROM {Campaign._meta.db_table} WHERE id = %s FOR KEY SHARE), "
-        "page (customer_id, reason) AS MATERIALIZED (SELECT given.id, skip.reason "
-        "FROM unnest(%s::bigint[]) AS given(id) LEFT JOIN unnest(%s::bigint[], %s::text[]) "
+        "page (customer_id, reason) AS MATERIALIZED (SELECT given.id, (%s::text[])[skip.reason] "
+        "FROM unnest(%s::bigint[]) AS given(id) LEFT JOIN unnest(%s::bigint[], %s::int[]) "
         "AS skip(id, reason) ON skip.id = given.id), "
         f"capped AS MATERIALIZED (SELECT page.customer_id, page.reason, {number} AS number_id, "
         "page.reason IS NULL AND random() * 100 < %s AS held "
@@ -243,9 +258,10 @@ def _insert_page(
     )
     params = [
         campaign.pk,
+        reasons,
         ids,
         list(capped),
-        list(capped.values()),
+        [numbered[r] for r in capped.values()],
         campaign.control_percent,
         *plan.rows(),
         *defaults,

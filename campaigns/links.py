@@ -1,9 +1,9 @@
 """Signed links in campaign messages: the redirect (click tracking), the unsubscribe endpoint and,
 for emails, the open pixel.
 
-A link carries the message's random `token` signed with SECRET_KEY, so a made-up or tampered link is
-rejected by an HMAC check before the database is asked anything, and a leaked database dump of tokens
-alone cannot be turned into working links. Each kind signs with its own salt: the open pixel's
+A link carries the message's `token` (unique; campaigns.fanout makes it) signed with SECRET_KEY, so
+a made-up or tampered link is rejected by an HMAC check before the database is asked anything, and a
+leaked database dump of tokens alone cannot be turned into working links. Each kind signs with its own salt: the open pixel's
 token (visible to anyone the email is forwarded to, and fetched by image proxies) never works as
 the message's unsubscribe link, nor the other way round.
 """
@@ -34,8 +34,9 @@ Message = WhatsappMessage | EmailMessage
 def _signer(kind: str) -> signing.Signer:
     if kind not in KINDS:
         raise ValueError(f"unknown link kind {kind!r}")
-    # "." is URL-safe and never appears in a token_urlsafe value or in the base64url signature, so the
-    # signed value needs no escaping inside the button's URL path ("r/<token>.<signature>", 68 chars).
+    # "." is URL-safe and never appears in a token (base64url and hex) or in the base64url signature, so
+    # the signed value needs no escaping inside the button's URL path ("r/<token>.<signature>", at
+    # most 73 characters).
     # Built per call so a rotated SECRET_KEY (or SECRET_KEY_FALLBACKS) is honoured.
     return signing.Signer(salt=f"campaigns.link.{kind}", sep=".")
 
