@@ -15,9 +15,9 @@ the table vacuumed and analyzed empty), `again` (right after the state before's 
 same audience: its fresh rows, the statistics as they are) and `history` (last: --history sent
 messages over 90 days, written once with one INSERT … SELECT, then vacuumed as autovacuum does a
 table after a bulk insert (as any 90-day-old row is: hint bits set, pages all-visible) but not
-analyzed, kept between runs with --keep-history; the other states delete a kept one first). The fan-out runs with the
-contact caps at their defaults; the campaigns with them loosened (their runs go to one audience
-one after the other).
+analyzed, kept between runs with --keep-history; the other states delete a kept one first). The
+fan-out runs with the contact caps at their defaults; the campaigns with them loosened (their runs
+go to one audience one after the other).
 
 1. Fan-out alone, for each of --fanout-sizes (default: --recipients): a campaign to n customers
    fanned out by one worker process serving campaign-trigger only (its send batches are left

@@ -115,9 +115,10 @@ _FANOUT_ROWS = (
 )
 
 # The page's token key and mask (see _FANOUT_ROWS), drawn once with the campaign's row.
-_TOKEN_KEY = (
-    "rtrim(translate(encode(substring(uuid_send(gen_random_uuid()) FROM 1 FOR 8), 'base64'), '+/', '-_'), '=') "
-    "AS token_key, ('x' || encode(substring(uuid_send(gen_random_uuid()) FROM 9 FOR 8), 'hex'))::bit(64)::bigint "
+_PAGE_KEY_SQL = (
+    "rtrim(translate(encode(substring(uuid_send(gen_random_uuid()) FROM 1 FOR 8), 'base64'), "
+    "'+/', '-_'), '=') AS token_key, "
+    "('x' || encode(substring(uuid_send(gen_random_uuid()) FROM 9 FOR 8), 'hex'))::bit(64)::bigint "
     "AS token_mask"
 )
 
@@ -238,7 +239,7 @@ def _insert_page(
     # each page commits on its own, with the count of the recipients it skipped (only the rows it
     # wrote: a re-run counts none twice).
     sql = (
-        f"WITH campaign AS (SELECT id, organization_id, whatsapp_number_id, {_TOKEN_KEY} "  # noqa: S608
+        f"WITH campaign AS (SELECT id, organization_id, whatsapp_number_id, {_PAGE_KEY_SQL} "  # noqa: S608
         f"FROM {Campaign._meta.db_table} WHERE id = %s FOR KEY SHARE), "
         "page (customer_id, reason) AS MATERIALIZED (SELECT given.id, (%s::text[])[skip.reason] "
         "FROM unnest(%s::bigint[]) AS given(id) LEFT JOIN unnest(%s::bigint[], %s::int[]) "

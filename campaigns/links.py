@@ -3,9 +3,9 @@ for emails, the open pixel.
 
 A link carries the message's `token` (unique; campaigns.fanout makes it) signed with SECRET_KEY, so
 a made-up or tampered link is rejected by an HMAC check before the database is asked anything, and a
-leaked database dump of tokens alone cannot be turned into working links. Each kind signs with its own salt: the open pixel's
-token (visible to anyone the email is forwarded to, and fetched by image proxies) never works as
-the message's unsubscribe link, nor the other way round.
+leaked database dump of tokens alone cannot be turned into working links. Each kind signs with its
+own salt: the open pixel's token (visible to anyone the email is forwarded to, and fetched by image
+proxies) never works as the message's unsubscribe link, nor the other way round.
 """
 
 from __future__ import annotations

@@ -14,7 +14,6 @@ from django.db import connection, transaction
 from django.db.models import Count
 
 from campaigns import fanout, lifecycle, links, selectors
-from campaigns import models as campaign_models
 from campaigns.models import Campaign, CampaignMetric, EmailMessage, WhatsappMessage
 from crm import fairshare, jobs
 from crm.models import JobRun
