@@ -3,7 +3,8 @@
 A customer gets at most `message_limit_count` campaign messages in `message_limit_days`, and,
 with `block_multiple_campaigns`, no message of a second campaign within 24 hours of another
 one's, nor while another campaign's message to them is being sent or waits in a campaign that
-started first (so of two campaigns started together the older one wins). With the
+started first and may still send it, sending or paused (so of two campaigns started together the
+older one wins; a message left queued in one that ended blocks nobody). With the
 organization's `contact_caps_scope` "shared" both channels count together (an email after a
 WhatsApp message is the second contact); with "per_channel" each channel counts its own.
 
@@ -166,20 +167,23 @@ def history_sql(*, campaign: Campaign, customer_ids: list[int], now: datetime) -
                 "AND m.campaign_id <> %s"
             )
             params.append(campaign.pk)
-    # Whether a queued message's campaign started first: EXISTS on that campaign's key (or, as
-    # PostgreSQL may choose, the organization's earlier campaigns hashed once), not a join whose
-    # method and inner index the costs would choose.
+    # Whether a queued message waits in a campaign that started first and will send it (sending or
+    # paused): the organization's few such campaigns read once for the statement (an InitPlan), not
+    # a probe of the campaign's key for every customer's queued message (100,000 of them when a
+    # campaign follows another to the same audience), nor a join whose method the costs would choose.
     sql = (
         "SELECT given.id, count(*) FILTER (WHERE h.reached AND h.sent_at >= %s), "  # noqa: S608
         "coalesce(bool_or(h.sent_at >= %s), false), "
         "coalesce(bool_or(h.status = 'sending' AND h.sent_at IS NULL), false), "
-        "coalesce(bool_or(h.status = 'queued' AND h.sent_at IS NULL AND EXISTS "
-        f"(SELECT FROM {Campaign._meta.db_table} other WHERE other.id = h.campaign_id "
-        "AND other.organization_id = %s AND (other.started_at, other.id) < (%s, %s))), false) "
+        "coalesce(bool_or(h.status = 'queued' AND h.sent_at IS NULL AND h.campaign_id = ANY(ARRAY("
+        f"SELECT other.id FROM {Campaign._meta.db_table} other WHERE other.organization_id = %s "
+        "AND other.status IN (%s, %s) AND (other.started_at, other.id) < (%s, %s)))), false) "
         f"FROM unnest(%s::bigint[]) AS given(id) CROSS JOIN LATERAL ({' UNION ALL '.join(parts)}) AS h "
         "GROUP BY given.id"
     )
-    return sql, [since, day_ago, org.pk, campaign.started_at or now, campaign.pk, customer_ids, *params]
+    live = (Campaign.Status.SENDING, Campaign.Status.PAUSED)
+    started = campaign.started_at or now
+    return sql, [since, day_ago, org.pk, *live, started, campaign.pk, customer_ids, *params]
 
 
 def _results(cursor: Any) -> list[tuple]:

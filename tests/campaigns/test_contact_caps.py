@@ -126,6 +126,26 @@ def test_an_email_campaign_started_first_wins_over_a_whatsapp_one(both, run_jobs
     assert _reasons(whatsapp) == {person.pk: (S.SKIPPED, caps.QUEUED_EARLIER)}
 
 
+@pytest.mark.parametrize("status", [Campaign.Status.SENT, Campaign.Status.CANCELLED, Campaign.Status.DRAFT])
+def test_a_queued_message_blocks_only_while_its_earlier_campaign_may_still_send_it(both, run_jobs, status):
+    waiting, elsewhere = both["customers"](2)
+    _caps(both["org"], block=True)
+    earlier = both["campaign"](name="Earlier", status=Campaign.Status.SENDING, started_at=timezone.now())
+    for customer in (waiting, elsewhere):
+        WhatsappMessage.objects.create(
+            campaign=earlier, organization=both["org"], customer=customer, status=S.QUEUED
+        )
+    # A campaign that ended (or never started) with a message left queued never sends it: no block.
+    ended = both["campaign"](name="Ended", status=status, started_at=timezone.now())
+    WhatsappMessage.objects.filter(campaign=earlier, customer=elsewhere).update(campaign=ended)
+    later = caps.skip_reasons(
+        campaign=both["campaign"](name="Later", status=Campaign.Status.SENDING, started_at=timezone.now()),
+        customer_ids=[waiting.pk, elsewhere.pk],
+        now=timezone.now(),
+    )
+    assert later == {waiting.pk: caps.QUEUED_EARLIER}
+
+
 def test_a_send_batch_applies_the_caps_again_to_what_was_sent_since_the_fanout(both, run_jobs):
     """The fan-out queued the email; a WhatsApp message reached the customer before its batch ran."""
     (person,) = both["customers"](1)
