@@ -168,9 +168,10 @@ def history_sql(*, campaign: Campaign, customer_ids: list[int], now: datetime) -
             )
             params.append(campaign.pk)
     # Whether a queued message waits in a campaign that started first and will send it (sending or
-    # paused): the organization's few such campaigns read once for the statement (an InitPlan), not
-    # a probe of the campaign's key for every customer's queued message (100,000 of them when a
-    # campaign follows another to the same audience), nor a join whose method the costs would choose.
+    # paused; one that ended never sends what it left queued): the organization's few such campaigns
+    # read once for the statement (an InitPlan), not a join whose method the costs would choose (as
+    # fast as the probe of the campaign's key per message it replaced: 130-240 ms for 20,000
+    # customers that all have one).
     sql = (
         "SELECT given.id, count(*) FILTER (WHERE h.reached AND h.sent_at >= %s), "  # noqa: S608
         "coalesce(bool_or(h.sent_at >= %s), false), "
