@@ -31,7 +31,7 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.urls import URLPattern, URLResolver
 from django.utils.translation import gettext_lazy as _
 
-from crm import intake
+from crm import admin_links, intake
 from crm.admin_lists import CheckedLists
 from crm.models import Membership
 from crm.number_input import LocalizedDecimalField, LocalizedFloatField
@@ -381,6 +381,13 @@ class TenantAdmin(CheckedLists):
         path = self.tenant_path
         tenant_field = None if path in (None, "pk") else path.split("__")[0]  # type: ignore[union-attr]
         return type(form.__name__, (TenantFormMixin, form), {"tenant_field": tenant_field})
+
+    def render_change_form(
+        self, request: HttpRequest, context: dict[str, Any], *args: Any, **kwargs: Any
+    ) -> Any:
+        """A read-only relation links to its object only for a reader who may open it (crm.admin_links)."""
+        admin_links.remember_reader(request, context)
+        return super().render_change_form(request, context, *args, **kwargs)
 
     def get_list_display(self, request: HttpRequest) -> Any:
         """A member of one organization is not shown its name on every row of a list: the room goes

@@ -3,10 +3,13 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.db import models
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest
+from django.utils.text import smart_split, unescape_string_literal
 from django.utils.translation import gettext_lazy as _
 
 from crm.tenancy import TenantAdmin
-from erp import services
+from erp import reasons, services
 from erp.models import ErpConnection, ErpSyncIssue
 from integrations.admin import WriteOnlySecretForm, https_urls, write_only_input
 from integrations.errors import IntegrationError
@@ -114,7 +117,7 @@ class ErpSyncIssueAdmin(TenantAdmin):
     )
     list_select_related = ("organization", "store")
     list_filter = ("kind", "organization")
-    search_fields = ("=external_id", "reason")
+    search_fields = ("=external_id", "reason")  # how they are searched: get_search_results
     date_hierarchy = "seen_at"
     readonly_fields = (
         "organization",
@@ -135,6 +138,25 @@ class ErpSyncIssueAdmin(TenantAdmin):
 
     def has_change_permission(self, request, obj=None) -> bool:
         return False
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet, search_term: str
+    ) -> tuple[QuerySet, bool]:
+        """Every word, as Django's search reads the fields (the ERP id exactly, a part of the stored
+        English reason) or in the reason as the list shows it: reasons are kept as message ids and
+        shown in the reader's language (erp.reasons), and a manager in pt-BR searches with the words
+        on the screen ("relogio" finds "…à frente do relógio…"). A word's few message ids filter the
+        rows, an issue stored before the ids by its English sentence's shape."""
+        found = Q()
+        for bit in smart_split(search_term):
+            word = unescape_string_literal(bit) if bit[0] in "\"'" and bit[0] == bit[-1] else bit
+            matches = Q(external_id__iexact=word) | Q(reason__icontains=word)
+            codes = reasons.codes_containing(word)
+            if codes:
+                matches |= Q(reason_code__in=codes)
+                matches |= Q(reason_code="", reason__regex=reasons.english_pattern(codes))
+            found &= matches
+        return queryset.filter(found), False
 
     @admin.display(description=_("reason"), ordering="reason")
     def reason_shown(self, obj: ErpSyncIssue) -> str:

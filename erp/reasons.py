@@ -8,6 +8,7 @@ before the ids were kept (English text only) is matched back to its message id b
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections.abc import Mapping
 from functools import cache
 
@@ -56,3 +57,28 @@ def reason_text(*, code: str, params: Mapping[str, str], english: str) -> str:
         return gettext(code) % dict(params)
     except (KeyError, TypeError, ValueError):  # values that do not fill it: what was stored
         return english
+
+
+def _folded(text: str) -> str:
+    """Case and accents aside: "Relógio" and "relogio" read the same."""
+    decomposed = unicodedata.normalize("NFKD", text.casefold())
+    return "".join(ch for ch in decomposed if not unicodedata.combining(ch))
+
+
+def codes_containing(word: str) -> list[str]:
+    """The message ids whose sentence in the active language holds `word` (case and accents aside)
+    outside its placeholders: the reasons a reader finds by a word they read on the list."""
+    wanted = _folded(word)
+    if not wanted:
+        return []
+    return [m for m in MESSAGES if wanted in _folded(_PLACEHOLDER.sub("\x00", gettext(m)))]
+
+
+def english_pattern(codes: list[str]) -> str:
+    """A PostgreSQL regular expression of these message ids' English sentences (a placeholder: any
+    text), to find the issues stored before the ids were kept (`reason` only)."""
+    sentences = (
+        "".join(re.escape(part) if i % 2 == 0 else ".+" for i, part in enumerate(_PLACEHOLDER.split(code)))
+        for code in codes
+    )
+    return "^(?:" + "|".join(sentences) + ")$"

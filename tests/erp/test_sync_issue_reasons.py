@@ -114,3 +114,46 @@ def test_any_english_reason_reads_back_as_itself_and_each_has_a_translation(mess
             reasons.reason_text(code=message, params=params, english=english)
             == translation.gettext(message) % params
         )
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("language", "term", "other_term"),
+    [
+        ("pt-br", "relogio", "NÃO É UMA DATA"),  # accents and case aside
+        ("pt-br", "Relógio sincronização", "uma data"),
+        ("en", "CLOCK", "not a date"),
+        ("en", "ahead sync's", "date:"),
+    ],
+)
+def test_the_list_finds_a_reason_by_the_words_its_reader_sees(world, language, term, other_term):
+    """Reasons are stored in English and as message ids, shown translated: the search finds them by
+    the words of the list's language too, a new issue by its id, one from before by its sentence."""
+    org = world["org"]
+    ErpSyncIssue.objects.create(
+        organization=org, kind="sale", external_id="NEW", fingerprint="a",
+        reason="sold in the future: 2026-12-05T10:00 is ahead of the sync's clock",
+        reason_code=reasons.SOLD_IN_THE_FUTURE, reason_params={"sold_at": "2026-12-05T10:00"},
+    )  # fmt: skip
+    ErpSyncIssue.objects.create(
+        organization=org, kind="sale", external_id="OLD", fingerprint="b",
+        reason="sold in the future: 2026-11-01T08:00 is ahead of the sync's clock",
+    )  # fmt: skip
+    ErpSyncIssue.objects.create(
+        organization=org, kind="customer", external_id="DATE", fingerprint="c",
+        reason="not a date: 'ontem'", reason_code="not a date: %(value)s", reason_params={"value": "'ontem'"},
+    )  # fmt: skip
+    user = get_user_model().objects.create_user("gerente", password="pw-gerente-1234", is_staff=True)
+    Membership.objects.create(user=user, organization=org, role=Membership.Role.MANAGER)
+    client = Client(HTTP_ACCEPT_LANGUAGE=language)
+    client.force_login(user)
+
+    def found(words: str) -> set[str]:
+        response = client.get("/admin/erp/erpsyncissue/", {"q": words})
+        return {issue.external_id for issue in response.context["cl"].result_list}
+
+    assert found(term) == {"NEW", "OLD"}
+    assert found(other_term) == {"DATE"}
+    assert found("DATE") == {"DATE"}  # the ERP id, as before
+    assert found(f"{term} ontem") == set()  # every word must match
+    assert found("2026-12-05") == {"NEW"}  # a value, in the English sentence

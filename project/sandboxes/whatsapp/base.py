@@ -103,10 +103,18 @@ class SandboxBase(ThreadedAppServer):
     async def _read_json(self, request: web.Request) -> dict[str, Any]:
         try:
             data = json.loads(await request.read() or b"{}")
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: "[" nested a hundred thousand deep
             raise ValueError("the body must be JSON") from None
         if not isinstance(data, dict):
             raise ValueError("the body must be a JSON object")
+        try:
+            # What the sandbox passes on (a webhook, a stored rule) is UTF-8, as Meta's is: a lone
+            # surrogate ("\\ud800" in JSON) has no UTF-8 form, and the product's intake refuses it too.
+            json.dumps(data, ensure_ascii=False).encode()
+        except UnicodeEncodeError:
+            raise ValueError(
+                "the body contains a lone surrogate (\\ud800 to \\udfff without its pair)"
+            ) from None
         return data
 
 
