@@ -1,10 +1,9 @@
-import django_rq.urls
 from django.contrib import admin
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
 
 from campaigns import esp_views, link_views, webhook_views
-from crm import prometheus, tenancy, views
+from crm import prometheus, rq_dashboard, tenancy, views
 from integrations.email import tracking
 from messaging import views as messaging_views
 from runner import views as runner_views
@@ -45,6 +44,6 @@ urlpatterns = [
     path("admin/schedules/", tenancy.operator_view(views.schedules), name="admin-schedules"),
     path("admin/queues/", include("crm.queue_urls")),
     path("admin/runner/dashboard/", RedirectView.as_view(pattern_name="admin:runner_dashboard")),
-    path("admin/rq/", include((tenancy.operator_urls(django_rq.urls.urlpatterns), "django_rq"))),
+    path("admin/rq/", include((tenancy.operator_urls(rq_dashboard.urlpatterns()), "django_rq"))),
     path("admin/", admin.site.urls),
 ]
