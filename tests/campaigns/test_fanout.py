@@ -114,14 +114,14 @@ def test_the_tokens_made_by_the_database_are_unique_url_safe_a_pages_share_its_k
     assert fanout.campaign_fanout(campaign_id=campaign.pk, chunk=128) == 300
     rows = list(WhatsappMessage.objects.filter(campaign=campaign).order_by("customer_id"))
     tokens = [m.token for m in rows]
-    # The page's random key (64 bits, base64url) and the customer's id under the page's mask (hex).
+    # The page's random key (8 bytes, base64url) and the customer's id under the page's mask (hex).
     shape = re.compile(r"[A-Za-z0-9_-]{11}[0-9a-f]{16}")
     assert all(shape.fullmatch(t) for t in tokens), tokens[:5]
     assert len(set(tokens)) == 300
     keys = [t[:11] for t in tokens]
     pages = [keys[:128], keys[128:256], keys[256:]]
     assert [len(set(p)) for p in pages] == [1, 1, 1] and len(set(keys)) == 3  # a key per page, drawn anew
-    # The id under the page's mask: one mask a page (0 has one chance in 2**64), drawn anew.
+    # The id under the page's mask: one mask a page (0 has one chance in 2**62), drawn anew.
     masks = [int(t[11:], 16) ^ m.customer_id for m, t in zip(rows, tokens, strict=True)]
     by_page = [set(masks[:128]), set(masks[128:256]), set(masks[256:])]
     assert [len(p) for p in by_page] == [1, 1, 1] and len(set.union(*by_page)) == 3 and 0 not in masks
