@@ -95,8 +95,9 @@ _FANOUT_FIELDS = (
 # parameters). The link token: the page's random key (`campaign.token_key`, 11 characters of
 # base64url: 8 bytes of a random UUID, 60 of their bits random, from the server's strong source, one
 # draw a page) and the customer's id under the page's random mask (the UUID's other 8 bytes, 62 bits
-# random) in 16 hex digits — unique, and a page's tokens side by side in the token index. A token per row drawn at random (models._token's) cost the INSERT half its time: the
-# draws, and inserts scattered over an index larger than memory with history (docs/benchmarks.md).
+# random) in 16 hex digits — unique, and a page's tokens side by side in the token index. A token
+# per row drawn at random (models._token's) cost the INSERT half its time: the draws, and inserts
+# scattered over an index larger than memory with history (docs/benchmarks.md).
 # A link is the token signed (campaigns.links): it is not guessed, it is forged or not. No row
 # without the campaign's. A queued one drawn into the control group (campaigns.lift:
 # `random()` against Campaign.control_percent, after the caps) is written HELD_OUT instead, numbered
