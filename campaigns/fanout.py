@@ -94,7 +94,7 @@ _FANOUT_FIELDS = (
 # messages the pages before wrote; a number not in it, `size` a batch; the size and the time as
 # parameters). The link token: the page's random key (`campaign.token_key`, 11 characters of
 # base64url: 8 bytes of a random UUID, 60 of their bits random, from the server's strong source, one
-# draw a page) and the customer's id under the page's random mask (the UUID's other 8 bytes, 62 bits
+# draw a page) and the customer's id under the page's random mask (the last 8 bytes of another, 62 bits
 # random) in 16 hex digits — unique, and a page's tokens side by side in the token index. A token
 # per row drawn at random (models._token's) cost the INSERT half its time: the draws, and inserts
 # scattered over an index larger than memory with history (docs/benchmarks.md).
