@@ -129,6 +129,8 @@ def test_the_tokens_made_by_the_database_are_unique_url_safe_a_pages_share_its_k
     for kind in ("r", "u"):
         found = links.message_for(kind, links.link_token(kind, message))
         assert found is not None and found.pk == message.pk
+        # The button's URL suffix: nothing to escape, as long as links.py says (73 characters).
+        assert re.fullmatch(r"[ru]/[A-Za-z0-9_\-]{27}\.[A-Za-z0-9_\-]{43}", links.link_path(kind, message))
     forged = links.link_token("r", message).replace(
         message.token, tokens[0] if message.token != tokens[0] else tokens[1]
     )
