@@ -171,7 +171,7 @@ def _delete_campaigns(org: Organization) -> None:
     # The messages with one statement (Django's cascade would load a million of them first), then
     # VACUUM, so that no run pays for the dead rows of the one before it.
     # An emptied table's indexes are rebuilt too: VACUUM leaves them their size (a deleted history's
-    # 5,000,000 rows: indexes of ~300 MB), and a fresh state on them is not a fresh database's.
+    # 5,000,000 rows: indexes of 200-480 MB each), and a fresh state on them is not a fresh database's.
     table = WhatsappMessage._meta.db_table
     with connection.cursor() as cursor:
         cursor.execute(f"DELETE FROM {table} WHERE organization_id = %s", [org.pk])  # noqa: S608
