@@ -18,6 +18,10 @@ VARIABLE_SOURCES = {
 }
 
 
+# The customer's fields the variables read: a send loads only these (and what consent needs).
+CUSTOMER_FIELDS = ("name", "email")
+
+
 def customer_variables(customer: Customer, *, store_name: str) -> dict[str, str]:
     """Every template variable's raw value for a customer ("" when it has none)."""
     return {
@@ -26,8 +30,3 @@ def customer_variables(customer: Customer, *, store_name: str) -> dict[str, str]
         "email": customer.email or "",
         "store_name": store_name,
     }
-
-
-def template_variable(customer: Customer, source: str, store_name: str) -> str:
-    """One template variable's raw value for a customer; "" for an unknown source."""
-    return customer_variables(customer, store_name=store_name).get(source, "")

@@ -39,30 +39,39 @@ def update_rows(
         columns.append(field)
     quote = connection.ops.quote_name
     table = quote(meta.db_table)
-    names = ", ".join(f"c{i}" for i in range(len(columns) + 1))
-    # One array a column, typed as the field: the statement stays a few hundred characters
-    # whatever the rows (psycopg parses a statement's placeholders per execution, ~80 ms for 500
-    # rows of VALUES with 3,500 of them), and PostgreSQL plans one shape.
-    arrays = ", ".join(f"%s::{f.db_type(connection)}[]" for f in [pk, *columns])
-    assignments = ", ".join(f"{quote(f.column)} = v.c{i + 1}" for i, f in enumerate(columns))
     guard_sql, guard_params = "", []  # type: tuple[str, list[Any]]
     for name, value in (only_if or {}).items():
         field = meta.get_field(name)
         assert isinstance(field, models.Field)
         guard_sql += f" AND {table}.{quote(field.column)} = %s"
         guard_params.append(field.get_db_prep_value(value, connection))
-    # Identifiers come from the model's own metadata, quoted; every value is a parameter.
-    sql = (
-        f"UPDATE {table} SET {assignments} FROM unnest({arrays}) AS v({names}) "  # noqa: S608
-        f"WHERE {table}.{quote(pk.column)} = v.c0{guard_sql}"
-    )
     written = 0
     for start in range(0, len(objs), chunk):
         part = objs[start : start + chunk]
-        params: list[Any] = [[pk.get_db_prep_value(obj.pk, connection) for obj in part]]
-        params += [[f.get_db_prep_save(getattr(obj, f.attname), connection) for obj in part] for f in columns]
+        # One array a column, typed as the field: the statement stays a few hundred characters
+        # whatever the rows (psycopg parses a statement's placeholders per execution, ~80 ms for
+        # 500 rows of VALUES with 3,500 of them), and PostgreSQL plans one shape. A column with one
+        # value for every row (a status, a time) travels once, as that value.
+        arrays, assignments = [f"%s::{pk.db_type(connection)}[]"], []
+        scalars: list[Any] = []
+        vectors: list[Any] = [[pk.get_db_prep_value(obj.pk, connection) for obj in part]]
+        for field in columns:
+            values = [getattr(obj, field.attname) for obj in part]
+            if all(type(v) is type(values[0]) and v == values[0] for v in values):
+                assignments.append(f"{quote(field.column)} = %s::{field.db_type(connection)}")
+                scalars.append(field.get_db_prep_save(values[0], connection))
+                continue
+            arrays.append(f"%s::{field.db_type(connection)}[]")
+            assignments.append(f"{quote(field.column)} = v.c{len(arrays) - 1}")
+            vectors.append([field.get_db_prep_save(v, connection) for v in values])
+        names = ", ".join(f"c{i}" for i in range(len(arrays)))
+        # Identifiers come from the model's own metadata, quoted; every value is a parameter.
+        sql = (
+            f"UPDATE {table} SET {', '.join(assignments)} FROM unnest({', '.join(arrays)}) AS v({names}) "  # noqa: S608
+            f"WHERE {table}.{quote(pk.column)} = v.c0{guard_sql}"
+        )
         with connection.cursor() as cursor:
-            cursor.execute(sql, params + guard_params)
+            cursor.execute(sql, scalars + vectors + guard_params)
             written += cursor.rowcount
     return written
 

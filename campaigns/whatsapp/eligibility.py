@@ -8,6 +8,7 @@ from django.utils import timezone
 
 from campaigns import caps, lifecycle
 from campaigns.models import Campaign, WhatsappMessage
+from campaigns.variables import CUSTOMER_FIELDS
 from campaigns.whatsapp.templates import _empty_variable, _template_message, store_names, template_values
 from crm import ratelimit
 from integrations.models import WhatsappNumber
@@ -28,6 +29,14 @@ class _Lane:
 
 # --- Eligibility ---------------------------------------------------------------------------------
 
+# What a send reads of a message and its customer (the rest of their columns stays in the table:
+# a chunk's rows are built in ~half the time). Its writes set their fields before reading them.
+_LOADED = (
+    *("organization_id", "campaign_id", "batch", "customer_id", "whatsapp_number_id"),
+    *("attempts", "status", "phone", "token"),
+    *(f"customer__{f}" for f in ("phone", "marketing_consent", "whatsapp_opted_out_at", *CUSTOMER_FIELDS)),
+)
+
 
 def batch_eligible(
     *, campaign: Campaign, ids: list[int]
@@ -36,7 +45,8 @@ def batch_eligible(
     number they go from, each with its template message). Skipped: opted out or without consent, an
     invalid phone, over a contact cap (checked again now), an empty template variable. A message
     whose customer is gone is skipped on the spot; a valid phone is kept in its E.164 form."""
-    messages = list(WhatsappMessage.objects.filter(id__in=ids).select_related("customer").order_by("id"))
+    rows = WhatsappMessage.objects.filter(id__in=ids).select_related("customer").only(*_LOADED)
+    messages = list(rows.order_by("id"))
     lifecycle.skip_without_customer(model=WhatsappMessage, campaign_id=campaign.pk, ids=ids, found=messages)
     numbers = _senders(campaign, messages)
     names = store_names(numbers)

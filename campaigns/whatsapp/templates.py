@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from campaigns import links
 from campaigns.models import Campaign, WhatsappMessage
-from campaigns.variables import template_variable
+from campaigns.variables import customer_variables
 from crm.models import Customer, Store
 from integrations.models import WhatsappNumber
 from integrations.whatsapp.client import TemplateMessage, UrlButton
@@ -14,7 +14,8 @@ from integrations.whatsapp.parameters import template_text
 def template_values(*, customer: Customer, sources: list[str], store_name: str) -> list[str]:
     """The template's body values for a customer, as Meta gets them (folded white space, its length
     limit: integrations.whatsapp.parameters); "" for one that is empty."""
-    return [template_text(template_variable(customer, source, store_name)) for source in sources]
+    values = customer_variables(customer, store_name=store_name)
+    return [template_text(values.get(source, "")) for source in sources]
 
 
 def _link(kind: str, message: WhatsappMessage) -> str:
