@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q, QuerySet
@@ -42,15 +46,12 @@ def campaign_fanout(*, campaign_id: int, chunk: int = 20_000) -> int:
     # An earlier (or concurrent) run wrote some: the pages leave out the messages that exist.
     again = model.objects.filter(campaign_id=campaign.pk).exists()
     plan = FanoutPlan(size=size, shares=batch_shares(campaign=campaign, size=size))
-    after = 0
-    while True:
-        page = audience.filter(pk__gt=after).order_by("pk").values("pk")[:chunk]
-        written = _fanout_page(campaign, model, page, plan=plan, again=again)
-        if written is None:
-            return 0  # the campaign was deleted meanwhile, its messages with it
-        read, _, after, again = written
-        if read < chunk:
-            break
+    with contextlib.closing(_pages(campaign, audience, chunk)) as pages:
+        for page in pages:
+            written = _fanout_page(campaign, model, page, plan=plan, again=again)
+            if written is None:
+                return 0  # the campaign was deleted meanwhile, its messages with it
+            again = written[3]
     total = model.objects.filter(campaign_id=campaign.pk).count()
     # Or the send batches' claims are planned on the table as it was: the columns their queries
     # filter on, when the campaign changed the table's shape (a tenth of its rows or more; the
@@ -191,13 +192,69 @@ def _sender_sql(campaign: Campaign) -> tuple[str, str]:
     return "COALESCE(latest.number_id, campaign.whatsapp_number_id)", join
 
 
+@dataclass(frozen=True)
+class Page:
+    """A page of the audience: its customer ids in ascending order, those the contact caps skip
+    with the reason (campaigns.caps, checked at `now`)."""
+
+    ids: list[int]
+    capped: dict[int, str]
+    now: datetime
+
+
+def read_page(campaign: Campaign, page: QuerySet) -> Page:
+    """The audience page `page` (its customers' ids, `values("pk")`) and its caps: two statements."""
+    audience, audience_params = page.query.get_compiler(connection=connection).as_sql()
+    with connection.cursor() as cursor:
+        # A page's statements have a high estimated cost: PostgreSQL would spend more on compiling
+        # them (JIT) than on running them.
+        cursor.execute(f"SET LOCAL jit = off; {audience}", audience_params)
+        cursor.nextset()
+        ids = [row[0] for row in cursor.fetchall()]
+    now = timezone.now()
+    # The caps as a statement of their own, plan-stable (campaigns.caps), then joined to the page.
+    return Page(ids, caps.skip_reasons(campaign=campaign, customer_ids=ids, now=now), now)
+
+
+def _pages(campaign: Campaign, audience: QuerySet, chunk: int) -> Iterator[Page]:
+    """The audience's pages of `chunk` customers, in order, with their caps. The next page is read
+    and its caps checked on a connection of its own (a thread's) while the caller writes this one:
+    the caps' statement and the page's INSERT run side by side, on two cores (docs/benchmarks.md).
+    Inside a transaction (a test's), one connection: another would not see its rows."""
+
+    def read(after: int) -> Page:
+        return read_page(campaign, audience.filter(pk__gt=after).order_by("pk").values("pk")[:chunk])
+
+    if connection.in_atomic_block:
+        page = read(0)
+        yield page
+        while len(page.ids) == chunk:
+            page = read(page.ids[-1])
+            yield page
+        return
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="fanout-pages") as reader:
+        try:
+            following: concurrent.futures.Future[Page] | None = reader.submit(read, 0)
+            while following is not None:
+                page = following.result()
+                following = reader.submit(read, page.ids[-1]) if len(page.ids) == chunk else None
+                yield page
+        finally:
+            # After the read in flight, if any: the thread's own connection closed, whatever happened.
+            reader.submit(_close_connection)
+
+
+def _close_connection() -> None:
+    connection.close()  # the calling thread's (django.db.connection is per thread)
+
+
 def _fanout_page(
-    campaign: Campaign, model: type[Message], page: QuerySet, *, plan: FanoutPlan, again: bool
+    campaign: Campaign, model: type[Message], page: Page, *, plan: FanoutPlan, again: bool
 ) -> tuple[int, int, int, bool] | None:
-    """Write the messages of one page of the audience (customer ids in ascending order), numbered
-    into batches by `plan`, which then counts them: one statement, one transaction. Returns
-    (recipients read, recipients queued — the others the contact caps skipped —, the last one's
-    id, whether some messages existed already), or None when the campaign is gone.
+    """Write the messages of one page of the audience, numbered into batches by `plan`, which
+    then counts them: one statement, one transaction. Returns (recipients read, recipients queued —
+    the others the contact caps skipped —, the last one's id, whether some messages existed
+    already), or None when the campaign is gone.
 
     A straight INSERT when no message of the campaign existed; ON CONFLICT DO NOTHING when an
     earlier run wrote some, or when a concurrent run wrote some meanwhile (the straight INSERT
@@ -213,23 +270,14 @@ def _fanout_page(
 
 
 def _insert_page(
-    campaign: Campaign, model: type[Message], page: QuerySet, *, plan: FanoutPlan, ignore: bool
+    campaign: Campaign, model: type[Message], page: Page, *, plan: FanoutPlan, ignore: bool
 ) -> tuple[int, int, int, bool] | None:
-    audience, audience_params = page.query.get_compiler(connection=connection).as_sql()
     number, sender = _sender_sql(campaign)
     whatsapp = model is WhatsappMessage
     fields = (*_FANOUT_FIELDS, "whatsapp_number_id") if whatsapp else _FANOUT_FIELDS
     rows = _FANOUT_ROWS.format(number=", capped.number_id" if whatsapp else "")
     insert, defaults = bulk.insert_select(model, fields, rows, ignore_conflicts=ignore)
-    now = timezone.now()
-    with connection.cursor() as cursor:
-        # A page's INSERT has a high estimated cost: PostgreSQL would spend more on compiling it
-        # (JIT) than on running it.
-        cursor.execute(f"SET LOCAL jit = off; {audience}", audience_params)
-        cursor.nextset()
-        ids = [row[0] for row in cursor.fetchall()]
-    # The caps as a statement of their own, plan-stable (campaigns.caps), then joined to the page.
-    capped = caps.skip_reasons(campaign=campaign, customer_ids=ids, now=now)
+    ids, capped, now = page.ids, page.capped, page.now
     # Each skip as its reason's number among the page's few reasons (the statement's parameters are
     # written into its text: a reason each would be 20,000 quoted strings to write and to parse).
     reasons = sorted(set(capped.values()))
@@ -272,7 +320,8 @@ def _insert_page(
         campaign.pk,
     ]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(f"SET LOCAL jit = off; {sql}", params)
+        cursor.nextset()
         found, queued, _, per_number = cursor.fetchone()
     if not found:
         return None

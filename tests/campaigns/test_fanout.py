@@ -8,12 +8,14 @@ from __future__ import annotations
 import re
 import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 from django.db.models import Count
+from django.utils import timezone
 
-from campaigns import fanout, lifecycle, links, selectors
+from campaigns import caps, fanout, lifecycle, links, selectors
 from campaigns.models import Campaign, CampaignMetric, EmailMessage, WhatsappMessage
 from crm import fairshare, jobs
 from crm.models import JobRun
@@ -143,7 +145,9 @@ def test_a_page_straight_insert_that_meets_messages_written_meanwhile_is_written
     # A concurrent run wrote two of the page's messages after this run looked (again=False).
     WhatsappMessage.objects.create(campaign=campaign, organization=campaign.organization, customer=people[3])
     WhatsappMessage.objects.create(campaign=campaign, organization=campaign.organization, customer=people[70])
-    page = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:100]
+    page = fanout.read_page(
+        campaign, selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:100]
+    )
     read, queued, last, again = fanout._fanout_page(
         campaign, WhatsappMessage, page, plan=fanout.FanoutPlan(size=50), again=False
     )
@@ -158,7 +162,9 @@ def test_a_campaign_deleted_while_a_page_is_written_takes_that_page_with_it(wa):
     deletion waits for it, then deletes the page's messages too; the next page finds it gone."""
     wa["customers"](400)
     campaign = _sending(wa)
-    page = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:300]
+    page = fanout.read_page(
+        campaign, selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:300]
+    )
     written, finish = threading.Event(), threading.Event()
     errors: list[BaseException] = []
 
@@ -206,7 +212,9 @@ def test_a_campaign_deleted_while_a_page_is_written_takes_that_page_with_it(wa):
     assert not errors, errors
     assert not Campaign.objects.filter(pk=campaign.pk).exists()
     assert not WhatsappMessage.objects.filter(campaign_id=campaign.pk).exists()  # no orphan
-    rest = selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:300]
+    rest = fanout.read_page(
+        campaign, selectors.campaign_audience(campaign=campaign).order_by("pk").values("pk")[:300]
+    )
     assert (
         fanout._fanout_page(campaign, WhatsappMessage, rest, plan=fanout.FanoutPlan(size=50), again=True)
         is None
@@ -252,3 +260,66 @@ def check_a_message_whose_customer_was_deleted_is_skipped(world: dict, run_jobs)
 
 def test_a_message_whose_customer_was_deleted_as_the_fan_out_wrote_it_is_skipped_and_counted(wa, run_jobs):
     check_a_message_whose_customer_was_deleted_is_skipped(wa, run_jobs)
+
+
+def _connections() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.parametrize("in_transaction", [False, True])
+def test_each_page_is_read_with_its_caps_beside_the_write_before_it_or_in_the_callers_transaction(
+    wa, monkeypatch, in_transaction
+):
+    """Outside a transaction the pages after the first are read (and their caps checked) on a
+    second connection while the page before is written, which closes when the fan-out ends; inside
+    one (a caller's), on its connection. Either way every recipient once, the capped ones (spread
+    over the pages) skipped with their reason."""
+    people = wa["customers"](250)
+    other = _sending(wa)
+    capped = people[5::40]  # each page has some: reached by another campaign an hour ago
+    WhatsappMessage.objects.bulk_create(
+        WhatsappMessage(
+            campaign=other,
+            organization=other.organization,
+            customer=person,
+            status=WhatsappMessage.Status.SENT,
+            sent_at=timezone.now() - timedelta(hours=1),
+        )
+        for person in capped
+    )
+    campaign = _sending(wa)
+    threads: list[str] = []
+    read = fanout.read_page
+
+    def spied(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return read(*args, **kwargs)
+
+    monkeypatch.setattr(fanout, "read_page", spied)
+    before = _connections()
+    if in_transaction:
+        with transaction.atomic():
+            assert fanout.campaign_fanout(campaign_id=campaign.pk, chunk=100) == 250
+    else:
+        assert fanout.campaign_fanout(campaign_id=campaign.pk, chunk=100) == 250
+    assert len(threads) == 3
+    if in_transaction:
+        assert set(threads) == {threading.current_thread().name}
+    else:
+        assert all(name.startswith("fanout-pages") for name in threads)
+        deadline = time.monotonic() + 60  # the reader's connection closes as its thread ends
+        while _connections() > before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _connections() == before
+    rows = dict(WhatsappMessage.objects.filter(campaign=campaign).values_list("customer_id", "status"))
+    assert len(rows) == 250
+    assert {pk for pk, status in rows.items() if status == "skipped"} == {p.pk for p in capped}
+    reasons = set(
+        WhatsappMessage.objects.filter(campaign=campaign, status="skipped").values_list(
+            "error_reason", flat=True
+        )
+    )
+    assert reasons == {caps.SENT_WITHIN_24H}
+    assert CampaignMetric.objects.get(campaign=campaign).skipped == len(capped)
