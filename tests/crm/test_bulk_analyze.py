@@ -3,6 +3,9 @@ on the real PostgreSQL (pg_class.reltuples is what ANALYZE writes)."""
 
 from __future__ import annotations
 
+import time
+
+import pytest
 from django.db import connection
 
 from crm import bulk
@@ -73,3 +76,37 @@ def test_with_a_share_a_write_that_leaves_the_table_s_shape_is_not_analyzed(db):
     # the same write is a tenth of the table or more: analyzed now
     bulk.analyze_if_grown(Customer, bulk.ANALYZE_AFTER_ROWS, share=0.05)
     assert _reltuples() >= many + bulk.ANALYZE_AFTER_ROWS
+
+
+def _changed_since_analyze() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute(
+            "SELECT coalesce(n_mod_since_analyze, 0) FROM pg_stat_user_tables WHERE relid = %s::regclass",
+            [Customer._meta.db_table],
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_others_wrote_since_the_last_analyze_are_left_to_autovacuum():
+    """A small write beside many un-analyzed rows of others (a campaign beside a history whose
+    statistics are behind) is not analyzed: its own rows are what count against the share."""
+    org = Organization.objects.create(name="Loja", slug="loja")
+    fields = ["organization_id", "erp_id", "name"]
+    bulk.copy_rows(Customer, fields, ((org.pk, f"A{i}", "x") for i in range(10 * bulk.ANALYZE_AFTER_ROWS)))
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Customer._meta.db_table} (name)")
+    others = 2 * bulk.ANALYZE_AFTER_ROWS  # a fifth of the table, written and committed by others
+    bulk.copy_rows(Customer, fields, ((org.pk, f"B{i}", "x") for i in range(others)))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_force_next_flush()")
+    deadline = time.monotonic() + 60
+    while _changed_since_analyze() < others and time.monotonic() < deadline:
+        time.sleep(0.05)  # the counts are reported when the writer goes idle
+    assert _changed_since_analyze() >= others
+    assert "erp_id" not in _analyzed_columns()
+    bulk.analyze_if_grown(Customer, bulk.ANALYZE_AFTER_ROWS, ["erp_id"], share=0.15)
+    assert "erp_id" not in _analyzed_columns()  # 10,000 of ~100,000 known: under the share
+    bulk.analyze_if_grown(Customer, bulk.ANALYZE_AFTER_ROWS, ["erp_id"], share=0.1)
+    assert "erp_id" in _analyzed_columns()
