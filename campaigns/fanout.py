@@ -5,7 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Generator
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -216,7 +216,7 @@ def read_page(campaign: Campaign, page: QuerySet) -> Page:
     return Page(ids, caps.skip_reasons(campaign=campaign, customer_ids=ids, now=now), now)
 
 
-def _pages(campaign: Campaign, audience: QuerySet, chunk: int) -> Iterator[Page]:
+def _pages(campaign: Campaign, audience: QuerySet, chunk: int) -> Generator[Page]:
     """The audience's pages of `chunk` customers, in order, with their caps. The next page is read
     and its caps checked on a connection of its own (a thread's) while the caller writes this one:
     the caps' statement and the page's INSERT run side by side, on two cores (docs/benchmarks.md).
