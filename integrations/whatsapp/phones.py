@@ -4,13 +4,38 @@ country of a number for Meta's per-country prices. Plain values in and out."""
 from __future__ import annotations
 
 import functools
+import re
 
 import phonenumbers
 
 
 def normalize_phone(raw: str) -> str | None:
     """E.164 for a Brazilian-first customer base: 55 added when missing; a mobile without its ninth
-    digit (old 8-digit form) gets it. None when it cannot be a valid number."""
+    digit (old 8-digit form) gets it. None when it cannot be a valid number.
+
+    A Brazilian mobile already in E.164 (what most stored phones are: crm.models.Customer.phone)
+    is recognized by phonenumbers' own patterns for it without a parse, ~1 µs instead of ~20 (a
+    send batch normalizes every recipient's phone); anything else is parsed."""
+    if _brazilian_mobile_e164().match(raw):
+        return raw
+    return _parsed(raw)
+
+
+@functools.cache
+def _brazilian_mobile_e164() -> re.Pattern[str]:
+    """+55 and 11 national digits that phonenumbers' metadata for Brazil holds valid (its general
+    pattern) and a mobile: such a number is its own E.164 form (no national prefix can begin it, no
+    ninth digit is missing). Matches nothing should the metadata's lengths ever exclude 11."""
+    metadata = phonenumbers.PhoneMetadata.metadata_for_region("BR")
+    assert metadata is not None and metadata.general_desc is not None and metadata.mobile is not None
+    general, mobile = metadata.general_desc, metadata.mobile
+    if 11 not in general.possible_length or 11 not in mobile.possible_length:
+        return re.compile(r"(?!)")
+    valid = rf"(?=(?:{general.national_number_pattern})\Z)"
+    return re.compile(rf"\+55{valid}(?=\d{{11}}\Z)(?:{mobile.national_number_pattern})\Z", re.ASCII)
+
+
+def _parsed(raw: str) -> str | None:
     digits = "".join(ch for ch in raw if ch.isdigit())
     if not digits:
         return None
