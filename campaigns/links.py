@@ -10,6 +10,10 @@ proxies) never works as the message's unsubscribe link, nor the other way round.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import hmac
+
 from django.conf import settings
 from django.core import signing
 from django.db import transaction
@@ -79,9 +83,23 @@ def message_target(message: Message, index: int | None) -> str:
 
 
 def link_token(kind: str, message: Message) -> str:
-    """The message's token signed for one kind of link: URL-safe, unguessable, stable."""
+    """The message's token signed for one kind of link: URL-safe, unguessable, stable. What
+    `_signer(kind).sign` gives (`message_for` unsigns it), its salted key derived once per kind and
+    SECRET_KEY (`_link_mac`) instead of for every link: a send batch signs two or three a message."""
     value = EMAIL_PREFIX + message.token if isinstance(message, EmailMessage) else message.token
-    return _signer(kind).sign(value)
+    mac = _link_mac(kind, settings.SECRET_KEY).copy()
+    mac.update(value.encode())
+    return f"{value}.{signing.b64_encode(mac.digest()).decode()}"
+
+
+@functools.lru_cache(maxsize=16)
+def _link_mac(kind: str, secret: str) -> hmac.HMAC:
+    """The HMAC a kind's signatures start from: django.utils.crypto.salted_hmac's key for the
+    signer's salt ("<salt>signer") and `secret`, SHA-256 (Signer's algorithm)."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown link kind {kind!r}")
+    key = hashlib.sha256(f"campaigns.link.{kind}signer".encode() + secret.encode()).digest()
+    return hmac.new(key, digestmod=hashlib.sha256)
 
 
 def link_path(kind: str, message: Message) -> str:

@@ -4,15 +4,19 @@ from __future__ import annotations
 
 import re
 import secrets
+import string
 from datetime import timedelta
 
 import pytest
 from django.core import signing
 from django.test import Client
 from django.utils import timezone
+from hypothesis import HealthCheck, given
+from hypothesis import settings as hsettings
+from hypothesis import strategies as st
 
 from campaigns import links
-from campaigns.models import Campaign, CampaignMetric, WhatsappMessage
+from campaigns.models import Campaign, CampaignMetric, EmailMessage, WhatsappMessage
 from campaigns.selectors import campaign_audience
 from crm.models import Customer, OptOutSource
 
@@ -232,3 +236,22 @@ def test_a_customer_who_opted_out_by_link_is_left_out_of_the_next_campaign(world
     audience = set(campaign_audience(campaign=next_campaign))
     assert opted_out not in audience
     assert messages[1].customer in audience
+
+
+@given(token=st.text(alphabet=string.ascii_letters + string.digits + "-_", min_size=1, max_size=40))
+@hsettings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+def test_a_link_is_what_djangos_signer_makes_and_unsigns(token, settings):
+    """link_token derives the signer's salted key once per kind and SECRET_KEY: the same text as
+    Signer.sign, which message_for's unsign takes (also after the key is rotated into the fallbacks)."""
+    for kind in links.KINDS:
+        for message in (WhatsappMessage(token=token), EmailMessage(token=token)):
+            signed = links.link_token(kind, message)
+            value = signed.rsplit(".", 1)[0]
+            assert signed == links._signer(kind).sign(value)
+            settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = (
+                "another-key-" + "x" * 40,
+                [settings.SECRET_KEY],
+            )
+            assert links._signer(kind).unsign(signed) == value  # the old key still verifies
+            assert links.link_token(kind, message) != signed  # new links carry the new key
+            settings.SECRET_KEY, settings.SECRET_KEY_FALLBACKS = settings.SECRET_KEY_FALLBACKS[0], []
