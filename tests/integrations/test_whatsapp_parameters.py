@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 
 import pytest
 from hypothesis import example, given, settings
@@ -104,3 +105,21 @@ def test_132018_fails_one_message_and_configuration_errors_still_stop_the_campai
     assert classify(code=132005, status=400) is Action.DROP_RECIPIENT
     for config_error in (132000, 132001, 132012):
         assert classify(code=config_error, status=400) is Action.STOP_CAMPAIGN
+
+
+def _fold_char_by_char(text: str) -> str:
+    """fold_whitespace's rule, looking at every character (what its shortcut must agree with)."""
+    kept = "".join(
+        ch
+        for ch in text
+        if ch.isspace() or not (ch in "\u200b\u2060\ufeff\u00ad" or unicodedata.category(ch) in ("Cc", "Cs"))
+    )
+    return " ".join(kept.split())
+
+
+@given(text=st.text(max_size=60) | st.text(st.characters(codec="latin-1"), max_size=60))
+@example(text="Maria  da\u00a0Silva")  # a no-break space: not printable, folded
+@example(text="Jo\u00e3o\u200b")  # printable but for the zero-width space
+@example(text="\u3164")  # a Hangul filler: printable, kept as it is
+def test_folding_takes_its_shortcut_only_where_it_agrees(text):
+    assert fold_whitespace(text) == _fold_char_by_char(text)
