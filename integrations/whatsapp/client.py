@@ -170,8 +170,7 @@ class GraphClient:
     async def send_payload(self, *, phone_number_id: str, access_token: str, payload: dict) -> SendResult:
         """POST one message body as it is; the result as `send_template` describes it."""
         path = f"/{quote(self.version, safe='')}/{quote(phone_number_id, safe='')}/messages"
-        # ASCII JSON (\u escapes, as Meta reads them): any text travels, a lone surrogate included.
-        body = json.dumps(payload, separators=(",", ":")).encode("ascii")
+        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
         try:
             answer = await self.pool.post(
                 path, body, {"Content-Type": "application/json", "Authorization": f"Bearer {access_token}"}
