@@ -12,7 +12,6 @@ from crm import aio
 from integrations import http
 from integrations.whatsapp.client import GraphClient
 
-MAX_ANSWER = 256 * 1024  # a send's answer is a few hundred bytes
 _clients: dict[tuple[int, str], GraphClient] = {}
 
 
@@ -20,7 +19,7 @@ _clients: dict[tuple[int, str], GraphClient] = {}
 def _close_clients() -> None:
     for client in _clients.values():
         with contextlib.suppress(Exception):  # the loop may already be gone at exit
-            aio.run(client.pool.close(), timeout=2)
+            aio.run(client.session.close(), timeout=2)
     _clients.clear()
 
 
@@ -30,9 +29,11 @@ def graph_client(base_url: str) -> GraphClient:
     if key not in _clients:
 
         async def make() -> GraphClient:
-            in_flight = settings.WHATSAPP_MAX_IN_FLIGHT
-            pool = http.post_pool(base_url, max_connections=in_flight, max_body=MAX_ANSWER)
-            return GraphClient(pool=pool, version=settings.WHATSAPP_GRAPH_VERSION)
+            return GraphClient(
+                session=http.async_session(max_connections=settings.WHATSAPP_MAX_IN_FLIGHT),
+                base_url=base_url,
+                version=settings.WHATSAPP_GRAPH_VERSION,
+            )
 
         _clients[key] = aio.run(make())
     return _clients[key]

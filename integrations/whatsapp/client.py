@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from urllib.parse import quote
 
-from integrations import http_pool, retry
+import aiohttp
+
+from integrations import http, retry
 from integrations.errors import IntegrationError
 from integrations.outbound import OutboundURLError
 from integrations.whatsapp.errors import Action, classify
@@ -129,11 +130,14 @@ def _json(body: bytes) -> object:
         return None
 
 
-def _no_answer(exc: http_pool.PoolError) -> SendResult:
+def _no_answer(exc: Exception) -> SendResult:
     """A send that got no answer, as integrations.retry classifies it: a send is not idempotent
     (the Graph API takes no idempotency key), so one that went out is `maybe_accepted`."""
-    decision = retry.for_transport(retry.pool_transport(exc), idempotent=False)
-    message = f"timeout: {exc}" if isinstance(exc, http_pool.AnswerTimeout) else f"connection error: {exc}"
+    decision = retry.for_transport(retry.aiohttp_transport(exc), idempotent=False)
+    if isinstance(exc, TimeoutError):
+        message = f"timeout: {type(exc).__name__}"
+    else:
+        message = f"connection error: {exc}"
     # A URL that can never work is retried as before (attempts are spent, then it fails): the URL
     # is the deployment's and the phone number id's, not the recipient's.
     return SendResult(
@@ -145,11 +149,13 @@ def _no_answer(exc: http_pool.PoolError) -> SendResult:
     )
 
 
-class GraphClient:
-    """Sends over `pool` (integrations.http.post_pool of the Graph base URL, on one event loop)."""
+MAX_ANSWER = 256 * 1024  # a send's answer is a few hundred bytes
 
-    def __init__(self, *, pool: http_pool.PostPool, version: str) -> None:
-        self.pool = pool
+
+class GraphClient:
+    def __init__(self, *, session: aiohttp.ClientSession, base_url: str, version: str) -> None:
+        self.session = session
+        self.base_url = base_url.rstrip("/")
         self.version = version
 
     async def send_template(
@@ -169,30 +175,25 @@ class GraphClient:
 
     async def send_payload(self, *, phone_number_id: str, access_token: str, payload: dict) -> SendResult:
         """POST one message body as it is; the result as `send_template` describes it."""
-        path = f"/{quote(self.version, safe='')}/{quote(phone_number_id, safe='')}/messages"
-        body = json.dumps(payload, ensure_ascii=False, separators=(",", ":")).encode()
+        url = f"{self.base_url}/{self.version}/{phone_number_id}/messages"
+        data: object = None
         try:
-            answer = await self.pool.post(
-                path, body, {"Content-Type": "application/json", "Authorization": f"Bearer {access_token}"}
-            )
-        except http_pool.PoolError as exc:
+            async with self.session.post(
+                url,
+                json=payload,
+                headers={"Authorization": f"Bearer {access_token}"},
+                allow_redirects=False,  # the Graph API never redirects a send
+            ) as response:
+                status = response.status
+                delay = retry.for_status(status, retry_after_header=response.headers.get("Retry-After")).delay
+                if not 300 <= status < 400:
+                    data = _json(await http.read_capped(response, limit=MAX_ANSWER))
+        except (TimeoutError, aiohttp.ClientError, http.ResponseTooLarge) as exc:
             return _no_answer(exc)
         except OutboundURLError as exc:
             # The outbound guard refused the Graph URL's address before anything was sent: the
             # number's URL (or the deployment's) must change, whoever the recipient. Its sends stop.
             return SendResult(error=IntegrationError(str(exc), retryable=False), action=Action.PAUSE_NUMBER)
-        except ValueError as exc:
-            # A token or a phone number id that cannot travel in a request (a line break): nothing
-            # was sent, and no recipient would fare better. The number's sends stop.
-            error = IntegrationError(f"request not sent: {exc}", retryable=False)
-            return SendResult(error=error, action=Action.PAUSE_NUMBER)
-        status = answer.status
-        if 300 <= status < 400:
-            # A Graph URL that answers elsewhere is wrong for every recipient: its sends stop. The
-            # redirect is never followed.
-            error = IntegrationError(f"HTTP {status}: redirect not followed", retryable=False, status=status)
-            return SendResult(error=error, action=Action.PAUSE_NUMBER)
-        data = _json(answer.body)
         if status == 200:
             try:
                 assert isinstance(data, dict)
@@ -202,6 +203,9 @@ class GraphClient:
             except (AssertionError, KeyError, IndexError, TypeError):
                 error = IntegrationError("malformed success response", retryable=False, status=200)
                 return SendResult(error=error, action=Action.DROP_RECIPIENT)
-        delay = retry.for_status(status, retry_after_header=answer.headers.get("retry-after")).delay
+        if 300 <= status < 400:
+            # A Graph URL that answers elsewhere is wrong for every recipient: its sends stop.
+            error = IntegrationError(f"HTTP {status}: redirect not followed", retryable=False, status=status)
+            return SendResult(error=error, action=Action.PAUSE_NUMBER)
         error = _error_from(status, data, delay)
         return SendResult(error=error, action=classify(code=error.code, status=status), retry_after=delay)
