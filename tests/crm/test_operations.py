@@ -318,8 +318,8 @@ def test_workers_and_schedulers_register_again_after_redis_loses_its_data(client
             lambda: client.get("/healthz?full=1").status_code == 200, timeout=60, what="a healthy platform"
         )
         redis_db.flushdb()
-        checks = client.get("/healthz?full=1").json()["checks"]
-        assert (checks["workers"]["alive"], checks["scheduler"]["alive"]) == (0, 0)
+        # The scheduler loops every second: by the time /healthz is asked it may be back already (a
+        # busy CI saw it), so the flush is not asserted through it; both must come back.
         wait_for(
             lambda: client.get("/healthz?full=1").status_code == 200,
             timeout=60,
