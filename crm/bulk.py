@@ -26,7 +26,8 @@ def update_rows(
 
     only_if={"status": "sending"} writes only rows whose column still holds that value (a
     compare-and-set: a concurrent writer that got there first wins). Each field's values travel as
-    one array of the field's column type: scalar fields only (no JSON or array fields)."""
+    one array of the field's column type, or once when every row has the same value: scalar fields
+    only (no JSON or array fields)."""
     if not objs:
         return 0
     meta = model._meta
