@@ -48,6 +48,8 @@ from crm.jobs import Defer, Park, Yield
 
 logger = logging.getLogger("crm.jobs")
 
+PUBSUB_WAKE = 1.0  # seconds: the most a warm stop waits for the command listener to notice it
+
 UNREADABLE = (
     "job {job_id} cannot be read by the product's workers (they read RQ's JSON serializer; was it "
     "enqueued with RQ's default pickle serializer, e.g. `rq enqueue` without `--serializer "
@@ -136,10 +138,20 @@ class Worker(SimpleWorker):
         super().heartbeat(timeout, pipeline=pipeline)
 
     def subscribe(self) -> None:
-        # The command channel (stop a job, shut down) matters for long-lived workers; a burst
-        # worker would only pay the ~1 s it takes to stop the listener thread.
-        if not getattr(self, "_burst", False):
-            super().subscribe()
+        """Listen on the command channel (stop a job, shut down), as RQ does, but with the listener
+        waking every PUBSUB_WAKE seconds instead of 60: at a warm stop RQ unsubscribes, then stops
+        and joins the listener, and when the listener has read the unsubscribe answer before it is
+        told to stop it waits out its whole sleep for a message that never comes (a SIGTERM'd
+        worker, its work done, took 60 s to exit; `manage.py up` kills it after 20). A burst worker
+        does not listen: it would only pay for stopping the listener."""
+        if getattr(self, "_burst", False):
+            return
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]  # RQ declares it None
+            sleep_time=PUBSUB_WAKE, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
     # --- the idle loop: promote due delayed jobs every second, sweep registries every few -----
     @property

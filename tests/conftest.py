@@ -239,6 +239,19 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _threads(pid: int) -> str:
+    """Each thread of `pid` and its descendants: state, kernel wait channel, system call (/proc)."""
+    lines = []
+    for process in [pid, *_descendants(pid)]:
+        with contextlib.suppress(OSError):
+            for task in sorted(Path(f"/proc/{process}/task").iterdir()):
+                state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                wchan, syscall = (task / "wchan").read_text(), (task / "syscall").read_text().split()[:2]
+                call = " ".join(syscall)
+                lines.append(f"  {process}/{task.name}: state={state} wchan={wchan} syscall={call}")
+    return "\n".join(lines)
+
+
 class WorkerProcess:
     """`manage.py workers` as a real process (its own process group, killed at teardown)."""
 
@@ -267,7 +280,14 @@ class WorkerProcess:
                 os.kill(pid, sig)
 
     def wait(self, timeout: float) -> int:
-        return self.popen.wait(timeout=timeout)
+        """The exit status; on timeout the failure carries the process's log tail and the state of
+        each of its threads (a worker that does not exit says where it is)."""
+        try:
+            return self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            self.log.seek(0)
+            tail = self.log.read().decode(errors="replace")[-4000:]
+            pytest.fail(f"{exc}\nits threads:\n{_threads(self.popen.pid)}\nits log:\n{tail}")
 
     def output(self) -> str:
         self.kill(signal.SIGTERM)

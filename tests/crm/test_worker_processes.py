@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import threading
 import time
 
 import pytest
+from rq.command import send_shutdown_command
 from rq.exceptions import StopRequested
 from rq.job import JobStatus
 from rq.worker import Worker, WorkerStatus
@@ -94,3 +96,36 @@ def test_a_worker_stops_on_sigterm_while_idle_and_its_pool_with_it(worker_proces
     pool.kill(signal.SIGTERM)
     assert single.wait(timeout=120) == 0  # hang guards
     assert pool.wait(timeout=120) == 0
+
+
+def test_a_warm_stop_is_not_held_by_a_command_listener_that_already_read_its_unsubscribe(redis_db):
+    # At a warm stop RQ unsubscribes, then stops and joins its command listener. When the listener
+    # read the unsubscribe answer before being told to stop, it went back to wait for a message
+    # for its whole sleep (RQ's 60 s): a SIGTERM'd worker, its work done, stayed alive a minute
+    # (a crash test's `wait(timeout=60)` failed on a busy CI).
+    worker = workers.make_worker(["runs"])
+    worker.subscribe()
+    listener = worker.pubsub_thread
+    worker.pubsub.unsubscribe()
+    wait_for(lambda: not worker.pubsub.subscribed, timeout=60, what="the listener to read the unsubscribe")
+    # Still running: it sleeps in get_message until it wakes and sees it is told to stop.
+    assert listener.is_alive()
+    stopping = threading.Thread(target=worker.unsubscribe, daemon=True)
+    stopping.start()
+    stopping.join(timeout=30)  # a hang guard, half RQ's sleep: the listener wakes within PUBSUB_WAKE
+    assert not stopping.is_alive()
+    assert not listener.is_alive()
+
+
+def test_a_shutdown_sent_on_the_command_channel_stops_a_listening_worker(worker_process):
+    proc = worker_process("--queues", "runs")
+    connection = jobs.get_connection()
+
+    def listening() -> list:  # its state is set once it has subscribed
+        ready = (WorkerStatus.STARTED, WorkerStatus.IDLE)
+        return [w for w in Worker.all(connection=connection) if w.get_state() in ready]
+
+    wait_for(listening, timeout=120, what="the worker to listen")
+    (worker,) = listening()
+    send_shutdown_command(connection, worker.name)
+    assert proc.wait(timeout=120) == 0  # a hang guard
