@@ -1,10 +1,8 @@
 """The processes' provider clients: one Graph API client (and its keep-alive pool) per process,
-event loop and base URL, for every app that sends WhatsApp messages (campaigns, surveys)."""
+event loop and base URL, for every app that sends WhatsApp messages (campaigns, surveys); each
+closed by crm.aio when the process exits."""
 
 from __future__ import annotations
-
-import atexit
-import contextlib
 
 from django.conf import settings
 
@@ -13,14 +11,6 @@ from integrations import http
 from integrations.whatsapp.client import GraphClient
 
 _clients: dict[tuple[int, str], GraphClient] = {}
-
-
-@atexit.register
-def _close_clients() -> None:
-    for client in _clients.values():
-        with contextlib.suppress(Exception):  # the loop may already be gone at exit
-            aio.run(client.session.close(), timeout=2)
-    _clients.clear()
 
 
 def graph_client(base_url: str) -> GraphClient:
@@ -35,5 +25,6 @@ def graph_client(base_url: str) -> GraphClient:
                 version=settings.WHATSAPP_GRAPH_VERSION,
             )
 
-        _clients[key] = aio.run(make())
+        _clients[key] = client = aio.run(make())
+        aio.at_close(client.session.close)  # its keep-alive connections end when the process does
     return _clients[key]
