@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from urllib.parse import quote
 
 import aiohttp
+from yarl import URL
 
 from integrations import http, retry
 from integrations.errors import IntegrationError
@@ -155,8 +157,14 @@ MAX_ANSWER = 256 * 1024  # a send's answer is a few hundred bytes
 class GraphClient:
     def __init__(self, *, session: aiohttp.ClientSession, base_url: str, version: str) -> None:
         self.session = session
-        self.base_url = base_url.rstrip("/")
+        self.base_url = URL(base_url)
         self.version = version
+
+    def _messages_url(self, phone_number_id: str) -> URL:
+        """The number's messages endpoint. Its id is an operator's text: one path segment whatever
+        it holds ("?", "/", "..": never another Graph endpoint), sent as quoted here (not re-quoted)."""
+        segments = "/".join(quote(s, safe="") for s in (self.version, phone_number_id, "messages"))
+        return self.base_url.with_path(f"{self.base_url.raw_path.rstrip('/')}/{segments}", encoded=True)
 
     async def send_template(
         self, *, phone_number_id: str, access_token: str, message: TemplateMessage
@@ -175,9 +183,9 @@ class GraphClient:
 
     async def send_payload(self, *, phone_number_id: str, access_token: str, payload: dict) -> SendResult:
         """POST one message body as it is; the result as `send_template` describes it."""
-        url = f"{self.base_url}/{self.version}/{phone_number_id}/messages"
         data: object = None
         try:
+            url = self._messages_url(phone_number_id)
             async with self.session.post(
                 url,
                 json=payload,
@@ -194,6 +202,12 @@ class GraphClient:
             # The outbound guard refused the Graph URL's address before anything was sent: the
             # number's URL (or the deployment's) must change, whoever the recipient. Its sends stop.
             return SendResult(error=IntegrationError(str(exc), retryable=False), action=Action.PAUSE_NUMBER)
+        except ValueError as exc:
+            # A token that cannot travel in a header (a line break, a control character) or an id
+            # that cannot be encoded (a lone surrogate): nothing was sent, and no recipient would
+            # fare better. The number's sends stop.
+            error = IntegrationError(f"request not sent: {exc}", retryable=False)
+            return SendResult(error=error, action=Action.PAUSE_NUMBER)
         if status == 200:
             try:
                 assert isinstance(data, dict)

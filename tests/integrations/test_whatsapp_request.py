@@ -1,0 +1,96 @@
+"""What a send puts on the wire from an operator's fields: the number's id is one path segment
+whatever it holds (never another Graph endpoint), and a token that cannot travel in a header stops
+the number's sends without a request."""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import unquote
+
+import pytest
+from aiohttp import web
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from integrations import http
+from integrations.whatsapp.client import GraphClient, SendResult, text_payload
+from integrations.whatsapp.errors import Action
+from project.sandboxes.server import ThreadedAppServer
+
+
+class Recording(ThreadedAppServer):
+    """Accepts every request and keeps its raw path and Authorization header."""
+
+    thread_name = "graph-recording"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[tuple[str, str]] = []
+
+    def make_app(self) -> web.Application:
+        app = web.Application()
+        app.router.add_route("*", r"/{tail:[\s\S]*}", self._answer)  # any path, line breaks too
+        return app
+
+    async def _answer(self, request: web.Request) -> web.Response:
+        self.requests.append((request.raw_path, request.headers.get("Authorization", "")))
+        return web.json_response({"messages": [{"id": "wamid.1"}], "contacts": [{"wa_id": "5511"}]})
+
+
+@pytest.fixture(scope="module")
+def graph():
+    with Recording() as server:
+        yield server
+
+
+def _send(base_url: str, *, phone_number_id: str, token: str) -> SendResult:
+    async def send() -> SendResult:
+        async with http.async_session() as session:
+            client = GraphClient(session=session, base_url=base_url, version="v21.0")
+            payload = text_payload(to="5511", text="oi")
+            return await client.send_payload(
+                phone_number_id=phone_number_id, access_token=token, payload=payload
+            )
+
+    return asyncio.run(send())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(phone_number_id=st.text(st.characters(exclude_categories=["Cs"]), min_size=1, max_size=64))
+def test_the_numbers_id_is_one_path_segment_whatever_it_holds(graph, settings, phone_number_id):
+    settings.ALLOW_PRIVATE_OUTBOUND_URLS = True
+    graph.requests.clear()
+    result = _send(f"{graph.url}/graph/", phone_number_id=phone_number_id, token="t")
+    assert result.error is None and result.wamid == "wamid.1"
+    ((path, auth),) = graph.requests
+    assert path.startswith("/graph/v21.0/") and path.endswith("/messages")
+    segment = path.removeprefix("/graph/v21.0/").removesuffix("/messages")
+    assert "/" not in segment and "?" not in segment and "#" not in segment
+    assert unquote(segment) == phone_number_id
+    assert auth == "Bearer t"
+
+
+def test_an_id_with_a_lone_surrogate_pauses_the_number_and_sends_nothing(graph, settings):
+    settings.ALLOW_PRIVATE_OUTBOUND_URLS = True
+    graph.requests.clear()
+    result = _send(graph.url, phone_number_id="12\udc803", token="t")
+    assert result.error is not None and result.action == Action.PAUSE_NUMBER
+    assert graph.requests == []
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    token=st.builds(
+        lambda a, c, b: a + c + b,
+        st.text(max_size=20),
+        st.sampled_from(["\r", "\n", "\r\n", "\x00"]),
+        st.text(max_size=20),
+    )
+)
+def test_a_token_that_cannot_travel_in_a_header_pauses_the_number_and_sends_nothing(graph, settings, token):
+    settings.ALLOW_PRIVATE_OUTBOUND_URLS = True
+    graph.requests.clear()
+    result = _send(graph.url, phone_number_id="123", token=token)
+    assert result.error is not None and not result.error.retryable
+    assert result.action == Action.PAUSE_NUMBER
+    assert graph.requests == []
