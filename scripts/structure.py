@@ -8,9 +8,10 @@
   import _release` inside surveys, or `sending._release` after `from campaigns.whatsapp import
   sending`. What two apps share is made public by the app that owns it;
 - no module but the outbound seams opens a connection itself (`httpx.Client(`, `requests.post(`,
-  `aiohttp.ClientSession(`, `smtplib.SMTP(`, `socket.create_connection(`…): every connection to an
-  address someone configured goes through integrations.http / integrations.email.smtp, which
-  connect through integrations.outbound's guard. Sandboxes (loopback fakes) are exempt.
+  `aiohttp.ClientSession(`, `smtplib.SMTP(`, `socket.create_connection(`, `loop.create_connection(`
+  …): every connection to an address someone configured goes through integrations.http /
+  integrations.email.smtp, which connect through integrations.outbound's guard. Sandboxes
+  (loopback fakes) are exempt.
 
 The product code is the packages below; tests/, migrations and benchmarks/ are not checked. Prints
 each problem as file:line and exits 1 when there is one."""
@@ -125,7 +126,10 @@ CONNECTING = {
     "smtplib": {"SMTP", "SMTP_SSL", "LMTP"},
     "socket": {"create_connection"},
     "urllib.request": {"urlopen"},
+    "asyncio": {"open_connection"},
 }
+# An event loop's own connections (`loop.create_connection(`, `asyncio.get_running_loop().…`).
+LOOP_CONNECTING = {"create_connection", "open_connection", "create_datagram_endpoint"}
 # The seams themselves, the guard, and the broker client of the deployment's own AMQP_URL.
 OUTBOUND_SEAMS = {
     "integrations/http.py",
@@ -146,7 +150,8 @@ def connecting_calls(where: str, tree: ast.Module) -> Iterator[str]:
                     yield f"{where}:{node.lineno}: imports {node.module}.{alias.name}: use integrations.http"
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             owner = ast.unparse(node.func.value)
-            if node.func.attr in CONNECTING.get(owner, ()):
+            loop_call = node.func.attr in LOOP_CONNECTING and "loop" in owner
+            if node.func.attr in CONNECTING.get(owner, ()) or loop_call:
                 yield (
                     f"{where}:{node.lineno}: {owner}.{node.func.attr}() connects outside the outbound "
                     "seams: use integrations.http (or integrations.email.smtp)"
