@@ -10,6 +10,7 @@ from crm import aio
 from integrations import http
 from integrations.whatsapp.client import GraphClient
 
+MAX_ANSWER = 256 * 1024  # a send's answer is a few hundred bytes
 _clients: dict[tuple[int, str], GraphClient] = {}
 
 
@@ -19,12 +20,10 @@ def graph_client(base_url: str) -> GraphClient:
     if key not in _clients:
 
         async def make() -> GraphClient:
-            return GraphClient(
-                session=http.async_session(max_connections=settings.WHATSAPP_MAX_IN_FLIGHT),
-                base_url=base_url,
-                version=settings.WHATSAPP_GRAPH_VERSION,
-            )
+            in_flight = settings.WHATSAPP_MAX_IN_FLIGHT
+            pool = http.post_pool(base_url, max_connections=in_flight, max_body=MAX_ANSWER)
+            return GraphClient(pool=pool, version=settings.WHATSAPP_GRAPH_VERSION)
 
         _clients[key] = client = aio.run(make())
-        aio.at_close(client.session.close)  # its keep-alive connections end when the process does
+        aio.at_close(client.pool.close)  # its keep-alive connections end when the process does
     return _clients[key]

@@ -1,7 +1,7 @@
 """The one outbound HTTP seam: default timeouts, a user agent, and no automatic retry of a POST.
 
-`client()` (httpx) for ordinary calls; `async_session()` (aiohttp) where one process keeps
-hundreds of requests in flight (WhatsApp sends).
+`client()` (httpx) for ordinary calls; `post_pool()` (integrations.http_pool) where one process
+keeps hundreds of POSTs in flight (WhatsApp sends).
 
 A retried POST can send a message twice, so retries are the job's decision, never the client's;
 what a failure means (retry, maybe delivered, permanent; Retry-After) is integrations.retry's rule,
@@ -14,24 +14,21 @@ requests (anymail's ESP backends). Answers are capped (ResponseTooLarge).
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import ssl
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import aiohttp
 import httpcore
 import httpx
 import requests
 import requests.adapters
 import urllib3
-from aiohttp.abc import ResolveResult
-from django.conf import settings
 from urllib3.exceptions import ConnectTimeoutError, NewConnectionError
 
 from integrations import outbound, retry
 from integrations.errors import IntegrationError
+from integrations.http_pool import PostPool
 from integrations.text import excerpt
 
 USER_AGENT = "crm-queue-platform/0.1"
@@ -164,36 +161,6 @@ class GuardedTransport(httpx.HTTPTransport):
         return response
 
 
-class GuardedConnector(aiohttp.TCPConnector):
-    """aiohttp's connector, checking the addresses every connection is made to (names after their
-    lookup, IP literals as they are) through integrations.outbound, on every request and redirect.
-    `_resolve_host` is the one place aiohttp turns a host into the addresses it connects to
-    (tests/integrations/test_outbound_seam.py holds it to that: redirect hops, literals)."""
-
-    async def connect(self, req: aiohttp.ClientRequest, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:
-        # Only http and https leave: asked for every request and redirect hop (a connection taken
-        # from the pool too), without aiohttp's tracing, whose signals cost each request several
-        # awaits.
-        outbound.check_scheme(str(req.url))
-        return await super().connect(req, traces, timeout)
-
-    async def _resolve_host(self, host: str, port: int, traces: Any = None) -> list[ResolveResult]:
-        infos = await super()._resolve_host(host, port, traces=traces)
-        if not settings.ALLOW_PRIVATE_OUTBOUND_URLS:
-            await asyncio.to_thread(outbound.check_peers, host, port, [i["host"] for i in infos])
-        return infos
-
-
-async def read_capped(response: aiohttp.ClientResponse, *, limit: int = MAX_RESPONSE_BYTES) -> bytes:
-    """The body of an aiohttp answer, at most `limit` bytes (ResponseTooLarge past it)."""
-    body = bytearray()
-    async for chunk in response.content.iter_any():
-        body += chunk
-        if len(body) > limit:
-            raise ResponseTooLarge(f"the answer is longer than {limit} bytes")
-    return bytes(body)
-
-
 class _GuardedConnect:
     """urllib3's connection, its socket connected to the checked addresses of the host (the name
     stays in the Host header, SNI and the certificate check: urllib3 reads them after connecting)."""
@@ -281,23 +248,25 @@ def requests_session(*, max_response_bytes: int = 1024 * 1024) -> requests.Sessi
     return session
 
 
-ASYNC_TIMEOUT = aiohttp.ClientTimeout(total=30.0, connect=5.0, sock_connect=5.0, sock_read=20.0)
+# Seconds to connect, and for a POST's whole answer once written, on the send path's pool.
+POOL_CONNECT_TIMEOUT = 5.0
+POOL_ANSWER_TIMEOUT = 20.0
 
 
-def async_session(
-    *,
-    max_connections: int = 500,
-    timeout: aiohttp.ClientTimeout | None = None,
-    headers: dict[str, str] | None = None,
-) -> aiohttp.ClientSession:
-    """Many requests in flight at once over a keep-alive pool of `max_connections`.
+def post_pool(base_url: str, *, max_connections: int = 500, max_body: int = MAX_RESPONSE_BYTES) -> PostPool:
+    """Many POSTs in flight at once to `base_url`'s origin, over a keep-alive pool of
+    `max_connections` (integrations.http_pool: the guard's addresses, this seam's certificate
+    context and user agent). Create, use and close it on one event loop (see crm.aio).
 
-    aiohttp rather than httpx here: httpx's pool slows down sharply with hundreds of concurrent
-    requests on one client (1.7-6.4 s for 200 requests to a no-latency server, measured here);
-    aiohttp does not. Create and use it on one event loop (see crm.aio).
-    """
-    return aiohttp.ClientSession(
-        timeout=timeout or ASYNC_TIMEOUT,
-        headers={"User-Agent": USER_AGENT, **(headers or {})},
-        connector=GuardedConnector(limit=max_connections, limit_per_host=0),
+    Neither httpx nor aiohttp here: httpx's pool slows down sharply with hundreds of concurrent
+    requests on one client (1.7-6.4 s for 200 requests to a no-latency server, measured here), and
+    an aiohttp request costs ~3x this pool's CPU, most of a send worker's time at Meta's top tier."""
+    return PostPool(
+        base_url,
+        limit=max_connections,
+        headers={"User-Agent": USER_AGENT},
+        ssl_context=ssl_context(),
+        connect_timeout=POOL_CONNECT_TIMEOUT,
+        answer_timeout=POOL_ANSWER_TIMEOUT,
+        max_body=max_body,
     )

@@ -21,10 +21,11 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from enum import StrEnum
 
-import aiohttp
 import httpx
 import requests
 from urllib3.exceptions import ConnectTimeoutError, MaxRetryError
+
+from integrations import http_pool
 
 # The most a Retry-After is obeyed (seconds): a provider's "come back tomorrow" must not park work
 # for a day without anyone seeing it; the job's own backoff takes over after that.
@@ -105,8 +106,6 @@ def for_transport(transport: Transport, *, idempotent: bool) -> Decision:
 
 _HTTPX_NOT_SENT = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.ProxyError)
 _HTTPX_INVALID = (httpx.UnsupportedProtocol, httpx.LocalProtocolError, httpx.InvalidURL)
-# aiohttp's ClientConnectorError covers refused, DNS and TLS handshake failures.
-_AIOHTTP_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 _REQUESTS_NOT_SENT = (requests.exceptions.ConnectTimeout, requests.exceptions.SSLError)
 _REQUESTS_INVALID = (
     requests.exceptions.InvalidURL,
@@ -124,13 +123,9 @@ def httpx_transport(exc: Exception) -> Transport:
     return Transport.MAYBE_SENT
 
 
-def aiohttp_transport(exc: Exception) -> Transport:
-    """How far an aiohttp request went before `exc` (an aiohttp.ClientError or a TimeoutError)."""
-    if isinstance(exc, aiohttp.InvalidURL):
-        return Transport.INVALID
-    if isinstance(exc, _AIOHTTP_NOT_SENT):
-        return Transport.NOT_SENT
-    return Transport.MAYBE_SENT
+def pool_transport(exc: http_pool.PoolError) -> Transport:
+    """How far a request of integrations.http_pool went before `exc`."""
+    return Transport.NOT_SENT if isinstance(exc, http_pool.NotSent) else Transport.MAYBE_SENT
 
 
 def requests_transport(exc: requests.RequestException) -> Transport:

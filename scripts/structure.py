@@ -9,9 +9,9 @@
   sending`. What two apps share is made public by the app that owns it;
 - no module but the outbound seams opens a connection itself (`httpx.Client(`, `requests.post(`,
   `aiohttp.ClientSession(`, `smtplib.SMTP(`, `socket.create_connection(`, `loop.create_connection(`
-  …): every connection to an address someone configured goes through integrations.http /
-  integrations.email.smtp, which connect through integrations.outbound's guard. Sandboxes
-  (loopback fakes) are exempt.
+  …): every connection to an address someone configured goes through integrations.http (its
+  http_pool) / integrations.email.smtp, which connect through integrations.outbound's guard.
+  Sandboxes (loopback fakes) are exempt.
 
 The product code is the packages below; tests/, migrations and benchmarks/ are not checked. Prints
 each problem as file:line and exits 1 when there is one."""
@@ -133,6 +133,7 @@ LOOP_CONNECTING = {"create_connection", "open_connection", "create_datagram_endp
 # The seams themselves, the guard, and the broker client of the deployment's own AMQP_URL.
 OUTBOUND_SEAMS = {
     "integrations/http.py",
+    "integrations/http_pool.py",
     "integrations/email/smtp.py",
     "integrations/outbound.py",
     "integrations/runner/amqp.py",

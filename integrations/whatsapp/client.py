@@ -10,10 +10,7 @@ import json
 from dataclasses import dataclass, field
 from urllib.parse import quote
 
-import aiohttp
-from yarl import URL
-
-from integrations import http, retry
+from integrations import http_pool, retry
 from integrations.errors import IntegrationError
 from integrations.outbound import OutboundURLError
 from integrations.whatsapp.errors import Action, classify
@@ -132,14 +129,11 @@ def _json(body: bytes) -> object:
         return None
 
 
-def _no_answer(exc: Exception) -> SendResult:
+def _no_answer(exc: http_pool.PoolError) -> SendResult:
     """A send that got no answer, as integrations.retry classifies it: a send is not idempotent
     (the Graph API takes no idempotency key), so one that went out is `maybe_accepted`."""
-    decision = retry.for_transport(retry.aiohttp_transport(exc), idempotent=False)
-    if isinstance(exc, TimeoutError):
-        message = f"timeout: {type(exc).__name__}"
-    else:
-        message = f"connection error: {exc}"
+    decision = retry.for_transport(retry.pool_transport(exc), idempotent=False)
+    message = f"timeout: {exc}" if isinstance(exc, http_pool.AnswerTimeout) else f"connection error: {exc}"
     # A URL that can never work is retried as before (attempts are spent, then it fails): the URL
     # is the deployment's and the phone number id's, not the recipient's.
     return SendResult(
@@ -151,20 +145,25 @@ def _no_answer(exc: Exception) -> SendResult:
     )
 
 
-MAX_ANSWER = 256 * 1024  # a send's answer is a few hundred bytes
-
-
 class GraphClient:
-    def __init__(self, *, session: aiohttp.ClientSession, base_url: str, version: str) -> None:
-        self.session = session
-        self.base_url = URL(base_url)
-        self.version = version
+    """Sends over `pool` (integrations.http.post_pool of the Graph base URL, on one event loop)."""
 
-    def _messages_url(self, phone_number_id: str) -> URL:
-        """The number's messages endpoint. Its id is an operator's text: one path segment whatever
-        it holds ("?", "/", "..": never another Graph endpoint), sent as quoted here (not re-quoted)."""
-        segments = "/".join(quote(s, safe="") for s in (self.version, phone_number_id, "messages"))
-        return self.base_url.with_path(f"{self.base_url.raw_path.rstrip('/')}/{segments}", encoded=True)
+    def __init__(self, *, pool: http_pool.PostPool, version: str) -> None:
+        self.pool = pool
+        self.version = version
+        self._paths: dict[str, str] = {}
+
+    def _messages_path(self, phone_number_id: str) -> str:
+        """The number's messages endpoint under the pool's base URL. Its id is an operator's text:
+        one quoted path segment whatever it holds ("?", "/", "..": never another Graph endpoint);
+        ValueError when it cannot be encoded (a lone surrogate)."""
+        path = self._paths.get(phone_number_id)
+        if path is None:
+            segments = (self.version, phone_number_id, "messages")
+            path = "/" + "/".join(quote(s, safe="") for s in segments)
+            if len(self._paths) < 1024:  # a process sends from a few numbers
+                self._paths[phone_number_id] = path
+        return path
 
     async def send_template(
         self, *, phone_number_id: str, access_token: str, message: TemplateMessage
@@ -183,20 +182,14 @@ class GraphClient:
 
     async def send_payload(self, *, phone_number_id: str, access_token: str, payload: dict) -> SendResult:
         """POST one message body as it is; the result as `send_template` describes it."""
-        data: object = None
+        # ASCII JSON (escapes): a text with a lone surrogate travels as one.
+        body = json.dumps(payload, separators=(",", ":")).encode("ascii")
         try:
-            url = self._messages_url(phone_number_id)
-            async with self.session.post(
-                url,
-                json=payload,
-                headers={"Authorization": f"Bearer {access_token}"},
-                allow_redirects=False,  # the Graph API never redirects a send
-            ) as response:
-                status = response.status
-                delay = retry.for_status(status, retry_after_header=response.headers.get("Retry-After")).delay
-                if not 300 <= status < 400:
-                    data = _json(await http.read_capped(response, limit=MAX_ANSWER))
-        except (TimeoutError, aiohttp.ClientError, http.ResponseTooLarge) as exc:
+            answer = await self.pool.post(
+                self._messages_path(phone_number_id),
+                body, {"Content-Type": "application/json", "Authorization": f"Bearer {access_token}"}
+            )
+        except http_pool.PoolError as exc:
             return _no_answer(exc)
         except OutboundURLError as exc:
             # The outbound guard refused the Graph URL's address before anything was sent: the
@@ -208,6 +201,13 @@ class GraphClient:
             # fare better. The number's sends stop.
             error = IntegrationError(f"request not sent: {exc}", retryable=False)
             return SendResult(error=error, action=Action.PAUSE_NUMBER)
+        status = answer.status
+        if 300 <= status < 400:
+            # A Graph URL that answers elsewhere is wrong for every recipient: its sends stop. The
+            # redirect is never followed.
+            error = IntegrationError(f"HTTP {status}: redirect not followed", retryable=False, status=status)
+            return SendResult(error=error, action=Action.PAUSE_NUMBER)
+        data = _json(answer.body)
         if status == 200:
             try:
                 assert isinstance(data, dict)
@@ -217,9 +217,6 @@ class GraphClient:
             except (AssertionError, KeyError, IndexError, TypeError):
                 error = IntegrationError("malformed success response", retryable=False, status=200)
                 return SendResult(error=error, action=Action.DROP_RECIPIENT)
-        if 300 <= status < 400:
-            # A Graph URL that answers elsewhere is wrong for every recipient: its sends stop.
-            error = IntegrationError(f"HTTP {status}: redirect not followed", retryable=False, status=status)
-            return SendResult(error=error, action=Action.PAUSE_NUMBER)
+        delay = retry.for_status(status, retry_after_header=answer.headers.get("retry-after")).delay
         error = _error_from(status, data, delay)
         return SendResult(error=error, action=classify(code=error.code, status=status), retry_after=delay)

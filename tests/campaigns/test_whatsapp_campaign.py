@@ -167,16 +167,13 @@ def test_a_retryable_error_gets_a_second_attempt_and_then_fails_with_its_code(wa
 def test_a_send_that_times_out_is_unknown_never_resent_until_meta_reports_it(
     wa, sandbox, run_jobs, monkeypatch
 ):
-    import aiohttp
 
     from campaigns import statuses
     from integrations import http
     from integrations.whatsapp import webhooks
 
     # Meta answers after the worker stopped waiting: the request may well have been accepted.
-    monkeypatch.setattr(
-        http, "ASYNC_TIMEOUT", aiohttp.ClientTimeout(total=2.0, sock_connect=2.0, sock_read=0.3)
-    )
+    monkeypatch.setattr(http, "POOL_ANSWER_TIMEOUT", 0.3)
     sandbox.configure(latency_ms=1000)
     person = wa["customers"](1)[0]
     campaign = lifecycle.campaign_start(campaign=wa["campaign"]())

@@ -1,5 +1,6 @@
 """One outbound seam, checked at the connection (integrations.outbound.peer_addresses): every client
-that calls an address an organization, an operator or a setting chose — httpx, aiohttp, requests
+that calls an address an organization, an operator or a setting chose — httpx, the send path's
+POST pool, requests
 inside anymail, smtplib — connects only to addresses the guard checked, on every redirect hop,
 whatever notation names the host; redirects are not followed where an API never needs them, and
 answers read from configured URLs are capped and shown only as a short excerpt."""
@@ -14,7 +15,6 @@ import ssl
 import threading
 from email.message import EmailMessage
 
-import aiohttp
 import httpx
 import pytest
 import requests
@@ -26,7 +26,7 @@ from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from crm.models import Organization
-from integrations import http, outbound
+from integrations import http, http_pool, outbound
 from integrations.email import esp
 from integrations.email.bounces import Failure
 from integrations.email.smtp import (
@@ -132,8 +132,8 @@ def test_the_esp_sender_never_follows_a_redirect_nor_shows_its_body(redirector, 
 @pytest.mark.django_db(transaction=True)
 def test_the_graph_client_never_follows_a_redirect(redirector, internal):
     async def send():
-        async with http.async_session() as session:
-            client = GraphClient(session=session, base_url=redirector.url, version="v21.0")
+        async with http.post_pool(redirector.url) as pool:
+            client = GraphClient(pool=pool, version="v21.0")
             return await client.send_template(
                 phone_number_id="123",
                 access_token="graph-token",
@@ -149,16 +149,16 @@ def test_the_graph_client_never_follows_a_redirect(redirector, internal):
 @pytest.mark.django_db(transaction=True)
 def test_every_redirect_hop_is_checked_where_a_client_follows_them(redirector, internal):
     """The guard is at the connection: a client told to follow redirects is refused at the hop
-    that would reach an inside address (httpx and aiohttp alike), not only at the first URL."""
+    that would reach an inside address, not only at the first URL. The send path's pool follows
+    none: a redirect is its answer."""
     with http.client(follow_redirects=True) as client, pytest.raises(outbound.OutboundURLError):
         client.post(f"{redirector.url}/hook", json={"a": 1})
 
-    async def fetch() -> None:
-        async with http.async_session() as session:
-            await session.post(f"{redirector.url}/hook", json={"a": 1}, allow_redirects=True)
+    async def post() -> http_pool.Answer:
+        async with http.post_pool(redirector.url) as pool:
+            return await pool.post("/hook", b'{"a": 1}')
 
-    with pytest.raises(outbound.OutboundURLError):
-        asyncio.run(fetch())
+    assert asyncio.run(post()).status == redirector.status
     assert internal.hits == []
 
 
@@ -184,9 +184,9 @@ def _notations(address: ipaddress.IPv4Address) -> st.SearchStrategy[str]:
     return st.sampled_from(forms)
 
 
-async def _aiohttp_get(url: str) -> None:
-    async with http.async_session() as session:
-        await session.get(url)
+async def _pool_post(url: str) -> None:
+    async with http.post_pool(url) as pool:
+        await pool.post("/", b"{}")
 
 
 def _loopback_addresses() -> st.SearchStrategy[ipaddress.IPv4Address]:
@@ -218,8 +218,8 @@ def test_a_private_address_in_any_notation_never_gets_a_connection(strict, data)
             client.get(url)
         with pytest.raises((outbound.OutboundURLError, requests.exceptions.InvalidURL)):
             http.requests_session().get(url)
-        with pytest.raises((outbound.OutboundURLError, aiohttp.InvalidURL)):
-            asyncio.run(_aiohttp_get(url))
+        with pytest.raises((outbound.OutboundURLError, ValueError)):
+            asyncio.run(_pool_post(url))
         with pytest.raises(BlockingIOError):
             listener.accept()
     finally:
@@ -283,11 +283,11 @@ def test_answers_are_capped(settings):
     with _Redirector(status=200, body=b"y" * 300_000) as server:  # many chunks: read whole, or refused
 
         async def read(limit: int) -> bytes:
-            async with http.async_session() as session, session.get(server.url) as response:
-                return await http.read_capped(response, limit=limit)
+            async with http.post_pool(server.url, max_body=limit) as pool:
+                return (await pool.post("/", b"{}")).body
 
         assert len(asyncio.run(read(400_000))) == 300_000
-        with pytest.raises(http.ResponseTooLarge):
+        with pytest.raises(http_pool.AnswerTooLarge):
             asyncio.run(read(200_000))
 
 

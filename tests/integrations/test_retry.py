@@ -6,16 +6,14 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from email.utils import format_datetime
 
-import aiohttp
 import httpx
 import pytest
 import requests
-from aiohttp.client_reqrep import ConnectionKey
 from hypothesis import example, given
 from hypothesis import strategies as st
 from urllib3.exceptions import MaxRetryError, NewConnectionError, ReadTimeoutError
 
-from integrations import http, retry
+from integrations import http, http_pool, retry
 from integrations.retry import MAX_RETRY_AFTER, Decision, Transport, Verdict
 from integrations.whatsapp.errors import Action
 from integrations.whatsapp.errors import classify as meta_classify
@@ -104,41 +102,16 @@ def test_no_answer(transport, idempotent, verdict):
     assert decision.delay is None
 
 
-def _connection_key() -> ConnectionKey:
-    return ConnectionKey("example.com", 443, True, True, None, None, None)
-
-
 @pytest.mark.parametrize(
     ("exc", "transport"),
     [
-        (httpx.ConnectError("refused"), Transport.NOT_SENT),
-        (httpx.ConnectTimeout("connect"), Transport.NOT_SENT),
-        (httpx.PoolTimeout("pool"), Transport.NOT_SENT),
-        (httpx.ReadTimeout("read"), Transport.MAYBE_SENT),
-        (httpx.WriteTimeout("write"), Transport.MAYBE_SENT),
-        (httpx.ReadError("reset"), Transport.MAYBE_SENT),
-        (httpx.RemoteProtocolError("server disconnected"), Transport.MAYBE_SENT),
-        (httpx.UnsupportedProtocol("ftp"), Transport.INVALID),
+        (http_pool.NotSent("refused"), Transport.NOT_SENT),
+        (http_pool.NoAnswer("the connection closed before the whole answer"), Transport.MAYBE_SENT),
+        (http_pool.AnswerTooLarge("too long"), Transport.MAYBE_SENT),
     ],
 )
-def test_httpx_failures(exc, transport):
-    assert retry.httpx_transport(exc) is transport
-
-
-@pytest.mark.parametrize(
-    ("exc", "transport"),
-    [
-        (aiohttp.ClientConnectorError(_connection_key(), OSError(111, "refused")), Transport.NOT_SENT),
-        (aiohttp.ConnectionTimeoutError(), Transport.NOT_SENT),
-        (aiohttp.SocketTimeoutError(), Transport.MAYBE_SENT),
-        (TimeoutError(), Transport.MAYBE_SENT),  # the total timeout
-        (aiohttp.ServerDisconnectedError(), Transport.MAYBE_SENT),
-        (aiohttp.ClientOSError(104, "reset"), Transport.MAYBE_SENT),
-        (aiohttp.InvalidURL("nonsense"), Transport.INVALID),
-    ],
-)
-def test_aiohttp_failures(exc, transport):
-    assert retry.aiohttp_transport(exc) is transport
+def test_post_pool_failures(exc, transport):
+    assert retry.pool_transport(exc) is transport
 
 
 def _wrapped(reason: Exception, *, by_anymail: bool = False) -> requests.ConnectionError:

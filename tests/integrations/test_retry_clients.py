@@ -7,12 +7,11 @@ import asyncio
 import socket
 from email.message import EmailMessage as MimeMessage
 
-import aiohttp
 import httpx
 import pytest
 from aiohttp import web
 
-from integrations import http
+from integrations import http_pool
 from integrations.chatwoot.client import ChatwootClient
 from integrations.email import esp
 from integrations.email.bounces import Failure
@@ -98,9 +97,8 @@ def _produce(url: str) -> IntegrationError:
 
 def _whatsapp(url: str, *, read_timeout: float = 20.0) -> SendResult:
     async def send() -> SendResult:
-        timeout = aiohttp.ClientTimeout(total=30.0, connect=2.0, sock_read=read_timeout)
-        async with http.async_session(timeout=timeout) as session:
-            graph = GraphClient(session=session, base_url=url, version="v21.0")
+        async with http_pool.PostPool(url, limit=4, connect_timeout=2.0, answer_timeout=read_timeout) as pool:
+            graph = GraphClient(pool=pool, version="v21.0")
             return await graph.send_template(
                 phone_number_id="1",
                 access_token="t",

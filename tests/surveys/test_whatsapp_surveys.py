@@ -194,15 +194,12 @@ def test_a_graph_outage_spends_an_attempt_and_rq_retries_the_survey(
 def test_a_survey_whose_send_timed_out_is_never_sent_twice(
     whatsapp_shop: Shop, meta: SandboxServer, run_jobs, monkeypatch
 ):
-    import aiohttp
 
     from integrations import http
 
     # Meta answers after the worker stopped waiting: the request may well have been accepted, and
     # the Graph API takes no idempotency key, so a second try could reach the customer twice.
-    monkeypatch.setattr(
-        http, "ASYNC_TIMEOUT", aiohttp.ClientTimeout(total=2.0, sock_connect=2.0, sock_read=0.3)
-    )
+    monkeypatch.setattr(http, "POOL_ANSWER_TIMEOUT", 0.3)
     meta.configure(latency_ms=1000)
     survey = whatsapp_shop.due_survey(whatsapp_shop.ana, store=whatsapp_shop.shopping)
 
