@@ -38,6 +38,7 @@ _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+\Z")
 _BAD_VALUE = re.compile(r"[\r\n\0]")
 KEEPALIVE = 15.0  # seconds an idle connection is kept (as aiohttp's default): servers drop idle ones
 ADDRESSES_TTL = 10.0  # seconds the host's checked addresses serve new connections (aiohttp's DNS cache)
+MAX_HEAD = 64 * 1024  # an answer's status line and headers, at most (the body has `max_body`)
 
 
 class PoolError(Exception):
@@ -92,12 +93,16 @@ class PostPool:
             raise ValueError("a pool's base URL is an origin and a path: no credentials, query or fragment")
         self.base_url = base_url.rstrip("/")
         self.host = parts.hostname
+        try:
+            ascii_host = self.host.encode("idna").decode("ascii")
+        except UnicodeError as exc:
+            raise ValueError(f"not a host name: {self.host[:100]!r}") from exc
         tls = parts.scheme.lower() == "https"
         self.port = parts.port or (443 if tls else 80)
         self.ssl = (ssl_context or ssl.create_default_context()) if tls else None
         self.prefix = parts.path.rstrip("/")
         self.connect_timeout, self.answer_timeout, self.max_body = connect_timeout, answer_timeout, max_body
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        host = f"[{ascii_host}]" if ":" in ascii_host else ascii_host
         default_port = self.port == (443 if tls else 80)
         fixed = {"Host": host if default_port else f"{host}:{self.port}", **(headers or {})}
         self._fixed = _header_lines(fixed)
@@ -266,6 +271,7 @@ class _Connection(asyncio.Protocol):
         self.status = 0
         self.headers: dict[str, str] = {}
         self.body = bytearray()
+        self.head_size = 0
         self.headers_done = False
         self.framed = False  # a length or chunks tell where the answer ends (not the connection's end)
 
@@ -316,7 +322,15 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools' callbacks --------------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if self.waiter is None:
+            self.abort()  # an answer to no request (a second one sent with the first): not reused
+
     def on_header(self, name: bytes, value: bytes) -> None:
+        self.head_size += len(name) + len(value)
+        if self.head_size > MAX_HEAD:
+            self.fail(AnswerTooLarge(f"the answer's headers are longer than {MAX_HEAD} bytes"))
+            return
         self.headers[name.decode("latin-1").lower()] = value.decode("latin-1")
 
     def on_headers_complete(self) -> None:

@@ -105,6 +105,13 @@ def test_requests_share_keep_alive_connections_up_to_the_limit():
     serving(OK, test)
 
 
+def test_a_host_name_beyond_ascii_travels_as_idna():
+    pool = PostPool("https://gráfico.example/v23.0", limit=1)
+    assert pool._fixed.startswith(b"Host: xn--grfico-qta.example\r\n")
+    with pytest.raises(ValueError):
+        PostPool("https://a..b" + "x" * 70 + ".example/", limit=1)
+
+
 def test_the_request_carries_the_pools_and_the_requests_headers():
     async def test(server: Server) -> None:
         async with http.post_pool(server.url) as pool:
@@ -216,6 +223,38 @@ def test_an_answer_past_the_cap_is_refused():
             assert len((await pool.post("/", b"{}")).body) == 300_000
 
     serving(big, test)
+
+
+def test_endless_headers_are_refused():
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\n")
+        for i in range(10_000):  # 10,000 headers of 40 bytes, and never the end of them
+            writer.write(b"X-Filler-%05d: %s\r\n" % (i, b"y" * 24))
+            await writer.drain()
+        await asyncio.Event().wait()
+
+    async def main() -> None:
+        async with Server(flood) as server, PostPool(server.url, limit=1) as pool:
+            with pytest.raises(AnswerTooLarge, match="headers"):
+                await pool.post("/", b"{}")
+
+    run(main())
+
+
+def test_an_answer_nobody_asked_for_closes_its_connection():
+    async def twice(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while await read_request(reader) is not None:
+            writer.write(OK + OK.replace(b"{}", b"[]"))  # a second answer, to no request
+            await writer.drain()
+
+    async def main() -> None:
+        async with Server(twice) as server, PostPool(server.url, limit=1) as pool:
+            for _ in range(3):
+                assert (await pool.post("/", b"{}")).body == b"{}"
+            assert server.connections == 3
+
+    run(main())
 
 
 def test_a_cancelled_request_leaves_the_pool_working():
