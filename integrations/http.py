@@ -260,7 +260,8 @@ def post_pool(base_url: str, *, max_connections: int = 500, max_body: int = MAX_
 
     Neither httpx nor aiohttp here: httpx's pool slows down sharply with hundreds of concurrent
     requests on one client (1.7-6.4 s for 200 requests to a no-latency server, measured here), and
-    an aiohttp request costs ~3x this pool's CPU, most of a send worker's time at Meta's top tier."""
+    an aiohttp request costs about twice this pool's CPU (benchmarks/http_clients.py), which at
+    Meta's top tier was most of a send worker's time."""
     return PostPool(
         base_url,
         limit=max_connections,

@@ -2,8 +2,8 @@
 send path's client (integrations.whatsapp.client.GraphClient; made by integrations.http.post_pool).
 
 Why not aiohttp: at Meta's top tier the send path is CPU-bound, and an aiohttp request cost
-~0.25 ms of CPU here (session, request and response objects, URL and header handling, a timer a
-request) against ~0.09 ms for this pool (docs/benchmarks.md, "The send path's HTTP client"). A
+~170 µs of CPU here (session, request and response objects, URL and header handling, a timer a
+request) against ~80 µs for this pool (`benchmarks/http_clients.py`, docs/benchmarks.md). A
 request is its bytes written to an idle keep-alive connection; the answer is parsed by httptools
 (llhttp, the parser uvicorn uses); one sweep a fraction of a second enforces every deadline.
 
