@@ -95,7 +95,7 @@ async def _pool_client(url: str, in_flight: int):
     headers = {"Content-Type": "application/json", "Authorization": "Bearer t"}
 
     async def send(body: dict) -> None:
-        data = json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
+        data = json.dumps(body, separators=(",", ":")).encode("ascii")
         answer = await pool.post("/v23.0" + path, data, headers)
         answer.headers.get("retry-after")
         json.loads(answer.body)

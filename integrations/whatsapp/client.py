@@ -182,7 +182,7 @@ class GraphClient:
 
     async def send_payload(self, *, phone_number_id: str, access_token: str, payload: dict) -> SendResult:
         """POST one message body as it is; the result as `send_template` describes it."""
-        # ASCII JSON (escapes): a text with a lone surrogate travels as one.
+        # ASCII JSON (\u escapes, as Meta reads them): any text travels, a lone surrogate included.
         body = json.dumps(payload, separators=(",", ":")).encode("ascii")
         try:
             answer = await self.pool.post(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import datetime
 import ipaddress
+import json
 import re
 import ssl
 from collections.abc import Awaitable, Callable
@@ -384,3 +385,27 @@ def test_tls_checks_the_servers_certificate(tmp_path):
             assert len(server.requests) == 1
 
     run(main())
+
+
+ANY_TEXT = ["Olá, João! Até já 👍", "a lone \udc80 surrogate", "\x00\u2028 line separators"]
+META_OK = b'{"contacts":[{"wa_id":"5511"}],"messages":[{"id":"wamid.1"}]}'
+
+
+@pytest.mark.parametrize("text", ANY_TEXT)
+def test_the_graph_client_sends_any_text_as_ascii_json(text):
+    """A reply typed anywhere (a Chatwoot webhook's JSON may carry a lone surrogate) reaches Meta as
+    JSON that reads back as the same text: nothing is refused or lost on the way."""
+    from integrations.whatsapp.client import GraphClient
+
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(META_OK), META_OK)
+
+    async def test(server: Server) -> None:
+        async with PostPool(server.url, limit=1) as pool:
+            graph = GraphClient(pool=pool, version="v23.0")
+            sent = await graph.send_text(phone_number_id="123", access_token="t", to="5511", text=text)
+        assert sent.ok and sent.wamid == "wamid.1"
+        [(head, body)] = server.requests
+        assert head.startswith(b"POST /v23.0/123/messages HTTP/1.1\r\n") and body.isascii()
+        assert json.loads(body)["text"]["body"] == text
+
+    serving(answer, test)
