@@ -187,7 +187,8 @@ class GraphClient:
         try:
             answer = await self.pool.post(
                 self._messages_path(phone_number_id),
-                body, {"Content-Type": "application/json", "Authorization": f"Bearer {access_token}"}
+                body,
+                {"Content-Type": "application/json", "Authorization": f"Bearer {access_token}"},
             )
         except http_pool.PoolError as exc:
             return _no_answer(exc)

@@ -45,8 +45,8 @@ def graph():
 
 def _send(base_url: str, *, phone_number_id: str, token: str) -> SendResult:
     async def send() -> SendResult:
-        async with http.async_session() as session:
-            client = GraphClient(session=session, base_url=base_url, version="v21.0")
+        async with http.post_pool(base_url) as pool:
+            client = GraphClient(pool=pool, version="v21.0")
             payload = text_payload(to="5511", text="oi")
             return await client.send_payload(
                 phone_number_id=phone_number_id, access_token=token, payload=payload
