@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from django.conf import settings
+from rq import Worker
 
 from crm import inbox_intake, inbox_kinds, jobs, queues, workers
 from crm.models import Customer, Organization, Store
@@ -288,6 +289,18 @@ class WorkerProcess:
             self.log.seek(0)
             tail = self.log.read().decode(errors="replace")[-4000:]
             pytest.fail(f"{exc}\nits threads:\n{_threads(self.popen.pid)}\nits log:\n{tail}")
+
+    def wait_ready(self, processes: int = 1, timeout: float = 120) -> None:
+        """Until `processes` of its worker processes are past their start (idle or busy): their
+        signal handlers are in place, so a SIGTERM is a warm stop. One told to stop before that
+        dies of the signal (RQ installs its handlers after registering)."""
+
+        def ready() -> bool:
+            pids = {self.popen.pid, *_descendants(self.popen.pid)}
+            registered = Worker.all(connection=jobs.get_connection())
+            return sum(w.pid in pids and w.get_state() in ("idle", "busy") for w in registered) >= processes
+
+        wait_for(ready, timeout=timeout, what=f"{processes} worker process(es) ready")
 
     def output(self) -> str:
         self.kill(signal.SIGTERM)

@@ -43,6 +43,14 @@ FLOW = {
 QUEUES = "flows,whatsapp-send"
 
 
+def pace(number, n: int) -> None:
+    """The number paced so that the flow's 2n sends take ~15 s whatever the machine: work is left
+    for the second victim, the survivor and after a restart (unpaced, a fast send path had sent
+    everything before the first kill's victim was even replaced)."""
+    number.messages_per_second = max(1, 2 * n // 15)
+    number.save(update_fields=["messages_per_second"])
+
+
 def _done() -> bool:
     call_command("recover", stdout=StringIO())  # what a dead worker held comes back from PostgreSQL
     return not Enrollment.objects.filter(status="active").exists()
@@ -60,6 +68,7 @@ def test_workers_killed_mid_flow_and_a_redis_flush_message_nobody_twice_and_skip
     customers = wa["customers"](n)
     flow, _ = services.flow_import(data=FLOW, organization_slug=wa["org"].slug)
     sandbox.configure(latency_ms=20)
+    pace(wa["number"], n)
     services.enroll(flow=flow, customer_ids=[c.pk for c in customers], entry_keys=["x"] * n)
     # Sends claimed 10 at a time: a job runs a batch of 100 enrollments (and steals more), so with
     # the whole batch claimed at once a victim could have nearly everything in flight when killed,
@@ -77,6 +86,7 @@ def test_workers_killed_mid_flow_and_a_redis_flush_message_nobody_twice_and_skip
     jobs.get_connection().flushdb()
 
     survivor = worker_process("--queues", QUEUES, env=env)
+    survivor.wait_ready()  # the SIGTERM below meets a worker, not one still starting
     try:
         wait_for(_done, timeout=600, interval=2, what="every enrollment to finish")
     except BaseException:
@@ -176,6 +186,7 @@ def test_postgresql_restarted_mid_flow_messages_nobody_twice_and_skips_nobody(wa
     customers = wa["customers"](n)
     flow, _ = services.flow_import(data=FLOW, organization_slug=wa["org"].slug)
     sandbox.configure(latency_ms=20)
+    pace(wa["number"], n)
     services.enroll(flow=flow, customer_ids=[c.pk for c in customers], entry_keys=["x"] * n)
     workers = worker_process("--queues", QUEUES, "--processes", "2", env=child_env())
     wait_for(lambda: sandbox.stats()["accepted"] >= 40, timeout=120, what="flow sends to start")
