@@ -34,6 +34,11 @@ MIRRORED_STATUSES = (Status.SENT, Status.DELIVERED, Status.READ)
 MIRROR_TASK = "campaigns.tasks.chatwoot_mirror"
 
 
+def chatwoot_enabled(*, campaign_id: int) -> bool:
+    """Whether the campaign's organization has its Chatwoot enabled (its sent messages mirrored)."""
+    return ChatwootAccount.objects.filter(organization__campaigns__id=campaign_id, enabled=True).exists()
+
+
 def chatwoot_enqueue_mirror(*, campaign_id: int, message_ids: list[int]) -> None:
     """Hand these sent messages to the organization's Chatwoot if it has one enabled: each gets its
     copy waiting in the conversation, and a push is enqueued (after commit)."""

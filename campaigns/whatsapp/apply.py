@@ -24,13 +24,19 @@ logger = logging.getLogger(__name__)
 
 
 def batch_apply(
-    campaign: Campaign, plan: BatchPlan, messages: list[WhatsappMessage], *, currency: str | None = None
+    campaign: Campaign,
+    plan: BatchPlan,
+    messages: list[WhatsappMessage],
+    *,
+    currency: str | None = None,
+    mirrors: bool | None = None,
 ) -> BatchPlan:
     """Write the plan over `messages` (the batch's claimed ones still held) in one transaction of
     bulk statements, the rows locked and only those still SENDING written (`BatchPlan.reconciled`),
     the campaign's metrics with F(), the customers' opt-outs, the pauses and the sent messages'
     copies for Chatwoot; then stop a campaign whose template is broken. Returns the plan as written.
-    `currency`: the campaign's cost currency, when the caller read it already (a job's chunks)."""
+    `currency`: the campaign's cost currency, and `mirrors`: whether its organization mirrors to
+    Chatwoot, when the caller read them already (a job's chunks: a savepoint and a query less each)."""
     with transaction.atomic():
         rows = (
             WhatsappMessage.objects.select_for_update()
@@ -56,7 +62,7 @@ def batch_apply(
             cost=F("cost") + plan.cost,
         )
         _write_sending_state(campaign, plan)
-        if plan.sent:
+        if plan.sent and mirrors is not False:
             _mirror_to_chatwoot(campaign, list(plan.sent))
     if plan.stop_campaign:
         lifecycle.campaign_stop(campaign_id=campaign.pk, reason=plan.stop_campaign)

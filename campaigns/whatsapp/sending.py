@@ -39,7 +39,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from campaigns import lifecycle, lift
+from campaigns import chatwoot, lifecycle, lift
 from campaigns.models import Campaign, WhatsappMessage
 from campaigns.whatsapp.apply import _cost_currency, _release, batch_apply
 from campaigns.whatsapp.eligibility import _Lane, batch_eligible
@@ -243,6 +243,7 @@ def _land(
         batch_classify(outcomes, skipped=skipped, prices=rates.prices if outcomes else {}),
         [m for flight in group for m in flight.messages],
         currency=rates.currency,
+        mirrors=rates.mirrors,
     )
     for outcome, n in plan.counts.items():
         counts[outcome] = counts.get(outcome, 0) + n
@@ -260,10 +261,13 @@ def _claim(
     )
     if paused is not None:
         queued = queued.exclude(paused)
-    locked = queued.select_for_update(skip_locked=True).order_by("id").values("id")[:limit]
+    first = queued.order_by("id").values("id")[:limit]
     table, quote = WhatsappMessage._meta.db_table, connection.ops.quote_name
-    with transaction.atomic():
-        select, params = locked.query.get_compiler(connection=connection).as_sql()
+    select, params = first.query.get_compiler(connection=connection).as_sql()
+    # The rows another claim holds skipped (Django compiles select_for_update only in a transaction).
+    select += " FOR UPDATE SKIP LOCKED"
+
+    def claim() -> list[int]:
         with connection.cursor() as cursor:
             # ARRAY(…): the locking subquery runs once, whatever plan the UPDATE gets.
             cursor.execute(
@@ -271,8 +275,13 @@ def _claim(
                 f"WHERE id = ANY(ARRAY({select})) RETURNING id",
                 [Status.SENDING, timezone.now(), *params],
             )
-            ids = sorted(row[0] for row in cursor.fetchall())
-        if ids and not after:
+            return sorted(row[0] for row in cursor.fetchall())
+
+    if after:
+        return claim()  # one statement, atomic as it is: no BEGIN and COMMIT round trips a chunk
+    with transaction.atomic():
+        ids = claim()
+        if ids:
             # The batch's control group would have been sent now: its purchase window starts too.
             lift.held_out_stamp(model=WhatsappMessage, campaign_id=campaign_id, batch=batch)
     return ids
@@ -401,8 +410,8 @@ async def _send_all(lanes: list[_Lane]) -> list[Outcome]:
 
 
 class _Rates:
-    """The campaign's cost currency and its rate card's prices in it, read once per job (at its
-    first answers), not for every chunk."""
+    """The campaign's cost currency and its rate card's prices in it, and whether its sends are
+    mirrored to Chatwoot, read once per job (at its first answers), not for every chunk."""
 
     def __init__(self, campaign: Campaign) -> None:
         self.campaign = campaign
@@ -410,6 +419,10 @@ class _Rates:
     @functools.cached_property
     def currency(self) -> str:
         return _cost_currency(self.campaign)
+
+    @functools.cached_property
+    def mirrors(self) -> bool:
+        return chatwoot.chatwoot_enabled(campaign_id=self.campaign.pk)
 
     @functools.cached_property
     def prices(self) -> dict[str, Decimal]:
