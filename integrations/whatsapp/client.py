@@ -146,11 +146,13 @@ def _no_answer(exc: http_pool.PoolError) -> SendResult:
 
 
 class GraphClient:
-    """Sends over `pool` (integrations.http.post_pool of the Graph base URL, on one event loop)."""
+    """Sends over `pool` (integrations.http.post_pool of the Graph base URL, on one event loop);
+    with none, every send stops its number with `refused` (a base URL that cannot be posted to)."""
 
-    def __init__(self, *, pool: http_pool.PostPool, version: str) -> None:
+    def __init__(self, *, pool: http_pool.PostPool | None, version: str, refused: str = "") -> None:
         self.pool = pool
         self.version = version
+        self.refused = refused
         self._paths: dict[str, str] = {}
 
     def _messages_path(self, phone_number_id: str) -> str:
@@ -184,6 +186,9 @@ class GraphClient:
         """POST one message body as it is; the result as `send_template` describes it."""
         # ASCII JSON (\u escapes, as Meta reads them): any text travels, a lone surrogate included.
         body = json.dumps(payload, separators=(",", ":")).encode("ascii")
+        if self.pool is None:
+            error = IntegrationError(f"request not sent: {self.refused}", retryable=False)
+            return SendResult(error=error, action=Action.PAUSE_NUMBER)
         try:
             answer = await self.pool.post(
                 self._messages_path(phone_number_id),

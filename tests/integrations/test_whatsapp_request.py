@@ -12,7 +12,9 @@ from aiohttp import web
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from crm import aio
 from integrations import http
+from integrations.clients import graph_client
 from integrations.whatsapp.client import GraphClient, SendResult, text_payload
 from integrations.whatsapp.errors import Action
 from project.sandboxes.server import ThreadedAppServer
@@ -93,4 +95,27 @@ def test_a_token_that_cannot_travel_in_a_header_pauses_the_number_and_sends_noth
     result = _send(graph.url, phone_number_id="123", token=token)
     assert result.error is not None and not result.error.retryable
     assert result.action == Action.PAUSE_NUMBER
+    assert graph.requests == []
+
+
+@pytest.mark.parametrize(
+    "make_url",
+    [
+        lambda url: url.replace("http://", "http://user:secret@"),  # credentials
+        lambda url: f"{url}/graph?x=1",  # a query
+        lambda url: f"{url}/graph#f",  # a fragment
+        lambda url: url.rsplit(":", 1)[0] + ":99999",  # a port out of range
+    ],
+    ids=["credentials", "query", "fragment", "port"],
+)
+def test_a_graph_url_the_pool_cannot_post_to_pauses_the_number_and_sends_nothing(graph, settings, make_url):
+    # The number's graph_url is an operator's text (a URLField takes all of these): the process's
+    # client for it refuses every send with the reason, and the send path pauses the number.
+    settings.ALLOW_PRIVATE_OUTBOUND_URLS = True
+    graph.requests.clear()
+    client = graph_client(make_url(graph.url))
+    payload = text_payload(to="5511", text="oi")
+    result = aio.run(client.send_payload(phone_number_id="123", access_token="t", payload=payload))
+    assert result.error is not None and not result.error.retryable
+    assert result.action == Action.PAUSE_NUMBER and "request not sent" in str(result.error)
     assert graph.requests == []
