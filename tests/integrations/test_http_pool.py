@@ -4,24 +4,19 @@ every way an answer can be framed or broken, deadlines, TLS, and what it refuses
 from __future__ import annotations
 
 import asyncio
-import datetime
-import ipaddress
 import json
 import re
 import ssl
 from collections.abc import Awaitable, Callable
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from hypothesis import HealthCheck, given
 from hypothesis import settings as hsettings
 from hypothesis import strategies as st
 
 from integrations import http, http_pool
 from integrations.http_pool import AnswerTooLarge, NoAnswer, NotSent, PostPool
+from tests.tls import self_signed
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}"
@@ -341,39 +336,9 @@ def test_whatever_a_server_answers_the_pool_returns_an_answer_or_raises_its_own_
     run(main())
 
 
-def _self_signed() -> tuple[bytes, bytes]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.IPv4Address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .sign(key, hashes.SHA256())
-    )
-    pem_key = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    return cert.public_bytes(serialization.Encoding.PEM), pem_key
-
-
 def test_tls_checks_the_servers_certificate(tmp_path):
-    cert, key = _self_signed()
-    (tmp_path / "cert.pem").write_bytes(cert)
-    (tmp_path / "key.pem").write_bytes(key)
-    serving_tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    serving_tls.load_cert_chain(tmp_path / "cert.pem", tmp_path / "key.pem")
-    trusting = ssl.create_default_context(cadata=cert.decode())
+    cert, serving_tls = self_signed(tmp_path)
+    trusting = ssl.create_default_context(cadata=cert)
 
     async def main() -> None:
         async with Server(tls=serving_tls) as server:

@@ -10,17 +10,13 @@ import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
 from email.message import EmailMessage
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from project.sandboxes.smtp import SmtpSandbox
+from tests.tls import self_signed
 
 ROOT = Path(__file__).resolve().parents[2]
 SENDER = "loja@example.com"
@@ -224,38 +220,12 @@ def test_a_scripted_535_refuses_even_the_right_credentials() -> None:
     )
 
 
-def self_signed_context(tmp_path: Path) -> ssl.SSLContext:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.now(UTC)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - timedelta(minutes=1))
-        .not_valid_after(now + timedelta(days=1))
-        .sign(key, hashes.SHA256())
-    )
-    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
-    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
-    key_file.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-        )
-    )
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert_file, key_file)
-    return context
-
-
 def test_starttls_upgrades_the_session_without_counting_a_new_connection(tmp_path: Path) -> None:
     client_context = ssl.create_default_context()
     client_context.check_hostname = False
     client_context.verify_mode = ssl.CERT_NONE
     with (
-        SmtpSandbox(starttls_context=self_signed_context(tmp_path)) as sandbox,
+        SmtpSandbox(starttls_context=self_signed(tmp_path)[1]) as sandbox,
         smtplib.SMTP(*sandbox.address, timeout=60) as smtp,
     ):
         assert smtp.starttls(context=client_context)[0] == 220
