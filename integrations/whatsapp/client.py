@@ -123,10 +123,33 @@ def _error_from(status: int, data: object, retry_after: float | None = None) -> 
 
 
 def _json(body: bytes) -> object:
+    """The answer's JSON, or None when it is not JSON (nested too deep to parse included)."""
     try:
         return json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
+
+
+MAX_WAMID, MAX_WA_ID = 128, 20  # the message row's columns
+
+
+def _accepted(data: object) -> tuple[str, str] | None:
+    """(wamid, wa_id) of a send Meta accepted, or None when the answer names no message id a row
+    can keep (missing, not text, empty, too long, a control character). A wa_id that cannot be kept
+    is left out: the message is Meta's either way."""
+    try:
+        wamid = data["messages"][0]["id"]  # type: ignore[index]
+    except (KeyError, IndexError, TypeError):
+        return None
+    if not isinstance(wamid, str) or not 0 < len(wamid) <= MAX_WAMID or not wamid.isprintable():
+        return None
+    try:
+        wa_id = (data.get("contacts") or [{}])[0].get("wa_id", "")  # type: ignore[attr-defined]
+    except (KeyError, IndexError, TypeError, AttributeError):
+        wa_id = ""
+    if not isinstance(wa_id, str) or len(wa_id) > MAX_WA_ID or not wa_id.isprintable():
+        wa_id = ""
+    return wamid, wa_id
 
 
 def _no_answer(exc: http_pool.PoolError) -> SendResult:
@@ -215,14 +238,11 @@ class GraphClient:
             return SendResult(error=error, action=Action.PAUSE_NUMBER)
         data = _json(answer.body)
         if status == 200:
-            try:
-                assert isinstance(data, dict)
-                return SendResult(
-                    wamid=data["messages"][0]["id"], wa_id=(data.get("contacts") or [{}])[0].get("wa_id", "")
-                )
-            except (AssertionError, KeyError, IndexError, TypeError):
+            accepted = _accepted(data)
+            if accepted is None:
                 error = IntegrationError("malformed success response", retryable=False, status=200)
                 return SendResult(error=error, action=Action.DROP_RECIPIENT)
+            return SendResult(wamid=accepted[0], wa_id=accepted[1])
         delay = retry.for_status(status, retry_after_header=answer.headers.get("retry-after")).delay
         error = _error_from(status, data, delay)
         return SendResult(error=error, action=classify(code=error.code, status=status), retry_after=delay)

@@ -28,6 +28,7 @@ class Recording(ThreadedAppServer):
     def __init__(self) -> None:
         super().__init__()
         self.requests: list[tuple[str, str]] = []
+        self.answer: tuple[int, bytes] | None = None  # (status, body) instead of a send's success
 
     def make_app(self) -> web.Application:
         app = web.Application()
@@ -36,6 +37,9 @@ class Recording(ThreadedAppServer):
 
     async def _answer(self, request: web.Request) -> web.Response:
         self.requests.append((request.raw_path, request.headers.get("Authorization", "")))
+        if self.answer is not None:
+            status, body = self.answer
+            return web.Response(status=status, body=body, content_type="application/json")
         return web.json_response({"messages": [{"id": "wamid.1"}], "contacts": [{"wa_id": "5511"}]})
 
 
@@ -119,3 +123,45 @@ def test_a_graph_url_the_pool_cannot_post_to_pauses_the_number_and_sends_nothing
     assert result.error is not None and not result.error.retryable
     assert result.action == Action.PAUSE_NUMBER and "request not sent" in str(result.error)
     assert graph.requests == []
+
+
+@pytest.mark.parametrize("status", [200, 400, 500])
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"[" * 100_000,
+        b"NaN",
+        b"null",
+        b'"text"',
+        b'{"messages": [{"id": null}]}',
+        b'{"messages": {"0": {"id": "wamid.1"}}}',
+        b'{"messages": [{"id": "wamid.\\u0000"}]}',
+        b'{"messages": [{"id": "' + b"w" * 129 + b'"}]}',
+        b"\x00\xff",
+    ],
+    ids=lambda body: repr(body[:40]),
+)
+def test_any_answer_is_a_result_never_an_exception(graph, settings, status, body):
+    # A Graph URL is an operator's (or a proxy answers): whatever comes back, the send has a result
+    # (a body nested past the parser's recursion limit included), as for any provider error.
+    settings.ALLOW_PRIVATE_OUTBOUND_URLS = True
+    graph.answer = (status, body)
+    try:
+        result = _send(graph.url, phone_number_id="123", token="t")
+    finally:
+        graph.answer = None
+    assert result.error is not None and result.error.status == status
+
+
+@pytest.mark.parametrize(
+    "contacts",
+    ['[{"wa_id": 5511}]', '[{"wa_id": "' + "9" * 21 + '"}]', '["x"]', "null", '[{"wa_id": "1\\u0000"}]'],
+)
+def test_an_accepted_send_keeps_its_wamid_whatever_the_contacts_say(graph, settings, contacts):
+    settings.ALLOW_PRIVATE_OUTBOUND_URLS = True
+    graph.answer = (200, f'{{"messages": [{{"id": "wamid.1"}}], "contacts": {contacts}}}'.encode())
+    try:
+        result = _send(graph.url, phone_number_id="123", token="t")
+    finally:
+        graph.answer = None
+    assert result.ok and (result.wamid, result.wa_id) == ("wamid.1", "")
